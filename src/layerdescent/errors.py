@@ -1,0 +1,27 @@
+"""Errors that reach the user as one clear line instead of a traceback."""
+
+from __future__ import annotations
+
+
+class LayerdescentError(Exception):
+    """Base class of every error the CLI reports as one line with exit status 2."""
+
+
+class ConfigError(LayerdescentError):
+    """A run or bench file asks for something that does not exist or is out of range."""
+
+
+class PluginError(LayerdescentError):
+    """A task, constraint kind or plugin is unknown or broken."""
+
+
+class AssetError(LayerdescentError):
+    """A pinned data or weight artifact is missing, corrupt or cannot be fetched."""
+
+
+class CheckpointError(LayerdescentError):
+    """A checkpoint cannot be read back."""
+
+
+class DivergenceError(LayerdescentError):
+    """Training produced a non-finite loss, violation or multiplier."""
