@@ -1,0 +1,147 @@
+"""Unrolled ISTA (LISTA) on synthetic sparse coding: the smallest task plugin, and the one to copy.
+
+Measurements y = A x* + noise of sparse codes x* (``sparsity`` non-zeros out of ``code_dim``).
+Layer 0 is a learned linear estimate x_0 = B y (``x0 = "linear"``, so its loss is trainable and
+the ``live`` descent reference can be seen gaming it) or x_0 = 0 (``x0 = "zero"``). Layer k is
+one unrolled ISTA step with learned weights (Gregor & LeCun 2010; Hadou et al., arXiv 2312.15788):
+
+    x_k = soft(W1_k y + W2_k x_{k-1}, theta_k),   soft(v, t) = sign(v) max(|v| - t, 0)
+
+``weights = "random"`` (the default) starts from random W1, W2, so nothing makes intermediate
+layers descend unless the training asks; ``"ista"`` starts at ISTA itself (W1 = A^T / c,
+W2 = I - A^T A / c, c = ||A||^2), which already descends. The loss at layer k is
+the per-sample mean squared error ||x_k - x*||^2 / code_dim. Perturbations act on y:
+``gaussian`` adds gamma * rms(y) * N(0, I); ``impulse`` replaces each entry with probability
+gamma by +-3 rms(y).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import datasets
+import torch
+import torchmetrics
+from torch import nn
+from torchmetrics.audio import SignalNoiseRatio
+
+import layerdescent
+from layerdescent import LayerOutput, Task
+
+
+def soft_threshold(v: torch.Tensor, threshold: torch.Tensor) -> torch.Tensor:
+    """The proximal operator of the l1 norm."""
+    return torch.sign(v) * torch.relu(v.abs() - threshold)
+
+
+class LISTA(nn.Module):
+    """Unrolled ISTA returning the estimate of every layer, B x (L + 1) x code_dim."""
+
+    def __init__(self, A: torch.Tensor, layers: int, tied: bool = False, x0: str = "linear", weights: str = "random", threshold: float = 0.1) -> None:
+        super().__init__()
+        measure_dim, code_dim = A.shape
+        c = torch.linalg.matrix_norm(A, ord=2) ** 2
+        copies = 1 if tied else layers
+        if weights == "ista":
+            w1 = (A.T / c).repeat(copies, 1, 1)
+            w2 = (torch.eye(code_dim) - A.T @ A / c).repeat(copies, 1, 1)
+        else:
+            w1 = torch.randn(copies, code_dim, measure_dim) / measure_dim**0.5
+            w2 = torch.randn(copies, code_dim, code_dim) / code_dim
+        self.layers = layers
+        self.x0 = nn.Parameter(A.T / c) if x0 == "linear" else None
+        self.w1 = nn.Parameter(w1)
+        self.w2 = nn.Parameter(w2)
+        self.theta = nn.Parameter(torch.full((layers,), threshold / c.item()))
+
+    def forward(self, y: torch.Tensor) -> torch.Tensor:
+        x = y @ self.x0.T if self.x0 is not None else y.new_zeros(y.shape[0], self.w2.shape[-1])
+        estimates = [x]
+        for k in range(self.layers):
+            i = min(k, self.w1.shape[0] - 1)
+            x = soft_threshold(y @ self.w1[i].T + x @ self.w2[i].T, self.theta[k])
+            estimates.append(x)
+        return torch.stack(estimates, dim=1)
+
+
+class SparseCoding(Task):
+    """Recover sparse codes from noisy linear measurements with unrolled ISTA."""
+
+    name = "lista"
+    perturbations = ("gaussian", "impulse")
+    options = {
+        "layers": 8,
+        "code_dim": 64,
+        "measure_dim": 32,
+        "sparsity": 4,
+        "noise": 0.01,
+        "tied": False,
+        "x0": "linear",
+        "weights": "random",
+        "train_size": 4000,
+        "validation_size": 500,
+        "test_size": 1000,
+        "data_seed": 0,
+    }
+
+    def __init__(self, **options: Any) -> None:
+        super().__init__(**options)
+        o = self.options
+        for key, allowed in (("x0", ("linear", "zero")), ("weights", ("random", "ista"))):
+            if o[key] not in allowed:
+                raise layerdescent.ConfigError(f"task.{key} must be one of {', '.join(allowed)}; got {o[key]!r}")
+        for key in ("layers", "code_dim", "measure_dim", "sparsity", "train_size", "validation_size", "test_size"):
+            if o[key] < 1:
+                raise layerdescent.ConfigError(f"task.{key} must be >= 1, got {o[key]}")
+        if o["sparsity"] > o["code_dim"]:
+            raise layerdescent.ConfigError("task.sparsity cannot exceed task.code_dim")
+        generator = torch.Generator().manual_seed(o["data_seed"])
+        A = torch.randn(o["measure_dim"], o["code_dim"], generator=generator)
+        self.dictionary = A / A.norm(dim=0, keepdim=True)
+        self._generator = generator
+
+    @property
+    def num_layers(self) -> int:
+        return self.options["layers"]
+
+    def build_model(self) -> nn.Module:
+        return LISTA(self.dictionary, self.num_layers, self.options["tied"], self.options["x0"], self.options["weights"])
+
+    def build_datasets(self) -> dict[str, datasets.Dataset]:
+        o = self.options
+        generator = torch.Generator().manual_seed(o["data_seed"] + 1)
+        splits = {}
+        for split in ("train", "validation", "test"):
+            n = o[f"{split}_size"]
+            support = torch.rand(n, o["code_dim"], generator=generator).argsort(dim=1)[:, : o["sparsity"]]
+            x = torch.zeros(n, o["code_dim"]).scatter_(1, support, torch.randn(n, o["sparsity"], generator=generator))
+            y = x @ self.dictionary.T + o["noise"] * torch.randn(n, o["measure_dim"], generator=generator)
+            splits[split] = datasets.Dataset.from_dict({"y": y.numpy(), "x": x.numpy()}).with_format("torch")
+        return splits
+
+    def collate(self, rows: dict[str, Any]) -> dict[str, torch.Tensor]:
+        return {"y": rows["y"], "x": rows["x"]}
+
+    def perturb(self, y: torch.Tensor, gamma: float) -> torch.Tensor:
+        """Measurements at perturbation level ``gamma``."""
+        if gamma == 0:
+            return y
+        rms = y.pow(2).mean().sqrt()
+        if self.perturbation == "impulse":
+            hit = torch.rand_like(y) < gamma
+            return torch.where(hit, 3 * rms * torch.sign(torch.randn_like(y)), y)
+        return y + gamma * rms * torch.randn_like(y)
+
+    def layer_losses(self, model: nn.Module, batch: dict[str, torch.Tensor], gamma: float = 0.0) -> LayerOutput:
+        estimates = model(self.perturb(batch["y"], gamma))
+        losses = (estimates - batch["x"].unsqueeze(1)).pow(2).mean(dim=-1)
+        return LayerOutput(losses, preds=estimates[:, -1].contiguous(), target=batch["x"])
+
+    def metrics(self) -> torchmetrics.MetricCollection:
+        return torchmetrics.MetricCollection({"mse": torchmetrics.MeanSquaredError(), "snr_db": SignalNoiseRatio()})
+
+
+@layerdescent.hookimpl
+def register_tasks(register) -> None:
+    """Make ``lista`` available to configs."""
+    register(SparseCoding)

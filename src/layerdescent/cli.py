@@ -1,0 +1,167 @@
+"""The ``layerdescent`` command line: list, plugins, run, bench, report, assets, demo."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any, Sequence
+
+from layerdescent import __version__, assets
+from layerdescent.config import SOLVERS, load_config
+from layerdescent.errors import LayerdescentError
+from layerdescent.registry import get_registry
+
+DEMO_CONFIG = Path(__file__).with_name("demo.toml")
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports a usage mistake as one line, exit status 2."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
+def _summary_line(gamma_record: dict[str, Any]) -> str:
+    metrics = " ".join(f"{k}={v:.4g}" for k, v in gamma_record["metrics"].items())
+    return f"gamma={gamma_record['gamma']:g}  last-layer loss={gamma_record['layer_loss'][-1]:.4g}  {metrics}"
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    registry = get_registry()
+    print("tasks:")
+    for name, cls in sorted(registry.tasks.items()):
+        doc = (cls.__doc__ or "").strip().splitlines()[0] if cls.__doc__ else ""
+        print(f"  {name:24} {doc}  [plugin {registry.owner[('Task', name)]}]")
+    print("constraint kinds:")
+    for kind, cls in sorted(registry.constraints.items()):
+        doc = (cls.__doc__ or "").strip().splitlines()[0] if cls.__doc__ else ""
+        print(f"  {kind:24} {doc}")
+    print("solvers:")
+    for name in SOLVERS:
+        print(f"  {name}")
+    return 0
+
+
+def cmd_plugins(args: argparse.Namespace) -> int:
+    rows = list(get_registry().plugins.values())
+    if args.json:
+        print(json.dumps([vars(r) for r in rows], indent=2))
+        return 0
+    for info in rows:
+        origin = f"{info.distribution} {info.version}".strip() or "-"
+        reason = f"  ({info.reason})" if info.reason else ""
+        print(f"{info.name:28} {info.status:8} {origin}{reason}")
+    return 0
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    config = load_config(args.config, args.set)
+    out = Path(args.out) if args.out else Path("runs") / (Path(args.config).stem + (f"-{config.label}" if config.label else ""))
+    from layerdescent.trainer import train
+
+    results = train(config, out, resume=args.resume)
+    print(f"run {config.name} finished: {out}")
+    for record in results["gammas"]:
+        print("  " + _summary_line(record))
+    return 0
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from layerdescent.bench import run_bench
+
+    out = Path(args.out) if args.out else Path("runs") / f"bench-{Path(args.config).stem}"
+    summary = run_bench(args.config, out, args.set, on_run=lambda run, status: print(f"{run.variant} seed {run.seed}: {status}", flush=True))
+    print(f"summary: {summary}")
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from layerdescent.report import write_report
+
+    summary = write_report(Path(args.run_dir), Path(args.out) if args.out else None)
+    print(summary.read_text() if args.print else f"summary: {summary}")
+    return 0
+
+
+def cmd_assets(args: argparse.Namespace) -> int:
+    registry = get_registry()
+    if args.action == "list" or (args.action == "fetch" and not args.name and not registry.assets):
+        if not registry.assets:
+            print("no plugin declares assets")
+        for asset in registry.assets.values():
+            row = assets.describe(asset)
+            print(f"{row['name']:16} {'fetched' if row['fetched'] else 'missing':8} {row['requirement']}  {row['path']}")
+        return 0
+    names = args.name or list(registry.assets)
+    for name in names:
+        path = assets.fetch(registry.asset(name), force=args.force)
+        print(f"{name}: {path}")
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from layerdescent.bench import run_bench
+
+    out = Path(args.out)
+    print(f"layerdescent demo: ERM vs primal-dual on the lista task ({DEMO_CONFIG.name}); about a minute on 2 CPUs. Output: {out}", flush=True)
+    summary = run_bench(DEMO_CONFIG, out, args.set, on_run=lambda run, status: print(f"  {run.variant}: {status}", flush=True))
+    print(summary.read_text())
+    print(f"plots and tables: {summary.parent}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="layerdescent", description="Train networks whose every layer must lower the loss.")
+    parser.add_argument("--version", action="version", version=f"layerdescent {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    sub.add_parser("list", help="tasks, constraint kinds and solvers").set_defaults(func=cmd_list)
+    p = sub.add_parser("plugins", help="plugins that loaded, failed or were blocked")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_plugins)
+
+    for name, func, help_ in (("run", cmd_run, "train one config"), ("bench", cmd_bench, "train variants x seeds and summarize")):
+        p = sub.add_parser(name, help=help_)
+        p.add_argument("config", help="TOML file")
+        p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config value, e.g. solver.dual_lr=0.1")
+        p.add_argument("--out", help="output directory")
+        if name == "run":
+            p.add_argument("--resume", action="store_true", help="continue from the run directory's checkpoint")
+        p.set_defaults(func=func)
+
+    p = sub.add_parser("report", help="summary.md and plots for run directories")
+    p.add_argument("run_dir")
+    p.add_argument("--out", help="where to write (default: RUN_DIR)")
+    p.add_argument("--print", action="store_true", help="print summary.md")
+    p.set_defaults(func=cmd_report)
+
+    p = sub.add_parser("assets", help="pinned data and weights")
+    p.add_argument("action", choices=["fetch", "list"])
+    p.add_argument("name", nargs="*")
+    p.add_argument("--force", action="store_true", help="fetch again even if cached")
+    p.set_defaults(func=cmd_assets)
+
+    p = sub.add_parser("demo", help="the main job: ERM vs primal-dual, a table and plots")
+    p.add_argument("--out", default="layerdescent-demo")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    p.set_defaults(func=cmd_demo)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point; user mistakes end in one line on stderr and exit status 2."""
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except LayerdescentError as exc:
+        print(f"layerdescent: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("layerdescent: interrupted; `layerdescent run CONFIG --resume` continues from the last checkpoint", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

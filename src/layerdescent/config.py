@@ -1,0 +1,345 @@
+"""Run configuration: TOML in, validated frozen dataclasses out, one clear line on any mistake.
+
+    config = load_config("run.toml", overrides=["solver.dual_lr=0.1"])
+    config.solver.name, config.constraints[0].alpha
+
+Every key is checked: an unknown key or name gets the closest valid one, a wrong type or an
+out-of-range value names the key and what is allowed (:class:`ConfigError`).
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import sys
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Union
+
+from layerdescent.constraints import ConstraintSpec
+from layerdescent.errors import ConfigError
+from layerdescent.registry import Registry, closest, get_registry
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised on Python 3.10 only
+    import tomli as tomllib
+
+SOLVERS = ("erm", "penalty", "primal-dual")
+
+
+def _require(ok: bool, key: str, message: str) -> None:
+    if not ok:
+        raise ConfigError(f"{key} {message}")
+
+
+@dataclass(frozen=True)
+class TaskConfig:
+    """Which task to train and its task-specific options."""
+
+    name: str
+    options: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """The primal loop: optimizer, batches, threads, logging and checkpoints."""
+
+    epochs: int = 10
+    batch_size: int = 64
+    lr: float = 1e-3
+    optimizer: Literal["adam", "adamw", "sgd"] = "adam"
+    weight_decay: float = 0.0
+    momentum: float = 0.9
+    grad_clip: float = 0.0
+    accumulate: int = 1
+    train_gamma: float = 0.0
+    threads: int = 1
+    log_every: int = 10
+    checkpoint_every: int = 0
+    validate: bool = True
+    progress: bool = True
+
+    def __post_init__(self) -> None:
+        for key in ("epochs", "batch_size", "accumulate", "log_every"):
+            _require(getattr(self, key) >= 1, f"train.{key}", "must be >= 1")
+        for key in ("lr",):
+            _require(getattr(self, key) > 0, f"train.{key}", "must be > 0")
+        for key in ("weight_decay", "momentum", "grad_clip", "train_gamma", "threads", "checkpoint_every"):
+            _require(getattr(self, key) >= 0, f"train.{key}", "must be >= 0")
+
+
+@dataclass(frozen=True)
+class SolverConfig:
+    """How the layer losses and constraints become updates: erm, penalty or primal-dual."""
+
+    name: Literal["erm", "penalty", "primal-dual"] = "primal-dual"
+    scheme: Literal["simultaneous", "alternating"] = "simultaneous"
+    dual_lr: float = 0.05
+    dual_optimizer: Literal["sgd", "nupi"] = "sgd"
+    dual_every: Union[int, Literal["epoch"]] = 1
+    nupi_kp: float = 1.0
+    nupi_ki: float = 1.0
+    nupi_ema: float = 0.0
+    penalty_weights: Union[tuple[float, ...], None] = None
+
+    def __post_init__(self) -> None:
+        _require(self.dual_lr >= 0, "solver.dual_lr", f"must be >= 0, got {self.dual_lr}")
+        if self.dual_every != "epoch":
+            _require(self.dual_every >= 1, "solver.dual_every", "must be >= 1 (steps) or 'epoch'")
+        _require(0 <= self.nupi_ema < 1, "solver.nupi_ema", "must be in [0, 1)")
+        if self.penalty_weights is not None:
+            _require(all(w >= 0 for w in self.penalty_weights), "solver.penalty_weights", "must all be >= 0")
+            _require(sum(self.penalty_weights) > 0, "solver.penalty_weights", "must not all be 0")
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    """The perturbation grid and split the final evaluation runs on."""
+
+    gammas: tuple[float, ...] = (0.0,)
+    split: Literal["test", "validation"] = "test"
+    batch_size: int = 256
+    seed: int = 1234
+
+    def __post_init__(self) -> None:
+        _require(len(self.gammas) > 0, "eval.gammas", "must hold at least one level")
+        _require(all(g >= 0 for g in self.gammas), "eval.gammas", "must all be >= 0")
+        _require(self.batch_size >= 1, "eval.batch_size", "must be >= 1")
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """Everything one training run needs; ``as_dict()`` is what run directories record."""
+
+    task: TaskConfig
+    seed: int = 0
+    label: str = ""
+    train: TrainConfig = field(default_factory=TrainConfig)
+    solver: SolverConfig = field(default_factory=SolverConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    constraints: tuple[ConstraintSpec, ...] = ()
+
+    @property
+    def name(self) -> str:
+        """The run's label, or its solver when it has none."""
+        return self.label or self.solver.name
+
+    def as_dict(self) -> dict[str, Any]:
+        """Plain TOML-able data that ``config_from_dict`` turns back into this config."""
+        out: dict[str, Any] = {"seed": self.seed}
+        if self.label:
+            out["label"] = self.label
+        out["task"] = {"name": self.task.name, **self.task.options}
+        for section in ("train", "solver", "eval"):
+            out[section] = _plain(dataclasses.asdict(getattr(self, section)))
+        out["constraints"] = [{"kind": c.kind, **_plain(dataclasses.asdict(c))} for c in self.constraints]
+        return out
+
+
+def _plain(data: dict[str, Any]) -> dict[str, Any]:
+    # TOML has no null and no tuples: drop unset options, turn tuples into lists.
+    return {k: list(v) if isinstance(v, tuple) else v for k, v in data.items() if v is not None}
+
+
+def _type_name(tp: Any) -> str:
+    origin = typing.get_origin(tp)
+    if origin is Literal:
+        return " or ".join(repr(a) for a in typing.get_args(tp))
+    if origin in (Union, types.UnionType):
+        return " or ".join(_type_name(a) for a in typing.get_args(tp) if a is not type(None))
+    if origin is tuple:
+        return f"a list of {_type_name(typing.get_args(tp)[0])}"
+    return {int: "an integer", float: "a number", bool: "true or false", str: "a string"}.get(tp, str(tp))
+
+
+def _coerce(value: Any, tp: Any, key: str) -> Any:
+    """``value`` as type ``tp``, or ConfigError naming ``key`` and what it accepts."""
+    origin = typing.get_origin(tp)
+    if origin in (Union, types.UnionType):
+        for option in typing.get_args(tp):
+            if option is type(None) and value is None:
+                return None
+            if option is not type(None):
+                try:
+                    return _coerce(value, option, key)
+                except ConfigError:
+                    continue
+    elif origin is Literal:
+        if value in typing.get_args(tp):
+            return value
+        if isinstance(value, str):
+            raise ConfigError(f"{key} = {value!r} is not allowed{closest(value, typing.get_args(tp))} (allowed: {_type_name(tp)})")
+    elif origin is tuple:
+        if isinstance(value, (list, tuple)):
+            return tuple(_coerce(v, typing.get_args(tp)[0], f"{key}[{i}]") for i, v in enumerate(value))
+    elif tp is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+    elif tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    elif isinstance(tp, type) and isinstance(value, tp):
+        return value
+    raise ConfigError(f"{key} must be {_type_name(tp)}, got {value!r}")
+
+
+def build_dataclass(cls: type, data: Any, prefix: str, skip: tuple[str, ...] = ()) -> Any:
+    """Instantiate dataclass ``cls`` from a TOML table, checking every key and value."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"{prefix} must be a table, got {data!r}")
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.init and f.name not in skip}
+    kwargs = {}
+    for key, value in data.items():
+        if key not in fields:
+            raise ConfigError(
+                f"unknown key {prefix}.{key}{closest(key, fields)} (allowed: {', '.join(fields)})"
+            )
+        kwargs[key] = _coerce(value, hints[key], f"{prefix}.{key}")
+    missing = [n for n, f in fields.items() if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING and n not in kwargs]
+    if missing:
+        raise ConfigError(f"{prefix}.{missing[0]} is required")
+    try:
+        return cls(**kwargs)
+    except ConfigError as exc:
+        message = str(exc)
+        raise ConfigError(message if message.startswith(prefix.split(".")[0]) else f"{prefix}: {message}") from None
+
+
+def _option_type(default: Any) -> Any:
+    """The type a task option's default implies; None accepts anything."""
+    if isinstance(default, (list, tuple)):
+        return tuple[type(default[0]), ...] if default else None  # type: ignore[misc]
+    return None if default is None else type(default)
+
+
+def _build_task(data: Any, registry: Registry) -> TaskConfig:
+    if isinstance(data, str):
+        data = {"name": data}
+    if not isinstance(data, dict) or not isinstance(data.get("name"), str):
+        raise ConfigError("task.name is required: [task] name = \"...\" (see `layerdescent list`)")
+    task_cls = registry.task(data["name"])
+    options = {k: v for k, v in data.items() if k != "name"}
+    allowed = {**task_cls.options, "perturbation": task_cls.perturbations[0]}
+    resolved = {}
+    for key, value in options.items():
+        if key not in allowed:
+            raise ConfigError(f"unknown key task.{key}{closest(key, allowed)} (task {task_cls.name!r} accepts: {', '.join(allowed)})")
+        if key == "perturbation":
+            value = _coerce(value, Literal[task_cls.perturbations], "task.perturbation")  # type: ignore[valid-type]
+        elif (option_type := _option_type(allowed[key])) is not None:
+            value = _coerce(value, option_type, f"task.{key}")
+        resolved[key] = value
+    return TaskConfig(task_cls.name, resolved)
+
+
+def _build_constraints(items: Any, registry: Registry) -> tuple[ConstraintSpec, ...]:
+    if not isinstance(items, list):
+        raise ConfigError("constraints must be an array of tables: [[constraints]] kind = \"descent\"")
+    specs, seen = [], set()
+    for i, item in enumerate(items):
+        prefix = f"constraints[{i}]"
+        if not isinstance(item, dict) or "kind" not in item:
+            raise ConfigError(f"{prefix}.kind is required (known kinds: {', '.join(sorted(registry.constraints))})")
+        spec_cls = registry.constraint(item["kind"])
+        data = {k: v for k, v in item.items() if k != "kind"}
+        data.setdefault("name", spec_cls.kind)
+        spec = build_dataclass(spec_cls, data, prefix)
+        if spec.name in seen:
+            raise ConfigError(f"{prefix}.name {spec.name!r} is used twice; give each [[constraints]] a distinct name")
+        seen.add(spec.name)
+        specs.append(spec)
+    return tuple(specs)
+
+
+def config_from_dict(data: dict[str, Any], registry: Registry | None = None) -> RunConfig:
+    """Validate a config table (as parsed from TOML) into a RunConfig."""
+    registry = registry or get_registry()
+    data = copy.deepcopy(data)
+    sections = {"task", "seed", "label", "train", "solver", "eval", "constraints"}
+    for key in data:
+        if key not in sections:
+            raise ConfigError(f"unknown key {key}{closest(key, sections)} (allowed: {', '.join(sorted(sections))})")
+    if "task" not in data:
+        raise ConfigError("task is required: [task] name = \"...\" (see `layerdescent list`)")
+    config = RunConfig(
+        task=_build_task(data["task"], registry),
+        seed=_coerce(data.get("seed", 0), int, "seed"),
+        label=_coerce(data.get("label", ""), str, "label"),
+        train=build_dataclass(TrainConfig, data.get("train", {}), "train"),
+        solver=build_dataclass(SolverConfig, data.get("solver", {}), "solver"),
+        eval=build_dataclass(EvalConfig, data.get("eval", {}), "eval"),
+        constraints=_build_constraints(data.get("constraints", []), registry),
+    )
+    num_layers = registry.task(config.task.name)(**config.task.options).num_layers
+    weights = config.solver.penalty_weights
+    if weights is not None and len(weights) != num_layers + 1:
+        raise ConfigError(f"solver.penalty_weights has {len(weights)} entries; it needs one per layer 0..{num_layers}")
+    if config.solver.name == "primal-dual" and not config.constraints:
+        raise ConfigError("solver.name = 'primal-dual' needs at least one [[constraints]] table (or use 'erm')")
+    for i, spec in enumerate(config.constraints):
+        try:
+            spec.check_layers(num_layers)
+        except ConfigError as exc:
+            raise ConfigError(f"constraints[{i}]: {exc}") from None
+    return config
+
+
+def read_toml(path: str | Path) -> dict[str, Any]:
+    """Parse a TOML file, turning a missing file or a syntax error into one clear line."""
+    path = Path(path)
+    try:
+        with path.open("rb") as handle:
+            return tomllib.load(handle)
+    except FileNotFoundError:
+        raise ConfigError(f"config file {path} does not exist") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path} is not valid TOML: {exc}") from None
+
+
+def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """Apply ``key.path=value`` strings (value parsed as TOML, else taken as a string)."""
+    data = copy.deepcopy(data)
+    for item in overrides:
+        key, sep, raw = item.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"--set {item!r} must look like key=value, e.g. solver.dual_lr=0.1")
+        try:
+            value = tomllib.loads(f"v = {raw}")["v"]
+        except tomllib.TOMLDecodeError:
+            value = raw
+        set_path(data, key.strip(), value)
+    return data
+
+
+def set_path(data: Any, dotted: str, value: Any) -> None:
+    """Set ``data[a][b][0][c] = value`` for the dotted path ``a.b.0.c``."""
+    parts = dotted.split(".")
+    node = data
+    for depth, part in enumerate(parts):
+        last = depth == len(parts) - 1
+        where = ".".join(parts[: depth + 1])
+        if isinstance(node, list):
+            if not part.isdigit() or int(part) >= len(node):
+                raise ConfigError(f"--set {dotted}: {where} is not an index of a list of {len(node)}")
+            index: Any = int(part)
+        elif isinstance(node, dict):
+            index = part
+            if not last:
+                node.setdefault(part, {})
+        else:
+            raise ConfigError(f"--set {dotted}: {'.'.join(parts[:depth])} is not a table")
+        if last:
+            node[index] = value
+        else:
+            node = node[index]
+
+
+def load_config(path: str | Path, overrides: list[str] = (), registry: Registry | None = None) -> RunConfig:
+    """Read, override and validate a run file."""
+    data = read_toml(path)
+    data.pop("bench", None)
+    return config_from_dict(apply_overrides(data, list(overrides)), registry)

@@ -1,0 +1,144 @@
+"""Declarative constraints on the per-layer losses, each compiled to one Cooper constraint.
+
+    [[constraints]]
+    kind = "descent"        # E[l_k] <= (1 - alpha) E[l_{k-1}] for every chosen transition k
+    alpha = 0.05
+    reference = "detached"  # live | detached | anchored
+    resilience = 0.0        # 0: hard; c > 0: relax with cost (c/2)||u||^2
+
+A new kind is a frozen dataclass subclassing :class:`ConstraintSpec`, registered by a plugin's
+``register_constraints(register)`` hook, exactly as the built-ins below are.
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass
+from typing import ClassVar, Literal
+
+import torch
+
+from layerdescent.errors import ConfigError
+from layerdescent.hookspecs import hookimpl
+
+REFERENCES = ("live", "detached", "anchored")
+
+
+@dataclass(frozen=True)
+class ConstraintSpec(abc.ABC):
+    """A constraint on the vector of layer means E[l_0..l_L]; one multiplier per entry."""
+
+    kind: ClassVar[str]
+    name: str = ""
+    resilience: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not self.name:
+            object.__setattr__(self, "name", self.kind)  # frozen: the default name is the kind
+        if self.resilience < 0:
+            raise ConfigError("resilience must be >= 0 (0 means a hard constraint)")
+
+    @abc.abstractmethod
+    def labels(self, num_layers: int) -> list[str]:
+        """One label per violation entry, e.g. ``"l3<=l2"``; its length is the multiplier size."""
+
+    @abc.abstractmethod
+    def violation(self, means: torch.Tensor, state: dict[str, torch.Tensor]) -> torch.Tensor:
+        """Violation vector (<= 0 when satisfied) from the layer means of one batch."""
+
+    def initial_state(self, means: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Tensors fixed at the first training batch (e.g. an anchor); saved in checkpoints."""
+        return {}
+
+    def check_layers(self, num_layers: int) -> None:
+        """Raise ConfigError when the spec names a layer the model does not have."""
+
+
+def _resolve_layer(index: int, num_layers: int, lowest: int, what: str) -> int:
+    resolved = index + num_layers + 1 if index < 0 else index
+    if not lowest <= resolved <= num_layers:
+        raise ConfigError(
+            f"{what} {index} is out of range: the model has layers 0..{num_layers}"
+            f" (use {lowest}..{num_layers}, or a negative index from the end)"
+        )
+    return resolved
+
+
+@dataclass(frozen=True)
+class Descent(ConstraintSpec):
+    """Every chosen layer must lower the mean loss by a factor (1 - alpha)."""
+
+    kind: ClassVar[str] = "descent"
+    alpha: float = 0.05
+    layers: tuple[int, ...] | None = None
+    reference: Literal["live", "detached", "anchored"] = "detached"
+    anchor: float | None = None
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not 0.0 <= self.alpha < 1.0:
+            raise ConfigError(f"alpha must be in [0, 1), got {self.alpha}")
+        if self.reference not in REFERENCES:
+            raise ConfigError(f"reference must be one of {', '.join(REFERENCES)}; got {self.reference!r}")
+        if self.anchor is not None and self.reference != "anchored":
+            raise ConfigError("anchor is only used with reference = 'anchored'")
+        if self.layers is not None and not self.layers:
+            raise ConfigError("layers must name at least one transition, or be left out for all")
+
+    def transitions(self, num_layers: int) -> list[int]:
+        """The constrained transitions k (l_k against l_{k-1}), in 1..L."""
+        if self.layers is None:
+            return list(range(1, num_layers + 1))
+        resolved = [_resolve_layer(k, num_layers, 1, "descent layer") for k in self.layers]
+        if len(set(resolved)) != len(resolved):
+            raise ConfigError(f"descent layers {list(self.layers)} name a transition twice")
+        return resolved
+
+    def check_layers(self, num_layers: int) -> None:
+        self.transitions(num_layers)
+
+    def labels(self, num_layers: int) -> list[str]:
+        labels = [f"l{k}<=l{k - 1}" for k in self.transitions(num_layers)]
+        return labels + (["l0<=anchor"] if self.reference == "anchored" else [])
+
+    def initial_state(self, means: torch.Tensor) -> dict[str, torch.Tensor]:
+        if self.reference != "anchored":
+            return {}
+        value = means[0].detach() if self.anchor is None else torch.tensor(float(self.anchor))
+        return {"anchor": value.clone().to(means.dtype)}
+
+    def violation(self, means: torch.Tensor, state: dict[str, torch.Tensor]) -> torch.Tensor:
+        index = torch.tensor(self.transitions(means.numel() - 1), device=means.device)
+        # A detached reference makes l_{k-1} a target: the gradient cannot lower the
+        # violation by raising the previous layer's loss (the `live` form can be gamed).
+        previous = means.detach() if self.reference == "detached" else means
+        violation = means[index] - (1.0 - self.alpha) * previous[index - 1]
+        if self.reference == "anchored":
+            violation = torch.cat([violation, (means[0] - state["anchor"]).reshape(1)])
+        return violation
+
+
+@dataclass(frozen=True)
+class Bound(ConstraintSpec):
+    """The mean loss at one layer may not exceed a value: classic constrained learning."""
+
+    kind: ClassVar[str] = "bound"
+    value: float = 0.0
+    layer: int = -1
+
+    def check_layers(self, num_layers: int) -> None:
+        _resolve_layer(self.layer, num_layers, 0, "bound layer")
+
+    def labels(self, num_layers: int) -> list[str]:
+        return [f"l{_resolve_layer(self.layer, num_layers, 0, 'bound layer')}<={self.value:g}"]
+
+    def violation(self, means: torch.Tensor, state: dict[str, torch.Tensor]) -> torch.Tensor:
+        layer = _resolve_layer(self.layer, means.numel() - 1, 0, "bound layer")
+        return (means[layer] - self.value).reshape(1)
+
+
+@hookimpl
+def register_constraints(register) -> None:
+    """The built-in kinds go through the same hook a third-party plugin uses."""
+    register(Descent)
+    register(Bound)

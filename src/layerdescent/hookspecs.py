@@ -1,0 +1,23 @@
+"""The hooks a layerdescent plugin implements; each takes a registrar and calls it."""
+
+from __future__ import annotations
+
+import pluggy
+
+hookspec = pluggy.HookspecMarker("layerdescent")
+hookimpl = pluggy.HookimplMarker("layerdescent")
+
+
+@hookspec
+def register_tasks(register) -> None:
+    """Call ``register(TaskSubclass)`` for every task the plugin provides."""
+
+
+@hookspec
+def register_constraints(register) -> None:
+    """Call ``register(ConstraintSpecSubclass)`` for every constraint kind the plugin provides."""
+
+
+@hookspec
+def register_assets(register) -> None:
+    """Call ``register(Asset(...))`` for every pinned data or weight artifact the plugin needs."""

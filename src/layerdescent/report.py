@@ -1,0 +1,233 @@
+"""Turn finished run directories into one markdown summary with plots.
+
+Usage::
+
+    from layerdescent.report import collect, summarize, write_report
+
+    write_report(Path("runs/bench"))          # -> runs/bench/summary.md + *.png
+    groups = summarize(collect(Path("runs")))  # {label: per-gamma mean/std over seeds}
+
+Runs are grouped by ``label`` (one variant, several seeds); the group whose solver is
+``erm`` is the baseline for the cost ratio.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from layerdescent.errors import LayerdescentError
+
+BASELINE_SOLVER = "erm"
+CONSTRAINED_SOLVER = "primal-dual"
+
+
+def collect(root: Path) -> list[dict]:
+    """Load every results.json under root, each tagged with the run directory it came from."""
+    root = Path(root)
+    paths = sorted(root.rglob("results.json"))
+    if not paths:
+        raise LayerdescentError(f"no results.json under {root}: train a run first or point at a run/bench directory")
+    return [{**json.loads(p.read_text()), "run_dir": str(p.parent)} for p in paths]
+
+
+def _stats(values) -> dict:
+    """Mean and sample std over seeds, elementwise; std is 0 for a single seed."""
+    a = np.asarray(values, dtype=float)
+    std = a.std(axis=0, ddof=1) if len(a) > 1 else np.zeros_like(a[0])
+    return {"mean": a.mean(axis=0).tolist(), "std": std.tolist()}
+
+
+def _summarize_group(runs: list[dict]) -> dict:
+    """Aggregate the seeds of one label."""
+    by_gamma: dict[float, list[dict]] = {}
+    for run in runs:
+        for g in run["gammas"]:
+            by_gamma.setdefault(float(g["gamma"]), []).append(g)
+    gammas = {}
+    for gamma in sorted(by_gamma):
+        rows = by_gamma[gamma]
+        gammas[gamma] = {
+            "metrics": {m: _stats([r["metrics"][m] for r in rows]) for m in rows[0]["metrics"]},
+            "layer_loss": _stats([r["layer_loss"] for r in rows]),
+            "descent_rate": _stats([r["descent_rate"] for r in rows]),
+        }
+    times = [r["train"].get("step_time_median") for r in runs]
+    times = [t for t in times if t is not None]
+    lambdas = {}
+    for name, c in runs[0].get("constraints", {}).items():
+        per_seed = [r["constraints"][name]["lambda"] for r in runs if name in r.get("constraints", {})]
+        lambdas[name] = {"labels": c.get("labels", []), "mean": np.mean(per_seed, axis=0).tolist()}
+    return {
+        "solver": runs[0]["solver"],
+        "n": len(runs),
+        "seeds": [r["seed"] for r in runs],
+        "run_dirs": [r["run_dir"] for r in runs if "run_dir" in r],
+        "num_layers": runs[0]["num_layers"],
+        "gammas": gammas,
+        "lambda": lambdas,
+        "step_time": float(np.mean(times)) if times else None,
+    }
+
+
+def summarize(results: list[dict]) -> dict:
+    """Group runs by label (first-seen order) and reduce each group over its seeds."""
+    runs_by_label: dict[str, list[dict]] = {}
+    for r in results:
+        runs_by_label.setdefault(r["label"], []).append(r)
+    groups = {label: _summarize_group(runs) for label, runs in runs_by_label.items()}
+    base = next((g for g in groups.values() if g["solver"] == BASELINE_SOLVER), None)
+    base_time = base["step_time"] if base else None
+    for g in groups.values():
+        ok = g["step_time"] is not None and base_time
+        g["step_time_ratio"] = g["step_time"] / base_time if ok else None
+    return groups
+
+
+def _fmt(x) -> str:
+    return "–" if x is None else f"{x:.4g}"
+
+
+def _cell(stats: dict | None, i: int | None = None) -> str:
+    """'mean ± std' of a scalar stat, or of entry i of a per-layer stat."""
+    if stats is None:
+        return "–"
+    mean, std = (stats["mean"], stats["std"]) if i is None else (stats["mean"][i], stats["std"][i])
+    return f"{mean:.4g} ± {std:.4g}"
+
+
+def _table(header: list[str], rows: list[list[str]]) -> list[str]:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    return lines + ["| " + " | ".join(row) + " |" for row in rows] + [""]
+
+
+def _all_gammas(groups: dict) -> list[float]:
+    return sorted({g for grp in groups.values() for g in grp["gammas"]})
+
+
+def _layer_table(groups: dict, key: str, gamma: float) -> list[str]:
+    width = max(grp["num_layers"] for grp in groups.values()) + (key == "layer_loss")
+    rows = []
+    for label, grp in groups.items():
+        stats = grp["gammas"].get(gamma, {}).get(key)
+        rows.append([label] + [_cell(stats, i) if stats and i < len(stats["mean"]) else "–" for i in range(width)])
+    return _table(["label"] + [f"l{i}" for i in range(width)], rows)
+
+
+def _markdown(groups: dict, results: list[dict], title: str, images: list[str]) -> str:
+    gammas = _all_gammas(groups)
+    metrics = list(dict.fromkeys(m for grp in groups.values() for s in grp["gammas"].values() for m in s["metrics"]))
+    seeds = sorted({r["seed"] for r in results})
+    lines = [f"# {title}", "", f"{len(results)} runs: {len(groups)} variants over seeds {', '.join(map(str, seeds))}.", ""]
+
+    lines += ["## Metric at each gamma", ""]
+    header = ["label"] + [f"{m} γ={g:g}" for m in metrics for g in gammas]
+    rows = [[label] + [_cell(grp["gammas"].get(g, {}).get("metrics", {}).get(m)) for m in metrics for g in gammas]
+            for label, grp in groups.items()]
+    lines += _table(header, rows)
+
+    for gamma in dict.fromkeys([gammas[0], gammas[-1]]):
+        lines += [f"## Test loss per layer at γ={gamma:g}", ""] + _layer_table(groups, "layer_loss", gamma)
+    lines += [f"## Descent rate per layer at γ={gammas[0]:g}", ""] + _layer_table(groups, "descent_rate", gammas[0])
+
+    constrained = {label: grp for label, grp in groups.items() if grp["solver"] == CONSTRAINED_SOLVER}
+    if constrained:
+        rows = [[label, name, ", ".join(_fmt(x) for x in lam["mean"])]
+                for label, grp in constrained.items() for name, lam in grp["lambda"].items()]
+        lines += ["## Final multipliers (mean over seeds)", ""] + _table(["label", "constraint", "λ"], rows)
+
+    rows = [[label, grp["solver"], _fmt(grp["step_time"] and grp["step_time"] * 1e3), _fmt(grp["step_time_ratio"])]
+            for label, grp in groups.items()]
+    lines += ["## Cost", ""] + _table(["label", "solver", "median step (ms)", f"× {BASELINE_SOLVER}"], rows)
+    lines += ["## Plots", ""] + [f"![{Path(i).stem}]({i})" for i in images]
+    return "\n".join(lines) + "\n"
+
+
+def _lambda_traces(groups: dict) -> dict[tuple[str, str], tuple[np.ndarray, np.ndarray]]:
+    """(steps, lambda[step, entry]) per (label, constraint) from the first seed of each constrained label."""
+    traces = {}
+    for label, grp in groups.items():
+        log = Path(grp["run_dirs"][0]) / "metrics.jsonl" if grp["run_dirs"] else None
+        if grp["solver"] != CONSTRAINED_SOLVER or log is None or not log.exists():
+            continue
+        records = [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
+        records = [r for r in records if r.get("event") == "train" and r.get("lambda")]
+        for name in records[0]["lambda"] if records else []:
+            steps = np.array([r["step"] for r in records])
+            traces[label, name] = (steps, np.array([r["lambda"][name] for r in records]))
+    return traces
+
+
+def _plot(groups: dict, out: Path) -> list[str]:
+    """Write the PNGs and return their file names."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # here, not at import, so importing the module leaves a user's backend alone
+    import matplotlib.pyplot as plt
+
+    gammas = _all_gammas(groups)
+    ends = list(dict.fromkeys([gammas[0], gammas[-1]]))
+    fig, axes = plt.subplots(1, len(ends), figsize=(5 * len(ends), 4), squeeze=False)
+    for ax, gamma in zip(axes[0], ends):
+        means = []
+        for label, grp in groups.items():
+            if gamma not in grp["gammas"]:
+                continue
+            s = grp["gammas"][gamma]["layer_loss"]
+            mean, std, x = np.array(s["mean"]), np.array(s["std"]), np.arange(len(s["mean"]))
+            ax.plot(x, mean, marker="o", label=label)
+            ax.fill_between(x, mean - std, mean + std, alpha=0.2)
+            means.extend(mean)
+        if means and min(means) > 0:
+            ax.set_yscale("log", nonpositive="clip")
+        kind = "in-distribution" if gamma == gammas[0] else "shifted"
+        ax.set(title=f"{kind} (γ={gamma:g})", xlabel="layer", ylabel="test loss")
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(out / "loss_vs_layer.png", dpi=120)
+    plt.close(fig)
+
+    metrics = list(dict.fromkeys(m for grp in groups.values() for s in grp["gammas"].values() for m in s["metrics"]))
+    fig, axes = plt.subplots(1, len(metrics), figsize=(5 * len(metrics), 4), squeeze=False)
+    for ax, metric in zip(axes[0], metrics):
+        for label, grp in groups.items():
+            pts = [(g, s["metrics"][metric]) for g, s in grp["gammas"].items() if metric in s["metrics"]]
+            style = "-" if grp["solver"] == CONSTRAINED_SOLVER else "--"
+            ax.errorbar([g for g, _ in pts], [m["mean"] for _, m in pts], yerr=[m["std"] for _, m in pts],
+                        linestyle=style, marker="o", capsize=3, label=label)
+        ax.set(title=metric, xlabel="γ", ylabel=metric)
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(out / "metric_vs_gamma.png", dpi=120)
+    plt.close(fig)
+    images = ["loss_vs_layer.png", "metric_vs_gamma.png"]
+
+    traces = _lambda_traces(groups)
+    if traces:
+        fig, axes = plt.subplots(1, len(traces), figsize=(5 * len(traces), 4), squeeze=False)
+        for ax, ((label, constraint), (steps, lam)) in zip(axes[0], traces.items()):
+            entries = groups[label]["lambda"].get(constraint, {}).get("labels") or range(lam.shape[1])
+            for j, entry in enumerate(entries):
+                ax.plot(steps, lam[:, j], label=str(entry))
+            ax.set(title=f"{label}: {constraint}", xlabel="step", ylabel="λ")
+            ax.legend(fontsize="small")
+        fig.tight_layout()
+        fig.savefig(out / "lambda.png", dpi=120)
+        plt.close(fig)
+        images.append("lambda.png")
+    return images
+
+
+def write_report(root: Path, out: Path | None = None, title: str | None = None) -> Path:
+    """Summarize every run under root into out/summary.md plus plots; return the summary's path."""
+    root = Path(root)
+    out = Path(out) if out is not None else root
+    results = collect(root)
+    groups = summarize(results)
+    out.mkdir(parents=True, exist_ok=True)
+    images = _plot(groups, out)
+    summary = out / "summary.md"
+    summary.write_text(_markdown(groups, results, title or f"layerdescent report: {root.name}", images))
+    return summary

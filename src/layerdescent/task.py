@@ -1,0 +1,73 @@
+"""What a task plugin provides: a model, its data splits, and a loss read out at every layer."""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import datasets
+import torch
+import torchmetrics
+
+
+@dataclass
+class LayerOutput:
+    """One batch's per-sample loss at every layer, plus what the task's metrics consume."""
+
+    losses: torch.Tensor  # B x (L + 1); column 0 is the input representation
+    preds: Any = None
+    target: Any = None
+    extras: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.losses.dim() != 2:
+            raise ValueError(
+                f"LayerOutput.losses must be B x (L+1), got shape {tuple(self.losses.shape)}"
+            )
+
+    @property
+    def layer_means(self) -> torch.Tensor:
+        """E[l_k] over the batch, one entry per layer."""
+        return self.losses.mean(dim=0)
+
+
+class Task(abc.ABC):
+    """A learning problem whose model exposes a loss at every layer; it knows nothing of solvers.
+
+    Subclasses set ``name`` and ``options`` (the config keys they accept with their defaults)
+    and implement the abstract methods. ``self.options`` holds the resolved values.
+    """
+
+    name: ClassVar[str]
+    options: ClassVar[dict[str, Any]] = {}
+    perturbations: ClassVar[tuple[str, ...]] = ("gaussian",)
+
+    def __init__(self, **options: Any) -> None:
+        self.options = {**type(self).options, **options}
+        self.perturbation = str(self.options.get("perturbation", self.perturbations[0]))
+
+    @property
+    @abc.abstractmethod
+    def num_layers(self) -> int:
+        """L, the number of layer transitions; losses have L + 1 columns."""
+
+    @abc.abstractmethod
+    def build_model(self) -> torch.nn.Module:
+        """A fresh model, initialised from the global torch RNG."""
+
+    @abc.abstractmethod
+    def build_datasets(self) -> dict[str, datasets.Dataset]:
+        """The ``train``, ``validation`` and ``test`` splits."""
+
+    @abc.abstractmethod
+    def collate(self, rows: dict[str, Any]) -> Any:
+        """Turn ``split[indices]`` (a dict of columns) into a model-ready batch."""
+
+    @abc.abstractmethod
+    def layer_losses(self, model: torch.nn.Module, batch: Any, gamma: float = 0.0) -> LayerOutput:
+        """Per-sample loss at every layer for ``batch`` perturbed at level ``gamma``."""
+
+    def metrics(self) -> torchmetrics.MetricCollection:
+        """Task metrics, updated with ``LayerOutput.preds`` and ``.target``; none by default."""
+        return torchmetrics.MetricCollection({})

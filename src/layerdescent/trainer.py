@@ -1,0 +1,275 @@
+"""The training loop shared by every solver: seeds, batches, logs, checkpoints, exact resume.
+
+    results = train(load_config("run.toml"), "runs/lista")      # writes the run directory
+    results = train(config, "runs/lista", resume=True)          # continues where it stopped
+
+A run directory holds ``config.toml`` (the resolved config), ``metrics.jsonl``,
+``checkpoint.pt`` and, once finished, ``results.json``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import tomli_w
+import torch
+from tqdm.auto import tqdm
+
+from layerdescent import __version__
+from layerdescent.checkpoint import load_checkpoint, rng_state, save_checkpoint, set_rng_state
+from layerdescent.config import RunConfig, TrainConfig
+from layerdescent.errors import ConfigError, DivergenceError
+from layerdescent.evaluator import evaluate
+from layerdescent.problem import LayerwiseProblem
+from layerdescent.registry import Registry, get_registry
+from layerdescent.solvers import build_solver
+from layerdescent.task import Task
+
+RESULTS_SCHEMA = 1
+
+
+def seed_everything(seed: int) -> None:
+    """Seed python, numpy and torch."""
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def build_primal_optimizer(model: torch.nn.Module, config: TrainConfig) -> torch.optim.Optimizer:
+    """The model's optimizer as the config names it."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    if config.optimizer == "sgd":
+        return torch.optim.SGD(params, lr=config.lr, momentum=config.momentum, weight_decay=config.weight_decay)
+    cls = torch.optim.AdamW if config.optimizer == "adamw" else torch.optim.Adam
+    return cls(params, lr=config.lr, weight_decay=config.weight_decay)
+
+
+def _check_finite(step: int, what: str, values: torch.Tensor, labels: list[str]) -> None:
+    bad = (~torch.isfinite(values)).nonzero().flatten().tolist()
+    if bad:
+        raise DivergenceError(
+            f"non-finite {what} at step {step}, {labels[bad[0]]} = {values.flatten()[bad[0]].item()}; "
+            "the last checkpoint is intact (lower train.lr or solver.dual_lr, or set train.grad_clip)"
+        )
+
+
+class _Window:
+    """Sums of what one log line reports, over the steps since the last line."""
+
+    def __init__(self) -> None:
+        self.steps = 0
+        self.feasible = 0
+        self.loss: torch.Tensor | None = None
+        self.violation: dict[str, torch.Tensor] = {}
+
+    def add(self, means: torch.Tensor, violations: dict[str, torch.Tensor]) -> None:
+        self.steps += 1
+        self.loss = means.clone() if self.loss is None else self.loss + means
+        self.feasible += all(bool((v <= 0).all()) for v in violations.values())
+        for name, value in violations.items():
+            self.violation[name] = value.clone() if name not in self.violation else self.violation[name] + value
+
+
+class Trainer:
+    """Trains one RunConfig into one run directory."""
+
+    def __init__(self, config: RunConfig, run_dir: str | Path, registry: Registry | None = None) -> None:
+        self.config = config
+        self.run_dir = Path(run_dir)
+        self.registry = registry or get_registry()
+        self.task: Task = self.registry.task(config.task.name)(**config.task.options)
+
+    @property
+    def checkpoint_path(self) -> Path:
+        return self.run_dir / "checkpoint.pt"
+
+    def fit(self, resume: bool = False) -> dict[str, Any]:
+        """Train (or continue), evaluate on the gamma grid, write and return ``results.json``."""
+        config, train = self.config, self.config.train
+        if train.threads:
+            torch.set_num_threads(train.threads)
+        self._prepare_run_dir(resume)
+        seed_everything(config.seed)
+        splits = self.task.build_datasets()
+        for split in ("train", "validation", "test"):
+            if split not in splits or len(splits[split]) == 0:
+                raise ConfigError(f"task {self.task.name!r} built an empty or missing {split!r} split")
+        model = self.task.build_model()
+        optimizer = build_primal_optimizer(model, train)
+        problem = LayerwiseProblem(config.constraints, self.task.num_layers)
+        solver = build_solver(config.solver, problem, optimizer)
+        labels = [f"l{k}" for k in range(self.task.num_layers + 1)]
+
+        position = {"epoch": 0, "micro": 0, "step": 0}
+        step_times: list[float] = []
+        metrics_file = self.run_dir / "metrics.jsonl"
+        if resume and self.checkpoint_path.exists():
+            state = load_checkpoint(self.checkpoint_path, self.task.name)
+            model.load_state_dict(state["model"])
+            solver.load_state_dict(state["solver"])
+            problem.load_state_dict(state["problem"])
+            set_rng_state(state["rng"])
+            position, step_times = dict(state["position"]), list(state["step_times"])
+            with metrics_file.open("r+b") as handle:  # drop what was logged after the checkpoint
+                handle.truncate(state["metrics_offset"])
+
+        train_set = splits["train"]
+        micro_per_epoch = math.ceil(len(train_set) / train.batch_size)
+        steps_per_epoch = math.ceil(micro_per_epoch / train.accumulate)
+        window = _Window()
+        log = metrics_file.open("a")
+
+        def checkpoint() -> None:
+            self._flush(log, window, position, problem)
+            log.flush()
+            save_checkpoint(
+                self.checkpoint_path,
+                {
+                    "task": self.task.name,
+                    "model": model.state_dict(),
+                    "solver": solver.state_dict(),
+                    "problem": problem.state_dict(),
+                    "rng": rng_state(),
+                    "position": dict(position),
+                    "step_times": step_times,
+                    "metrics_offset": log.tell(),
+                },
+            )
+
+        bar = tqdm(total=train.epochs * steps_per_epoch, initial=position["step"], disable=None if train.progress else True, desc=config.name, leave=False)
+        try:
+            while position["epoch"] < train.epochs:
+                order = torch.randperm(len(train_set), generator=torch.Generator().manual_seed(config.seed * 100_003 + position["epoch"]))
+                micro_batches = order.split(train.batch_size)
+                while position["micro"] < micro_per_epoch:
+                    group = micro_batches[position["micro"] : position["micro"] + train.accumulate]
+                    start = time.perf_counter()
+                    means, violations = self._step(model, solver, problem, train_set, group, optimizer, position["step"], labels)
+                    step_times.append(time.perf_counter() - start)
+                    window.add(means, violations)
+                    position["micro"] += len(group)
+                    position["step"] += 1
+                    bar.update(1)
+                    if window.steps >= train.log_every:
+                        self._flush(log, window, position, problem)
+                    if train.checkpoint_every and position["step"] % train.checkpoint_every == 0:
+                        checkpoint()
+                solver.end_epoch()
+                self._flush(log, window, position, problem)
+                if train.validate:
+                    val = evaluate(self.task, model, splits["validation"], [0.0], config.eval.batch_size, config.eval.seed)[0]
+                    log.write(json.dumps({"event": "epoch", "epoch": position["epoch"], "step": position["step"], "val_loss": val["layer_loss"], "val_metrics": val["metrics"]}) + "\n")
+                position["epoch"] += 1
+                position["micro"] = 0
+                checkpoint()
+        finally:
+            bar.close()
+            log.close()
+
+        records = evaluate(self.task, model, splits[config.eval.split], config.eval.gammas, config.eval.batch_size, config.eval.seed)
+        results = {
+            "schema": RESULTS_SCHEMA,
+            "layerdescent": __version__,
+            "label": config.name,
+            "task": self.task.name,
+            "solver": config.solver.name,
+            "seed": config.seed,
+            "num_layers": self.task.num_layers,
+            "split": config.eval.split,
+            "train": {
+                "steps": position["step"],
+                "epochs": train.epochs,
+                "step_time_median": statistics.median(step_times) if step_times else None,
+            },
+            "constraints": {
+                spec.name: {
+                    "labels": problem.labels[spec.name],
+                    "lambda": problem.multipliers()[spec.name].tolist(),
+                    **({"relaxation": problem.relaxations()[spec.name].tolist()} if spec.resilience else {}),
+                }
+                for spec in config.constraints
+            },
+            "gammas": records,
+        }
+        (self.run_dir / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+        return results
+
+    def _step(self, model, solver, problem, train_set, group, optimizer, step, labels):
+        """One optimizer step over ``accumulate`` micro-batches; returns the step's means."""
+        train = self.config.train
+        solver.optimizer.zero_grad()
+        total = sum(len(idx) for idx in group)
+        step_means = torch.zeros(len(labels))
+        for idx in group:
+            batch = self.task.collate(train_set[idx.tolist()])
+            out = self.task.layer_losses(model, batch, gamma=train.train_gamma)
+            means = out.layer_means
+            _check_finite(step, "loss", means.detach(), labels)
+            violations = problem.violations(means)
+            loss = solver.primal_loss(means, violations) * (len(idx) / total)
+            loss.backward()
+            step_means += means.detach() * (len(idx) / total)
+        if train.grad_clip:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), train.grad_clip)
+        solver.optimizer.primal_step()
+        dual_means = step_means
+        if solver.needs_dual and self.config.solver.scheme == "alternating":
+            dual_means = self._measure(model, train_set, group)  # lambda follows the updated model
+        solver.observe(dual_means)
+        for name, value in problem.multipliers().items():
+            _check_finite(step, f"multiplier of constraint {name!r}", value, problem.labels[name])
+        with torch.no_grad():
+            violations = problem.violations(step_means)
+        return step_means, violations
+
+    @torch.no_grad()
+    def _measure(self, model, train_set, group) -> torch.Tensor:
+        total = sum(len(idx) for idx in group)
+        means = torch.zeros(self.task.num_layers + 1)
+        for idx in group:
+            out = self.task.layer_losses(model, self.task.collate(train_set[idx.tolist()]), gamma=self.config.train.train_gamma)
+            means += out.layer_means * (len(idx) / total)
+        return means
+
+    def _flush(self, log, window: _Window, position: dict[str, int], problem: LayerwiseProblem) -> None:
+        if window.steps == 0:
+            return
+        n = window.steps
+        record: dict[str, Any] = {
+            "event": "train",
+            "epoch": position["epoch"],
+            "step": position["step"],
+            "loss": (window.loss / n).tolist(),
+            "feasible": window.feasible / n,
+            "violation": {k: (v / n).tolist() for k, v in window.violation.items()},
+        }
+        if self.config.solver.name == "primal-dual":
+            record["lambda"] = {k: v.tolist() for k, v in problem.multipliers().items()}
+            record["relaxation"] = {k: v.tolist() for k, v in problem.relaxations().items()}
+        log.write(json.dumps(record) + "\n")
+        window.__init__()
+
+    def _prepare_run_dir(self, resume: bool) -> None:
+        config_file = self.run_dir / "config.toml"
+        resolved = tomli_w.dumps(self.config.as_dict())
+        if resume:
+            if config_file.exists() and config_file.read_text() != resolved:
+                raise ConfigError(f"--resume: the config differs from the one recorded in {config_file}; resume with the same config")
+        elif self.checkpoint_path.exists() or (self.run_dir / "results.json").exists():
+            raise ConfigError(f"{self.run_dir} already holds a run; pass --resume to continue it or --out a new directory")
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        config_file.write_text(resolved)
+        if not (resume and self.checkpoint_path.exists()):
+            (self.run_dir / "metrics.jsonl").write_text("")  # nothing to continue: start the log over
+
+
+def train(config: RunConfig, run_dir: str | Path, resume: bool = False, registry: Registry | None = None) -> dict[str, Any]:
+    """Train ``config`` into ``run_dir`` and return its results (see the README for the schema)."""
+    return Trainer(config, run_dir, registry).fit(resume=resume)

@@ -1,0 +1,98 @@
+"""Descent and bound specs: their violations, gradients and Cooper compilation."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from layerdescent import Bound, ConfigError, Descent
+from layerdescent.problem import LayerwiseProblem
+from layerdescent.solvers import PrimalDualSolver
+from layerdescent.config import SolverConfig
+
+
+def test_descent_violation_is_each_layer_against_the_previous_one_shrunk_by_alpha():
+    means = torch.tensor([4.0, 3.0, 3.5])
+    violation = Descent(alpha=0.5).violation(means, {})
+    assert torch.allclose(violation, torch.tensor([3.0 - 2.0, 3.5 - 1.5]))
+
+
+def test_descent_layers_select_transitions_and_accept_negative_indices():
+    spec = Descent(layers=(1, -1))
+    assert spec.transitions(4) == [1, 4]
+    assert spec.labels(4) == ["l1<=l0", "l4<=l3"]
+
+
+def test_descent_layer_outside_the_model_is_a_config_error():
+    with pytest.raises(ConfigError, match="out of range"):
+        Descent(layers=(9,)).check_layers(4)
+
+
+@pytest.mark.parametrize("alpha", [-0.1, 1.0, 2.0])
+def test_alpha_outside_unit_interval_is_rejected(alpha):
+    with pytest.raises(ConfigError, match="alpha"):
+        Descent(alpha=alpha)
+
+
+def test_detached_reference_gives_no_gradient_to_the_previous_layer():
+    for reference, expected in (("detached", 0.0), ("live", -0.9)):
+        means = torch.tensor([2.0, 1.0], requires_grad=True)
+        Descent(alpha=0.1, reference=reference).violation(means, {}).sum().backward()
+        assert means.grad[0].item() == pytest.approx(expected)
+        assert means.grad[1].item() == pytest.approx(1.0)
+
+
+def test_anchored_reference_adds_an_entry_bounding_layer_zero_by_its_start_value():
+    spec = Descent(reference="anchored")
+    state = spec.initial_state(torch.tensor([2.0, 1.0]))
+    violation = spec.violation(torch.tensor([2.5, 1.0]), state)
+    assert spec.labels(1) == ["l1<=l0", "l0<=anchor"]
+    assert violation[-1].item() == pytest.approx(0.5)
+
+
+def test_anchored_reference_takes_a_given_bound():
+    spec = Descent(reference="anchored", anchor=1.5)
+    assert spec.initial_state(torch.tensor([9.0, 1.0]))["anchor"].item() == 1.5
+
+
+def test_bound_violation_at_one_layer():
+    assert Bound(value=0.5, layer=1).violation(torch.tensor([3.0, 1.0, 0.2]), {}).item() == pytest.approx(0.5)
+
+
+def _solver(specs, **config):
+    problem = LayerwiseProblem(specs, num_layers=2)
+    primal = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1)
+    return problem, PrimalDualSolver(SolverConfig(**config), problem, primal)
+
+
+def test_each_spec_compiles_to_one_multiplier_sized_to_its_violation():
+    problem, _ = _solver((Descent(name="d"), Bound(name="b", value=1.0)))
+    sizes = {name: value.numel() for name, value in problem.multipliers().items()}
+    assert sizes == {"d": 2, "b": 1}
+
+
+def test_dual_step_raises_lambda_by_the_violation_and_keeps_it_nonnegative():
+    problem, solver = _solver((Descent(alpha=0.0),), dual_lr=0.5)
+    solver.observe(torch.tensor([1.0, 2.0, 0.0]))  # l1 violates by 1, l2 is 2 below l1
+    assert problem.multipliers()["descent"].tolist() == [0.5, 0.0]
+
+
+def test_resilience_is_dual_weight_decay_and_logs_the_relaxation():
+    problem, solver = _solver((Descent(alpha=0.0, resilience=2.0),), dual_lr=1.0)
+    for _ in range(200):
+        solver.observe(torch.tensor([1.0, 2.0, 2.0]))  # a constant violation of 1 at l1
+    # lambda climbs until the relaxation u = lambda / c absorbs the violation: lambda* = c * 1
+    assert problem.multipliers()["descent"][0].item() == pytest.approx(2.0, rel=1e-3)
+    assert problem.relaxations()["descent"][0].item() == pytest.approx(1.0, rel=1e-3)
+
+
+def test_dual_every_epoch_waits_and_uses_the_mean_of_the_epoch():
+    problem, solver = _solver((Descent(alpha=0.0),), dual_lr=1.0, dual_every="epoch")
+    assert not solver.observe(torch.tensor([1.0, 2.0, 0.0]))
+    assert not solver.observe(torch.tensor([1.0, 0.0, 0.0]))
+    assert problem.multipliers()["descent"].tolist() == [0.0, 0.0]
+    assert solver.end_epoch()
+    assert problem.multipliers()["descent"].tolist() == [0.0, 0.0]  # mean violation of l1 is 0
+    solver.observe(torch.tensor([1.0, 3.0, 0.0]))
+    solver.end_epoch()
+    assert problem.multipliers()["descent"][0].item() == pytest.approx(2.0)

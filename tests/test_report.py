@@ -1,0 +1,120 @@
+"""Report: grouping runs by label, mean ± std over seeds, cost ratio to erm, markdown and plots."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from layerdescent.errors import LayerdescentError
+from layerdescent.report import collect, summarize, write_report
+
+# label -> solver, then per seed: (mse at gamma 0, mse at gamma 1, step time in seconds)
+RUNS = {
+    ("erm", "erm"): {0: (1.0, 4.0, 0.002), 1: (3.0, 6.0, 0.004)},
+    ("primal-dual", "primal-dual"): {0: (0.5, 2.0, 0.006), 1: (0.5, 3.0, 0.006)},
+}
+
+
+def fake_results(label: str, solver: str, seed: int, mse0: float, mse1: float, step_time: float) -> dict:
+    return {
+        "schema": 1,
+        "label": label,
+        "task": "lista",
+        "solver": solver,
+        "seed": seed,
+        "num_layers": 2,
+        "split": "test",
+        "train": {"steps": 20, "epochs": 1, "step_time_median": step_time},
+        "constraints": {"descent": {"labels": ["l1<=l0", "l2<=l1"], "lambda": [0.1 * (seed + 1), 0.0]}},
+        "gammas": [
+            {"gamma": g, "layer_loss": [2.0 * mse, 1.5 * mse, mse], "descent_rate": [0.9, 0.5 + 0.1 * seed],
+             "metrics": {"mse": mse, "snr_db": 10.0 - mse}, "samples": 100}
+            for g, mse in ((0.0, mse0), (1.0, mse1))
+        ],
+    }
+
+
+def fake_log(solver: str) -> str:
+    lines = []
+    for step in (10, 20):
+        record = {"event": "train", "step": step, "loss": [0.3, 0.2, 0.1], "violation": {"descent": [0.0, 0.0]},
+                  "feasible": 1.0}
+        if solver == "primal-dual":
+            record["lambda"] = {"descent": [0.01 * step, 0.0]}
+        lines.append(json.dumps(record))
+    lines.append(json.dumps({"event": "epoch", "epoch": 0}))
+    return "\n".join(lines) + "\n"
+
+
+@pytest.fixture
+def bench(tmp_path):
+    for (label, solver), seeds in RUNS.items():
+        for seed, (mse0, mse1, step_time) in seeds.items():
+            run = tmp_path / "bench" / f"{label}-s{seed}"
+            run.mkdir(parents=True)
+            (run / "config.toml").write_text(f'solver = "{solver}"\nseed = {seed}\n')
+            (run / "results.json").write_text(json.dumps(fake_results(label, solver, seed, mse0, mse1, step_time)))
+            (run / "metrics.jsonl").write_text(fake_log(solver))
+    return tmp_path / "bench"
+
+
+def test_collect_finds_every_run_and_records_its_directory(bench):
+    results = collect(bench)
+    assert len(results) == 4
+    assert [r["run_dir"] for r in results] == sorted(str(p.parent) for p in bench.rglob("results.json"))
+
+
+def test_summarize_gives_mean_and_sample_std_over_seeds(bench):
+    groups = summarize(collect(bench))
+    assert list(groups) == ["erm", "primal-dual"]
+    erm = groups["erm"]
+    assert erm["n"] == 2 and erm["solver"] == "erm"
+    mse = erm["gammas"][0.0]["metrics"]["mse"]
+    assert mse["mean"] == pytest.approx(2.0)
+    assert mse["std"] == pytest.approx(math.sqrt(2.0))
+    assert erm["gammas"][1.0]["layer_loss"]["mean"] == pytest.approx([10.0, 7.5, 5.0])
+    assert erm["gammas"][0.0]["descent_rate"]["std"] == pytest.approx([0.0, math.sqrt(0.005)])
+
+
+def test_summarize_reports_zero_std_for_a_single_seed(bench):
+    groups = summarize([r for r in collect(bench) if r["seed"] == 0])
+    assert groups["erm"]["gammas"][0.0]["metrics"]["mse"] == {"mean": 1.0, "std": 0.0}
+
+
+def test_summarize_gives_step_time_ratio_to_erm(bench):
+    groups = summarize(collect(bench))
+    assert groups["erm"]["step_time"] == pytest.approx(0.003)
+    assert groups["erm"]["step_time_ratio"] == pytest.approx(1.0)
+    assert groups["primal-dual"]["step_time_ratio"] == pytest.approx(2.0)
+
+
+def test_summarize_has_no_ratio_without_an_erm_group(bench):
+    groups = summarize([r for r in collect(bench) if r["solver"] != "erm"])
+    assert groups["primal-dual"]["step_time_ratio"] is None
+
+
+def test_write_report_writes_tables_and_all_plots(bench, tmp_path):
+    out = tmp_path / "report"
+    summary = write_report(bench, out=out, title="Fake bench")
+    assert summary == out / "summary.md"
+    text = summary.read_text()
+    assert text.startswith("# Fake bench")
+    assert "4 runs" in text
+    assert "| erm | 2 ± 1.414 | 5 ± 1.414 |" in text  # mse at gamma 0 and 1
+    assert "| primal-dual | 0.5 ± 0 | 2.5 ± 0.7071 |" in text
+    assert "| primal-dual | descent | 0.15, 0 |" in text  # final lambda, mean over seeds
+    assert "| primal-dual | primal-dual | 6 | 2 |" in text  # step time in ms and ratio to erm
+    for name in ("loss_vs_layer.png", "metric_vs_gamma.png", "lambda.png"):
+        assert (out / name).stat().st_size > 0
+        assert f"]({name})" in text
+
+
+def test_write_report_defaults_to_the_root_directory(bench):
+    assert write_report(bench) == bench / "summary.md"
+
+
+def test_collect_on_an_empty_directory_raises(tmp_path):
+    with pytest.raises(LayerdescentError, match="no results.json under"):
+        collect(tmp_path)
