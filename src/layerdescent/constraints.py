@@ -108,11 +108,14 @@ class Descent(ConstraintSpec):
         return {"anchor": value.clone().to(means.dtype)}
 
     def violation(self, means: torch.Tensor, state: dict[str, torch.Tensor]) -> torch.Tensor:
-        index = torch.tensor(self.transitions(means.numel() - 1), device=means.device)
         # A detached reference makes l_{k-1} a target: the gradient cannot lower the
         # violation by raising the previous layer's loss (the `live` form can be gamed).
         previous = means.detach() if self.reference == "detached" else means
-        violation = means[index] - (1.0 - self.alpha) * previous[index - 1]
+        if self.layers is None:  # every transition: slices, no index tensor on the hot path
+            violation = means[1:] - (1.0 - self.alpha) * previous[:-1]
+        else:
+            index = torch.tensor(self.transitions(means.numel() - 1), device=means.device)
+            violation = means[index] - (1.0 - self.alpha) * previous[index - 1]
         if self.reference == "anchored":
             violation = torch.cat([violation, (means[0] - state["anchor"]).reshape(1)])
         return violation

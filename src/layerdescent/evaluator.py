@@ -7,22 +7,18 @@ from typing import Any, Iterable
 import datasets
 import torch
 
+from layerdescent.data import Rows
 from layerdescent.task import Task
 
 
-def iterate(task: Task, dataset: datasets.Dataset, batch_size: int) -> Iterable[Any]:
-    """Collated batches of ``dataset`` in order."""
-    for start in range(0, len(dataset), batch_size):
-        yield task.collate(dataset[start : start + batch_size])
-
-
 @torch.no_grad()
-def evaluate(task: Task, model: torch.nn.Module, dataset: datasets.Dataset, gammas: Iterable[float], batch_size: int = 256, seed: int = 1234) -> list[dict[str, Any]]:
+def evaluate(task: Task, model: torch.nn.Module, dataset: datasets.Dataset | Rows, gammas: Iterable[float], batch_size: int = 256, seed: int = 1234) -> list[dict[str, Any]]:
     """One record per gamma: ``layer_loss`` (L+1), ``descent_rate`` (L), ``metrics``, ``samples``.
 
     Each gamma draws its perturbations from a torch RNG seeded with ``seed``, so the numbers do
     not depend on what ran before, and the caller's RNG is left as it was.
     """
+    rows = dataset if isinstance(dataset, Rows) else Rows(dataset)
     was_training = model.training
     model.eval()
     records = []
@@ -33,8 +29,8 @@ def evaluate(task: Task, model: torch.nn.Module, dataset: datasets.Dataset, gamm
                 metrics = task.metrics()
                 loss_sum = descents = None
                 count = 0
-                for batch in iterate(task, dataset, batch_size):
-                    out = task.layer_losses(model, batch, gamma=float(gamma))
+                for rows_batch in rows.batches(batch_size):
+                    out = task.layer_losses(model, task.collate(rows_batch), gamma=float(gamma))
                     losses = out.losses.detach().double()
                     loss_sum = losses.sum(0) if loss_sum is None else loss_sum + losses.sum(0)
                     falls = (losses[:, 1:] < losses[:, :-1]).sum(0)

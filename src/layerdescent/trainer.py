@@ -25,6 +25,7 @@ from tqdm.auto import tqdm
 from layerdescent import __version__
 from layerdescent.checkpoint import load_checkpoint, rng_state, save_checkpoint, set_rng_state
 from layerdescent.config import RunConfig, TrainConfig
+from layerdescent.data import Rows
 from layerdescent.errors import ConfigError, DivergenceError
 from layerdescent.evaluator import evaluate
 from layerdescent.problem import LayerwiseProblem
@@ -52,6 +53,8 @@ def build_primal_optimizer(model: torch.nn.Module, config: TrainConfig) -> torch
 
 
 def _check_finite(step: int, what: str, values: torch.Tensor, labels: list[str]) -> None:
+    if bool(torch.isfinite(values).all()):
+        return
     bad = (~torch.isfinite(values)).nonzero().flatten().tolist()
     if bad:
         raise DivergenceError(
@@ -120,7 +123,8 @@ class Trainer:
             with metrics_file.open("r+b") as handle:  # drop what was logged after the checkpoint
                 handle.truncate(state["metrics_offset"])
 
-        train_set = splits["train"]
+        train_set = Rows(splits["train"])
+        validation_set = Rows(splits["validation"]) if train.validate else None
         micro_per_epoch = math.ceil(len(train_set) / train.batch_size)
         steps_per_epoch = math.ceil(micro_per_epoch / train.accumulate)
         window = _Window()
@@ -164,7 +168,7 @@ class Trainer:
                 solver.end_epoch()
                 self._flush(log, window, position, problem)
                 if train.validate:
-                    val = evaluate(self.task, model, splits["validation"], [0.0], config.eval.batch_size, config.eval.seed)[0]
+                    val = evaluate(self.task, model, validation_set, [0.0], config.eval.batch_size, config.eval.seed)[0]
                     log.write(json.dumps({"event": "epoch", "epoch": position["epoch"], "step": position["step"], "val_loss": val["layer_loss"], "val_metrics": val["metrics"]}) + "\n")
                 position["epoch"] += 1
                 position["micro"] = 0
@@ -208,7 +212,7 @@ class Trainer:
         total = sum(len(idx) for idx in group)
         step_means = torch.zeros(len(labels))
         for idx in group:
-            batch = self.task.collate(train_set[idx.tolist()])
+            batch = self.task.collate(train_set[idx])
             out = self.task.layer_losses(model, batch, gamma=train.train_gamma)
             means = out.layer_means
             _check_finite(step, "loss", means.detach(), labels)
@@ -234,7 +238,7 @@ class Trainer:
         total = sum(len(idx) for idx in group)
         means = torch.zeros(self.task.num_layers + 1)
         for idx in group:
-            out = self.task.layer_losses(model, self.task.collate(train_set[idx.tolist()]), gamma=self.config.train.train_gamma)
+            out = self.task.layer_losses(model, self.task.collate(train_set[idx]), gamma=self.config.train.train_gamma)
             means += out.layer_means * (len(idx) / total)
         return means
 
