@@ -1,0 +1,158 @@
+"""Training on lista through the public API: solvers, references, logs, resume, divergence."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+import layerdescent as ld
+from layerdescent.trainer import Trainer
+
+
+def _train(table, tmp_path, name="run"):
+    return ld.train(ld.config_from_dict(table), tmp_path / name)
+
+
+def _log(run_dir, event="train"):
+    return [r for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines()) if r["event"] == event]
+
+
+def test_primal_dual_descent_makes_test_loss_fall_at_every_layer_and_records_lambdas(tiny, tmp_path):
+    tiny["task"]["train_size"] = 1024
+    tiny["train"]["epochs"] = 8
+    results = _train(tiny, tmp_path)
+    layer_loss = results["gammas"][0]["layer_loss"]
+    assert all(b < a for a, b in zip(layer_loss, layer_loss[1:])), layer_loss
+    assert len(results["constraints"]["descent"]["lambda"]) == 4
+    lambdas = [r["lambda"]["descent"] for r in _log(tmp_path / "run")]
+    assert any(max(values) > 0 for values in lambdas), "the constraints never became active"
+
+
+def test_erm_measures_violations_but_never_moves_multipliers(tiny, tmp_path):
+    tiny["solver"]["name"] = "erm"
+    results = _train(tiny, tmp_path)
+    records = _log(tmp_path / "run")
+    assert all(len(r["violation"]["descent"]) == 4 and "lambda" not in r for r in records)
+    assert results["constraints"]["descent"]["lambda"] == [0.0] * 4
+
+
+@pytest.mark.parametrize(
+    "constraint",
+    [
+        {"kind": "descent", "reference": "live"},
+        {"kind": "descent", "reference": "detached"},
+        {"kind": "descent", "reference": "anchored"},
+        {"kind": "descent", "resilience": 1.0},
+    ],
+    ids=["live", "detached", "anchored", "resilient"],
+)
+def test_each_reference_mode_and_resilience_trains_and_is_reported(tiny, tmp_path, constraint):
+    tiny["constraints"] = [constraint]
+    results = _train(tiny, tmp_path)
+    reported = results["constraints"]["descent"]
+    expected = 5 if constraint.get("reference") == "anchored" else 4
+    assert len(reported["lambda"]) == len(reported["labels"]) == expected
+    assert ("relaxation" in reported) == bool(constraint.get("resilience"))
+    assert all(torch.isfinite(torch.tensor(g["layer_loss"])).all() for g in results["gammas"])
+
+
+@pytest.mark.parametrize(
+    "solver",
+    [
+        {"scheme": "alternating"},
+        {"dual_optimizer": "nupi"},
+        {"dual_every": 3},
+        {"dual_every": "epoch"},
+    ],
+    ids=["alternating", "nupi", "every-3-steps", "every-epoch"],
+)
+def test_primal_dual_options_train(tiny, tmp_path, solver):
+    tiny["solver"].update(solver)
+    results = _train(tiny, tmp_path)
+    assert results["solver"] == "primal-dual"
+    assert max(results["constraints"]["descent"]["lambda"]) >= 0
+
+
+def test_accumulation_and_clipping_match_one_big_batch_without_clipping_noise(tiny, tmp_path):
+    tiny["train"].update(epochs=1, batch_size=64, optimizer="sgd", lr=0.01, momentum=0.0, validate=False)
+    big = _train(tiny, tmp_path, "big")
+    tiny["train"].update(batch_size=32, accumulate=2)
+    small = _train(tiny, tmp_path, "accumulated")
+    assert small["train"]["steps"] == big["train"]["steps"]
+    assert small["gammas"][0]["layer_loss"] == pytest.approx(big["gammas"][0]["layer_loss"], rel=1e-4)
+    tiny["train"]["grad_clip"] = 1e-6
+    clipped = _train(tiny, tmp_path, "clipped")
+    assert clipped["gammas"][0]["layer_loss"] != pytest.approx(big["gammas"][0]["layer_loss"], rel=1e-3)
+
+
+def test_penalty_uses_given_weights_per_layer(tiny, tmp_path):
+    tiny["solver"] = {"name": "penalty", "penalty_weights": [0, 0, 0, 0, 1]}
+    only_last = _train(tiny, tmp_path, "penalty")
+    tiny["solver"] = {"name": "erm"}
+    erm = _train(tiny, tmp_path, "erm")
+    assert only_last["gammas"][0]["layer_loss"] == pytest.approx(erm["gammas"][0]["layer_loss"], rel=1e-5)
+
+
+def test_resume_after_interruption_gives_the_same_final_parameters(tiny, tmp_path, monkeypatch):
+    tiny["train"].update(epochs=3, checkpoint_every=5, train_gamma=0.1)
+    config = ld.config_from_dict(tiny)
+    ld.train(config, tmp_path / "whole")
+
+    original_step = Trainer._step
+    calls = {"n": 0}
+
+    def crash_at_step_13(self, *args):
+        calls["n"] += 1
+        if calls["n"] == 13:
+            raise KeyboardInterrupt
+        return original_step(self, *args)
+
+    monkeypatch.setattr(Trainer, "_step", crash_at_step_13)
+    with pytest.raises(KeyboardInterrupt):
+        ld.train(config, tmp_path / "resumed")
+    monkeypatch.setattr(Trainer, "_step", original_step)
+    resumed = ld.train(config, tmp_path / "resumed", resume=True)
+    whole = json.loads((tmp_path / "whole" / "results.json").read_text())
+
+    a = torch.load(tmp_path / "whole" / "checkpoint.pt", weights_only=False)
+    b = torch.load(tmp_path / "resumed" / "checkpoint.pt", weights_only=False)
+    for key in a["model"]:
+        assert torch.equal(a["model"][key], b["model"][key]), key
+    assert torch.equal(a["problem"]["cmp"]["multipliers"]["descent"]["weight"], b["problem"]["cmp"]["multipliers"]["descent"]["weight"])
+    assert resumed["gammas"] == whole["gammas"]
+    assert (tmp_path / "whole" / "metrics.jsonl").read_text() == (tmp_path / "resumed" / "metrics.jsonl").read_text()
+
+
+def test_existing_run_directory_is_not_overwritten_without_resume(tiny, tmp_path):
+    tiny["train"]["epochs"] = 1
+    _train(tiny, tmp_path)
+    with pytest.raises(ld.ConfigError, match="--resume"):
+        _train(tiny, tmp_path)
+
+
+def test_non_finite_loss_stops_with_the_step_and_layer(tiny, tmp_path, monkeypatch):
+    task_cls = ld.get_registry().task("lista")
+    original = task_cls.layer_losses
+
+    def poisoned(self, model, batch, gamma=0.0):
+        out = original(self, model, batch, gamma)
+        out.losses = out.losses.clone()
+        out.losses[:, 2] = float("nan")
+        return out
+
+    monkeypatch.setattr(task_cls, "layer_losses", poisoned)
+    with pytest.raises(ld.DivergenceError, match=r"step 0, l2 = nan"):
+        _train(tiny, tmp_path)
+
+
+def test_evaluation_is_deterministic_and_records_every_gamma(tiny, tmp_path):
+    tiny["train"]["epochs"] = 1
+    tiny["eval"]["gammas"] = [0.0, 0.2, 1.0]
+    results = _train(tiny, tmp_path)
+    gammas = results["gammas"]
+    assert [g["gamma"] for g in gammas] == [0.0, 0.2, 1.0]
+    assert gammas[0]["samples"] == 128
+    assert gammas[2]["metrics"]["mse"] > gammas[0]["metrics"]["mse"]
+    assert all(len(g["descent_rate"]) == 4 and all(0 <= r <= 1 for r in g["descent_rate"]) for g in gammas)
