@@ -47,8 +47,9 @@ class PluginInfo:
 
 def closest(name: str, choices: Iterable[str]) -> str:
     """A ' did you mean X?' hint, or an empty string."""
-    match = difflib.get_close_matches(name, list(choices), n=1)
-    return f"; did you mean {match[0]!r}?" if match else ""
+    choices = [str(c) for c in choices]
+    match = difflib.get_close_matches(name, choices, n=1) or [c for c in choices if name.startswith(c) or c.startswith(name)]
+    return f"; did you mean {match[0]!r}?" if match and name else ""
 
 
 class Registry:
@@ -83,11 +84,10 @@ class Registry:
             if ep.name in self.plugins:
                 continue  # the same distribution seen twice on sys.path
             dist = getattr(ep, "dist", None)
-            info = PluginInfo(ep.name, dist.name if dist else "", dist.version if dist else "")
+            info = self.plugins[ep.name] = PluginInfo(ep.name, dist.name if dist else "", dist.version if dist else "")
             if ep.name in blocked:
                 self._pm.set_blocked(ep.name)
                 info.status, info.reason = "blocked", f"listed in {DISABLE_ENV}"
-                self.plugins[ep.name] = info
                 continue
             try:
                 plugin = ep.load()

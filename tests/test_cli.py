@@ -1,0 +1,150 @@
+"""The layerdescent command: every user mistake is one line and exit status 2."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from layerdescent.cli import main
+
+GOOD = """
+    [task]
+    name = "lista"
+    layers = 4
+    code_dim = 16
+    measure_dim = 12
+    sparsity = 2
+    train_size = 256
+    validation_size = 64
+    test_size = 64
+
+    [train]
+    epochs = 1
+    progress = false
+
+    [solver]
+    name = "primal-dual"
+    dual_lr = 0.5
+
+    [[constraints]]
+    kind = "descent"
+    alpha = 0.05
+
+    [eval]
+    gammas = [0.0, 0.5]
+"""
+
+
+def write(tmp_path, text, name="run.toml"):
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(text))
+    return path
+
+
+@pytest.mark.parametrize(
+    "old, new, message",
+    [
+        ("dual_lr = 0.5", "dual_lrr = 0.5", "unknown key solver.dual_lrr; did you mean 'dual_lr'?"),
+        ("epochs = 1", 'epochs = "ten"', "train.epochs must be an integer, got 'ten'"),
+        ("alpha = 0.05", "alpha = 1.5", "alpha must be in [0, 1), got 1.5"),
+        ("dual_lr = 0.5", "dual_lr = -1", "solver.dual_lr must be >= 0, got -1.0"),
+        ('name = "lista"', 'name = "lsita"', "unknown task 'lsita'; did you mean 'lista'?"),
+        ('kind = "descent"', 'kind = "desent"', "unknown constraint kind 'desent'; did you mean 'descent'?"),
+        ('name = "primal-dual"', 'name = "primal_dual"', "solver.name = 'primal_dual' is not allowed; did you mean 'primal-dual'?"),
+        ("layers = 4", "layers = 4\nlayerz = 3", "unknown key task.layerz; did you mean 'layers'?"),
+        ("[eval]", "[evaluation]", "unknown key evaluation; did you mean 'eval'?"),
+        ("gammas = [0.0, 0.5]", "gammas = []", "eval.gammas must hold at least one level"),
+        ("alpha = 0.05", "alpha = 0.05\nlayers = [7]", "descent layer 7 is out of range"),
+        ('alpha = 0.05', 'alpha = 0.05\nreference = "frozen"', "reference = 'frozen' is not allowed"),
+        ("[eval]", '[[constraints]]\nkind = "descent"\n[eval]', "constraints[1].name 'descent' is used twice"),
+        ("[train]", "[train", "is not valid TOML"),
+    ],
+    ids=lambda v: v if isinstance(v, str) and len(v) < 30 else None,
+)
+def test_bad_config_exits_2_with_one_line_naming_the_key(tmp_path, capsys, old, new, message):
+    text = textwrap.dedent(GOOD)
+    assert old in text
+    path = write(tmp_path, text.replace(old, new, 1))
+    assert main(["run", str(path), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and message in err, err
+    assert not (tmp_path / "out").exists()
+
+
+def test_missing_config_file_and_bad_override_are_one_line(tmp_path, capsys):
+    assert main(["run", str(tmp_path / "nope.toml")]) == 2
+    assert "does not exist" in capsys.readouterr().err
+    path = write(tmp_path, GOOD)
+    assert main(["run", str(path), "--set", "solver.dual_lr"]) == 2
+    assert "must look like key=value" in capsys.readouterr().err
+
+
+def test_console_script_reports_a_bad_config_without_traceback(tmp_path):
+    path = write(tmp_path, textwrap.dedent(GOOD).replace("alpha = 0.05", "alpha = 1.5"))
+    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+    proc = subprocess.run([sys.executable, "-m", "layerdescent.cli", "run", str(path)], capture_output=True, text=True, env=env, cwd=tmp_path)
+    assert proc.returncode == 2
+    assert "Traceback" not in proc.stderr
+    assert proc.stderr.strip().splitlines() == ["layerdescent: error: constraints[0]: alpha must be in [0, 1), got 1.5"]
+
+
+def test_run_with_overrides_writes_results_and_report_summarizes_it(tmp_path, capsys):
+    path = write(tmp_path, GOOD)
+    out = tmp_path / "run"
+    assert main(["run", str(path), "--out", str(out), "--set", "solver.dual_lr=0.25", "--set", "constraints.0.alpha=0.1"]) == 0
+    results = json.loads((out / "results.json").read_text())
+    assert [g["gamma"] for g in results["gammas"]] == [0.0, 0.5]
+    recorded = (out / "config.toml").read_text()
+    assert "dual_lr = 0.25" in recorded and "alpha = 0.1" in recorded
+    assert main(["report", str(out)]) == 0
+    assert (out / "summary.md").exists() and (out / "loss_vs_layer.png").exists()
+
+
+def test_list_shows_tasks_constraint_kinds_and_solvers(capsys):
+    assert main(["list"]) == 0
+    out = capsys.readouterr().out
+    for name in ("lista", "descent", "bound", "erm", "penalty", "primal-dual"):
+        assert name in out
+
+
+def test_plugins_lists_the_bundled_plugin_with_its_distribution(capsys):
+    assert main(["plugins", "--json"]) == 0
+    rows = {r["name"]: r for r in json.loads(capsys.readouterr().out)}
+    assert rows["lista"]["status"] == "loaded" and rows["lista"]["distribution"] == "layerdescent"
+
+
+def test_bench_runs_variants_by_seeds_and_resumes_without_rerunning(tmp_path, capsys):
+    bench = textwrap.dedent(GOOD) + textwrap.dedent(
+        """
+        [bench]
+        seeds = [0, 1]
+        [bench.variants.erm]
+        solver.name = "erm"
+        [bench.variants.primal-dual]
+        solver.name = "primal-dual"
+        """
+    )
+    path = write(tmp_path, bench, "bench.toml")
+    out = tmp_path / "bench"
+    assert main(["bench", str(path), "--out", str(out)]) == 0
+    first = capsys.readouterr().out
+    assert first.count(": trained") == 4
+    summary = (out / "summary.md").read_text()
+    assert "erm" in summary and "primal-dual" in summary
+    (out / "erm" / "seed-1" / "results.json").unlink()
+    assert main(["bench", str(path), "--out", str(out)]) == 0
+    second = capsys.readouterr().out
+    assert second.count(": done") == 3 and "erm seed 1: resumed" in second
+
+
+def test_demo_runs_erm_against_primal_dual_and_prints_the_table(tmp_path, capsys):
+    small = ["--set", "train.epochs=1", "--set", "task.train_size=128", "--set", "task.test_size=64", "--set", "bench.seeds=[0]"]
+    assert main(["demo", "--out", str(tmp_path / "demo"), *small]) == 0
+    out = capsys.readouterr().out
+    assert "| erm |" in out and "| primal-dual |" in out
+    assert (tmp_path / "demo" / "metric_vs_gamma.png").exists()

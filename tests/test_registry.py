@@ -1,0 +1,142 @@
+"""Plugins: found through the entry-point group, isolated when broken, listed with their status."""
+
+from __future__ import annotations
+
+import sys
+import textwrap
+
+import pytest
+import torch
+
+import layerdescent as ld
+from layerdescent import LayerOutput, Task, hookimpl
+from layerdescent.registry import Registry
+
+
+class ResidualRegression(Task):
+    """A third-party task: a residual MLP refining a linear regression estimate."""
+
+    name = "toy-regression"
+    options = {"layers": 3, "size": 128}
+
+    @property
+    def num_layers(self) -> int:
+        return self.options["layers"]
+
+    def build_model(self):
+        return torch.nn.ModuleList([torch.nn.Linear(4, 1)] + [torch.nn.Linear(5, 1) for _ in range(self.num_layers)])
+
+    def build_datasets(self):
+        import datasets
+
+        g = torch.Generator().manual_seed(0)
+        x = torch.randn(self.options["size"], 4, generator=g)
+        y = x.sum(1, keepdim=True).sin()
+        ds = datasets.Dataset.from_dict({"x": x.numpy(), "y": y.numpy()}).with_format("torch")
+        return {"train": ds, "validation": ds, "test": ds}
+
+    def collate(self, rows):
+        return rows
+
+    def layer_losses(self, model, batch, gamma=0.0):
+        x = batch["x"] + gamma * torch.randn_like(batch["x"])
+        estimate = model[0](x)
+        losses = [(estimate - batch["y"]).pow(2).squeeze(1)]
+        for layer in model[1:]:
+            estimate = estimate + layer(torch.cat([x, estimate], 1))
+            losses.append((estimate - batch["y"]).pow(2).squeeze(1))
+        return LayerOutput(torch.stack(losses, 1), preds=estimate, target=batch["y"])
+
+
+class ToyPlugin:
+    @hookimpl
+    def register_tasks(self, register):
+        register(ResidualRegression)
+
+
+def test_a_plugin_object_registers_a_task_that_trains(tmp_path):
+    registry = Registry(extra_plugins=[("toy", ToyPlugin())])
+    config = ld.config_from_dict(
+        {"task": {"name": "toy-regression"}, "train": {"epochs": 2, "progress": False}, "constraints": [{"kind": "descent"}]},
+        registry,
+    )
+    results = ld.train(config, tmp_path / "run", registry=registry)
+    assert results["task"] == "toy-regression"
+    assert len(results["gammas"][0]["layer_loss"]) == 4
+
+
+@pytest.fixture
+def entry_point_plugins(tmp_path, monkeypatch):
+    """Install plugin modules under an entry point, as `pip install` of a third-party package would."""
+
+    def install(modules: dict[str, str], entry_points: dict[str, str]):
+        for name, source in modules.items():
+            (tmp_path / f"{name}.py").write_text(textwrap.dedent(source))
+        dist = tmp_path / "thirdparty_plugins-1.2.3.dist-info"
+        dist.mkdir()
+        (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: thirdparty-plugins\nVersion: 1.2.3\n")
+        lines = "\n".join(f"{k} = {v}" for k, v in entry_points.items())
+        (dist / "entry_points.txt").write_text(f"[layerdescent]\n{lines}\n")
+        monkeypatch.syspath_prepend(str(tmp_path))
+        for name in modules:
+            sys.modules.pop(name, None)
+        return Registry()
+
+    return install
+
+
+GOOD = """
+    import layerdescent
+    from layerdescent import Bound
+
+    class Ceiling(Bound):
+        '''A bound under another name.'''
+        kind = "ceiling"
+
+    @layerdescent.hookimpl
+    def register_constraints(register):
+        register(Ceiling)
+"""
+
+
+def test_an_entry_point_plugin_is_found_with_its_distribution(entry_point_plugins):
+    registry = entry_point_plugins({"good_plugin": GOOD}, {"good": "good_plugin"})
+    assert "ceiling" in registry.constraints
+    info = registry.plugins["good"]
+    assert (info.status, info.distribution, info.version) == ("loaded", "thirdparty-plugins", "1.2.3")
+    assert "lista" in registry.tasks  # the bundled plugin loads through the same group
+
+
+@pytest.mark.parametrize(
+    "source, reason",
+    [
+        ("import no_such_module_anywhere\n", "import failed: ModuleNotFoundError"),
+        ("import layerdescent\n@layerdescent.hookimpl\ndef register_task(register):\n    pass\n", "unknown hook 'register_task'"),
+        ("import layerdescent\n@layerdescent.hookimpl\ndef register_tasks(register):\n    raise RuntimeError('boom')\n", "register_tasks raised RuntimeError: boom"),
+        ("import layerdescent\n@layerdescent.hookimpl\ndef register_tasks(register):\n    register(object)\n", "not a Task"),
+        (
+            "import layerdescent\nfrom layerdescent import Descent\n@layerdescent.hookimpl\ndef register_constraints(register):\n    register(Descent)\n",
+            "'descent' is already registered by plugin 'layerdescent.constraints'",
+        ),
+    ],
+    ids=["import-error", "unknown-hook", "raises", "wrong-type", "duplicate-name"],
+)
+def test_a_broken_plugin_is_reported_by_name_and_the_others_still_load(entry_point_plugins, source, reason):
+    registry = entry_point_plugins({"bad_plugin": source, "good_plugin": GOOD}, {"bad": "bad_plugin", "good": "good_plugin"})
+    assert registry.plugins["bad"].status == "failed"
+    assert reason in registry.plugins["bad"].reason
+    assert registry.plugins["good"].status == "loaded"
+    assert {"ceiling", "descent", "bound"} <= set(registry.constraints)
+    assert "lista" in registry.tasks
+
+
+def test_disable_environment_variable_blocks_plugins_by_name(monkeypatch):
+    monkeypatch.setenv("LAYERDESCENT_DISABLE_PLUGINS", "lista, other")
+    registry = Registry()
+    assert registry.plugins["lista"].status == "blocked"
+    assert "lista" not in registry.tasks
+
+
+def test_unknown_task_names_the_closest_one():
+    with pytest.raises(ld.PluginError, match="unknown task 'lsita'; did you mean 'lista'"):
+        Registry().task("lsita")
