@@ -1,0 +1,42 @@
+"""The README's plugin example works exactly as written."""
+
+from __future__ import annotations
+
+import re
+import types
+from pathlib import Path
+
+import layerdescent as ld
+from layerdescent.registry import Registry
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+
+
+def _plugin_example() -> types.ModuleType:
+    text = README.read_text()
+    code = re.search(r"<!-- plugin-example -->\n```python\n(.*?)```", text, re.S).group(1)
+    module = types.ModuleType("my_plugin")
+    exec(compile(code, "README.md:my_plugin.py", "exec"), module.__dict__)
+    return module
+
+
+def test_readme_plugin_example_registers_and_trains_under_descent_constraints(tmp_path):
+    registry = Registry(extra_plugins=[("refine", _plugin_example())])
+    config = ld.config_from_dict(
+        {
+            "task": {"name": "refine", "layers": 3},
+            "train": {"epochs": 3, "progress": False, "lr": 0.01},
+            "constraints": [{"kind": "descent", "alpha": 0.05}],
+            "eval": {"gammas": [0.0, 0.5]},
+        },
+        registry,
+    )
+    results = ld.train(config, tmp_path / "run", registry=registry)
+    assert results["task"] == "refine" and len(results["gammas"][0]["layer_loss"]) == 4
+
+
+def test_readme_quotes_the_commands_ci_runs():
+    text = README.read_text()
+    ci = (README.parent / ".ci" / "run").read_text()
+    command = 'pip install torch==2.13.0 && pip install -e ".[test]" && python -m pytest'
+    assert command in text and command in ci
