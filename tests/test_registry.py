@@ -140,3 +140,19 @@ def test_disable_environment_variable_blocks_plugins_by_name(monkeypatch):
 def test_unknown_task_names_the_closest_one():
     with pytest.raises(ld.PluginError, match="unknown task 'lsita'; did you mean 'lista'"):
         Registry().task("lsita")
+
+
+class AssetPlugin:
+    @hookimpl
+    def register_assets(self, register):
+        register(ld.Asset(name="tiny-wheel", source="pypi", requirement="tiny==1.0", filename="tiny-1.0-py3-none-any.whl", sha256="0" * 64))
+
+
+def test_a_plugin_declares_assets_that_the_registry_lists_and_locates_with_a_fetch_hint(tmp_path, monkeypatch):
+    monkeypatch.setenv("LAYERDESCENT_CACHE", str(tmp_path))
+    registry = Registry(extra_plugins=[("assets", AssetPlugin())])
+    asset = registry.asset("tiny-wheel")
+    from layerdescent import assets
+
+    with pytest.raises(ld.AssetError, match="layerdescent assets fetch tiny-wheel"):
+        assets.locate(asset)

@@ -130,10 +130,8 @@ def _download(asset: Asset, tmp: Path) -> Path:
             cmd[5:5] = ["--no-binary", ":all:"]
     proc = subprocess.run(cmd, cwd=tmp, capture_output=True, text=True)
     if proc.returncode != 0:
-        tail = "\n".join((proc.stderr or "").strip().splitlines()[-10:])
-        raise AssetError(
-            f"fetching asset {asset.name!r} failed: `{shlex.join(cmd)}` exited with {proc.returncode}:\n{tail}"
-        )
+        tail = " | ".join((proc.stderr or "").strip().splitlines()[-3:])  # errors stay one line
+        raise AssetError(f"fetching asset {asset.name!r} failed: `{shlex.join(cmd)}` exited with {proc.returncode}: {tail}")
     produced = sorted(p for p in tmp.iterdir() if p.is_file())
     if (tmp / asset.filename).is_file():
         return tmp / asset.filename

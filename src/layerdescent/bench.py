@@ -98,4 +98,5 @@ def run_bench(
             status = "resumed" if resume else "trained"
         if on_run:
             on_run(run, status)
-    return write_report(Path(out), title=f"Bench {Path(path).name}")
+    command = " ".join(["layerdescent bench", str(path), "--out", str(out), *(f"--set {o}" for o in overrides)])
+    return write_report(Path(out), title=f"Bench {Path(path).name}", note=f"Made by `{command}`.")

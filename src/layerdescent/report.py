@@ -113,14 +113,15 @@ def _layer_table(groups: dict, key: str, gamma: float) -> list[str]:
     for label, grp in groups.items():
         stats = grp["gammas"].get(gamma, {}).get(key)
         rows.append([label] + [_cell(stats, i) if stats and i < len(stats["mean"]) else "–" for i in range(width)])
-    return _table(["label"] + [f"l{i}" for i in range(width)], rows)
+    names = [f"l{i + 1}<l{i}" if key == "descent_rate" else f"l{i}" for i in range(width)]
+    return _table(["label"] + names, rows)
 
 
-def _markdown(groups: dict, results: list[dict], title: str, images: list[str]) -> str:
+def _markdown(groups: dict, results: list[dict], title: str, images: list[str], note: str = "") -> str:
     gammas = _all_gammas(groups)
     metrics = list(dict.fromkeys(m for grp in groups.values() for s in grp["gammas"].values() for m in s["metrics"]))
     seeds = sorted({r["seed"] for r in results})
-    lines = [f"# {title}", "", f"{len(results)} runs: {len(groups)} variants over seeds {', '.join(map(str, seeds))}.", ""]
+    lines = [f"# {title}", "", *([note, ""] if note else []), f"{len(results)} runs: {len(groups)} variants over seeds {', '.join(map(str, seeds))}.", ""]
 
     lines += ["## Metric at each gamma", ""]
     header = ["label"] + [f"{m} γ={g:g}" for m in metrics for g in gammas]
@@ -220,7 +221,7 @@ def _plot(groups: dict, out: Path) -> list[str]:
     return images
 
 
-def write_report(root: Path, out: Path | None = None, title: str | None = None) -> Path:
+def write_report(root: Path, out: Path | None = None, title: str | None = None, note: str = "") -> Path:
     """Summarize every run under root into out/summary.md plus plots; return the summary's path."""
     root = Path(root)
     out = Path(out) if out is not None else root
@@ -229,5 +230,5 @@ def write_report(root: Path, out: Path | None = None, title: str | None = None) 
     out.mkdir(parents=True, exist_ok=True)
     images = _plot(groups, out)
     summary = out / "summary.md"
-    summary.write_text(_markdown(groups, results, title or f"layerdescent report: {root.name}", images))
+    summary.write_text(_markdown(groups, results, title or f"layerdescent report: {root.name}", images, note))
     return summary
