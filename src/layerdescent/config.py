@@ -186,12 +186,12 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
     raise ConfigError(f"{key} must be {_type_name(tp)}, got {value!r}")
 
 
-def build_dataclass(cls: type, data: Any, prefix: str, skip: tuple[str, ...] = ()) -> Any:
+def build_dataclass(cls: type, data: Any, prefix: str) -> Any:
     """Instantiate dataclass ``cls`` from a TOML table, checking every key and value."""
     if not isinstance(data, dict):
         raise ConfigError(f"{prefix} must be a table, got {data!r}")
     hints = typing.get_type_hints(cls)
-    fields = {f.name: f for f in dataclasses.fields(cls) if f.init and f.name not in skip}
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
     kwargs = {}
     for key, value in data.items():
         if key not in fields:

@@ -61,14 +61,10 @@ class LayerwiseProblem:
         self.start(means)
         return {spec.name: spec.violation(means, self.state[spec.name]) for spec in self.specs}
 
-    def cmp_state(self, loss: torch.Tensor | None, violations: dict[str, torch.Tensor], primal: bool) -> cooper.CMPState:
-        """A Cooper CMPState contributing to the primal (``primal=True``) or the dual update."""
+    def primal_state(self, loss: torch.Tensor, violations: dict[str, torch.Tensor]) -> cooper.CMPState:
+        """The Cooper CMPState whose primal Lagrangian the model's optimizer descends."""
         observed = {
-            self.constraint(spec): cooper.ConstraintState(
-                violation=violations[spec.name],
-                contributes_to_primal_update=primal,
-                contributes_to_dual_update=not primal,
-            )
+            self.constraint(spec): cooper.ConstraintState(violation=violations[spec.name], contributes_to_dual_update=False)
             for spec in self.specs
         }
         return cooper.CMPState(loss=loss, observed_constraints=observed)

@@ -67,6 +67,10 @@ class _Window:
     """Sums of what one log line reports, over the steps since the last line."""
 
     def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        """Start a new log line."""
         self.steps = 0
         self.feasible = 0
         self.loss: torch.Tensor | None = None
@@ -258,7 +262,7 @@ class Trainer:
             record["lambda"] = {k: v.tolist() for k, v in problem.multipliers().items()}
             record["relaxation"] = {k: v.tolist() for k, v in problem.relaxations().items()}
         log.write(json.dumps(record) + "\n")
-        window.__init__()
+        window.reset()
 
     def _prepare_run_dir(self, resume: bool) -> None:
         config_file = self.run_dir / "config.toml"
