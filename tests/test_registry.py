@@ -156,3 +156,21 @@ def test_a_plugin_declares_assets_that_the_registry_lists_and_locates_with_a_fet
 
     with pytest.raises(ld.AssetError, match="layerdescent assets fetch tiny-wheel"):
         assets.locate(asset)
+
+
+def test_plugins_command_shows_a_failed_plugin_with_its_reason(tmp_path):
+    import os
+    import subprocess
+
+    (tmp_path / "bad_plugin.py").write_text("raise RuntimeError('broken on purpose')\n")
+    dist = tmp_path / "bad_plugins-0.1.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: bad-plugins\nVersion: 0.1\n")
+    (dist / "entry_points.txt").write_text("[layerdescent]\nbad = bad_plugin\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.run([sys.executable, "-m", "layerdescent.cli", "plugins"], capture_output=True, text=True, env=env)
+    assert proc.returncode == 0
+    bad = next(line for line in proc.stdout.splitlines() if line.startswith("bad "))
+    assert "failed" in bad and "bad-plugins 0.1" in bad and "RuntimeError: broken on purpose" in bad
+    assert any(line.startswith("lista ") and "loaded" in line for line in proc.stdout.splitlines())
+    assert proc.stderr.count("plugin 'bad' skipped") == 1

@@ -100,7 +100,7 @@ def test_resume_after_interruption_gives_the_same_final_parameters(tiny, tmp_pat
     config = ld.config_from_dict(tiny)
     ld.train(config, tmp_path / "whole")
 
-    original_step = Trainer._step
+    original_step = Trainer.step
     calls = {"n": 0}
 
     def crash_at_step_13(self, *args):
@@ -109,10 +109,10 @@ def test_resume_after_interruption_gives_the_same_final_parameters(tiny, tmp_pat
             raise KeyboardInterrupt
         return original_step(self, *args)
 
-    monkeypatch.setattr(Trainer, "_step", crash_at_step_13)
+    monkeypatch.setattr(Trainer, "step", crash_at_step_13)
     with pytest.raises(KeyboardInterrupt):
         ld.train(config, tmp_path / "resumed")
-    monkeypatch.setattr(Trainer, "_step", original_step)
+    monkeypatch.setattr(Trainer, "step", original_step)
     resumed = ld.train(config, tmp_path / "resumed", resume=True)
     whole = json.loads((tmp_path / "whole" / "results.json").read_text())
 

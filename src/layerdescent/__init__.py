@@ -14,12 +14,14 @@ from layerdescent.errors import (
     AssetError,
     CheckpointError,
     ConfigError,
+    DataError,
     DivergenceError,
     LayerdescentError,
     PluginError,
 )
 from layerdescent.evaluator import evaluate
 from layerdescent.hookspecs import hookimpl
+from layerdescent.optional import require
 from layerdescent.registry import Registry, get_registry
 from layerdescent.task import LayerOutput, Task
 from layerdescent.trainer import train
@@ -31,6 +33,7 @@ __all__ = [
     "CheckpointError",
     "ConfigError",
     "ConstraintSpec",
+    "DataError",
     "Descent",
     "DivergenceError",
     "LayerOutput",
@@ -45,5 +48,6 @@ __all__ = [
     "get_registry",
     "hookimpl",
     "load_config",
+    "require",
     "train",
 ]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import random
+import shutil
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -38,8 +39,18 @@ def set_rng_state(state: dict[str, Any]) -> None:
     torch.set_rng_state(state["torch"])
 
 
+def previous_path(path: Path) -> Path:
+    """Where the checkpoint before the latest one is kept."""
+    return path.with_name(path.stem + ".prev" + path.suffix)
+
+
 def save_checkpoint(path: Path, payload: dict[str, Any]) -> None:
-    """Write ``payload`` so that ``path`` is always either the old or the new checkpoint."""
+    """Write ``payload`` so that ``path`` is always a whole checkpoint, old or new.
+
+    The new checkpoint goes to a temporary file, reaches the disk, then replaces ``path`` in one
+    rename; the one it replaces stays as ``previous_path(path)``, so a checkpoint damaged later
+    (a full disk, a copy cut short) never leaves a run without a good one.
+    """
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
@@ -47,10 +58,28 @@ def save_checkpoint(path: Path, payload: dict[str, Any]) -> None:
             torch.save({"format": FORMAT, "version": VERSION, **payload}, handle)
             handle.flush()
             os.fsync(handle.fileno())
+        if path.exists():
+            keep = f"{tmp}.prev"
+            try:
+                os.link(path, keep)  # a second name for the current file: `path` never disappears
+            except OSError:  # a filesystem without hard links
+                shutil.copy2(path, keep)
+            os.replace(keep, previous_path(path))
         os.replace(tmp, path)
+        _fsync_dir(path.parent)
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        for leftover in (tmp, f"{tmp}.prev"):
+            Path(leftover).unlink(missing_ok=True)
         raise
+
+
+def _fsync_dir(directory: Path) -> None:
+    # The renames are durable only once the directory entry is on disk too.
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def load_checkpoint(path: Path, task: str) -> dict[str, Any]:
@@ -61,11 +90,23 @@ def load_checkpoint(path: Path, task: str) -> dict[str, Any]:
     except FileNotFoundError:
         raise CheckpointError(f"no checkpoint at {path}: nothing to resume (run without --resume)") from None
     except Exception as exc:
-        raise CheckpointError(f"checkpoint {path} cannot be read ({type(exc).__name__}: {str(exc).splitlines()[0][:200]}); it is truncated or not a layerdescent checkpoint") from None
+        reason = (str(exc).splitlines() or [""])[0][:160]
+        problem = f"cannot be read ({type(exc).__name__}: {reason}): it is truncated, damaged or not a layerdescent checkpoint"
+    else:
+        problem = _check_payload(payload, task)
+    if problem is None:
+        return payload
+    previous = previous_path(path)
+    hint = f"; the checkpoint before it is intact: move {previous} to {path} and resume again" if previous.exists() and previous != path else ""
+    raise CheckpointError(f"checkpoint {path} {problem}{hint}")
+
+
+def _check_payload(payload: Any, task: str) -> str | None:
+    """Why a loaded payload cannot be resumed from, or None."""
     if not isinstance(payload, dict) or payload.get("format") != FORMAT:
-        raise CheckpointError(f"{path} is not a layerdescent checkpoint")
+        return "is not a layerdescent checkpoint"
     if payload.get("version") != VERSION:
-        raise CheckpointError(f"checkpoint {path} has format version {payload.get('version')}; this layerdescent reads version {VERSION}")
+        return f"has format version {payload.get('version')}; this layerdescent reads version {VERSION}"
     if payload.get("task") != task:
-        raise CheckpointError(f"checkpoint {path} is for task {payload.get('task')!r}, not {task!r}")
-    return payload
+        return f"is for task {payload.get('task')!r}, not {task!r}"
+    return None

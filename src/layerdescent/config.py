@@ -61,6 +61,7 @@ class TrainConfig:
     checkpoint_every: int = 0
     validate: bool = True
     progress: bool = True
+    on_nonfinite: Literal["stop", "skip"] = "stop"
 
     def __post_init__(self) -> None:
         for key in ("epochs", "batch_size", "accumulate", "log_every"):
@@ -84,9 +85,11 @@ class SolverConfig:
     nupi_ki: float = 1.0
     nupi_ema: float = 0.0
     penalty_weights: Union[tuple[float, ...], None] = None
+    max_multiplier: float = 1e6
 
     def __post_init__(self) -> None:
         _require(self.dual_lr >= 0, "solver.dual_lr", f"must be >= 0, got {self.dual_lr}")
+        _require(self.max_multiplier > 0, "solver.max_multiplier", f"must be > 0, got {self.max_multiplier}")
         if self.dual_every != "epoch":
             _require(self.dual_every >= 1, "solver.dual_every", "must be >= 1 (steps) or 'epoch'")
         _require(0 <= self.nupi_ema < 1, "solver.nupi_ema", "must be in [0, 1)")

@@ -7,6 +7,8 @@ from typing import Any, Iterator, Sequence
 import datasets
 import torch
 
+from layerdescent.errors import DataError
+
 
 class Rows:
     """A split's columns held in memory once, indexed like ``dataset[indices]``.
@@ -31,6 +33,13 @@ class Rows:
             name: column[index] if isinstance(column, torch.Tensor) else [column[i] for i in positions]
             for name, column in self.columns.items()
         }
+
+    def check_finite(self, split: str) -> None:
+        """Raise DataError naming the split, column and row of the first NaN or infinity."""
+        for name, column in self.columns.items():
+            if isinstance(column, torch.Tensor) and column.is_floating_point() and not bool(torch.isfinite(column).all()):
+                row = int((~torch.isfinite(column.reshape(self.length, -1))).any(dim=1).nonzero()[0])
+                raise DataError(f"split {split!r}, column {name!r}, row {row} holds a NaN or infinite value; clean or drop that row")
 
     def batches(self, batch_size: int) -> Iterator[dict[str, Any]]:
         """Consecutive batches of rows, in order."""

@@ -25,3 +25,7 @@ class CheckpointError(LayerdescentError):
 
 class DivergenceError(LayerdescentError):
     """Training produced a non-finite loss, violation or multiplier."""
+
+
+class DataError(LayerdescentError):
+    """A dataset is empty or holds values no model can train on."""

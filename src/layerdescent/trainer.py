@@ -14,8 +14,9 @@ import math
 import random
 import statistics
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 import tomli_w
@@ -26,11 +27,11 @@ from layerdescent import __version__
 from layerdescent.checkpoint import load_checkpoint, rng_state, save_checkpoint, set_rng_state
 from layerdescent.config import RunConfig, TrainConfig
 from layerdescent.data import Rows
-from layerdescent.errors import ConfigError, DivergenceError
+from layerdescent.errors import ConfigError, DataError, DivergenceError
 from layerdescent.evaluator import evaluate
 from layerdescent.problem import LayerwiseProblem
 from layerdescent.registry import Registry, get_registry
-from layerdescent.solvers import build_solver
+from layerdescent.solvers import Solver, build_solver
 from layerdescent.task import Task
 
 RESULTS_SCHEMA = 1
@@ -52,15 +53,20 @@ def build_primal_optimizer(model: torch.nn.Module, config: TrainConfig) -> torch
     return cls(params, lr=config.lr, weight_decay=config.weight_decay)
 
 
-def _check_finite(step: int, what: str, values: torch.Tensor, labels: list[str]) -> None:
+def _nonfinite(step: int, what: str, values: torch.Tensor, labels: list[str]) -> str | None:
+    """Why ``values`` cannot be trained on (naming the step, the entry and the quantity), or None."""
     if bool(torch.isfinite(values).all()):
-        return
-    bad = (~torch.isfinite(values)).nonzero().flatten().tolist()
-    if bad:
-        raise DivergenceError(
-            f"non-finite {what} at step {step}, {labels[bad[0]]} = {values.flatten()[bad[0]].item()}; "
-            "the last checkpoint is intact (lower train.lr or solver.dual_lr, or set train.grad_clip)"
-        )
+        return None
+    bad = int((~torch.isfinite(values)).nonzero().flatten()[0])
+    return f"non-finite {what} at step {step}, {labels[bad]} = {values.flatten()[bad].item()}"
+
+
+def _diverged(reason: str) -> DivergenceError:
+    return DivergenceError(f"{reason}; the last checkpoint is intact (lower train.lr or solver.dual_lr, or set train.grad_clip)")
+
+
+class _SkippedStep(Exception):
+    """A step whose loss was not finite, dropped because train.on_nonfinite = 'skip'."""
 
 
 class _Window:
@@ -84,6 +90,17 @@ class _Window:
             self.violation[name] = value.clone() if name not in self.violation else self.violation[name] + value
 
 
+@dataclass
+class Session:
+    """What a run trains: its splits in memory, model, constraints and solver."""
+
+    rows: dict[str, Rows]
+    model: torch.nn.Module
+    problem: LayerwiseProblem
+    solver: Solver
+    labels: list[str]
+
+
 class Trainer:
     """Trains one RunConfig into one run directory."""
 
@@ -97,25 +114,34 @@ class Trainer:
     def checkpoint_path(self) -> Path:
         return self.run_dir / "checkpoint.pt"
 
+    def setup(self) -> Session:
+        """Seed, then build the splits, model, optimizer, constraints and solver of the run."""
+        train = self.config.train
+        if train.threads:
+            torch.set_num_threads(train.threads)
+        seed_everything(self.config.seed)
+        splits = self.task.build_datasets()
+        rows = {}
+        for split in ("train", "validation", "test"):
+            if split not in splits or len(splits[split]) == 0:
+                raise DataError(f"task {self.task.name!r} built an empty or missing {split!r} split; check its data options")
+            rows[split] = Rows(splits[split])
+            rows[split].check_finite(split)
+        model = self.task.build_model()
+        problem = LayerwiseProblem(self.config.constraints, self.task.num_layers)
+        solver = build_solver(self.config.solver, problem, build_primal_optimizer(model, train))
+        return Session(rows, model, problem, solver, [f"l{k}" for k in range(self.task.num_layers + 1)])
+
     def fit(self, resume: bool = False) -> dict[str, Any]:
         """Train (or continue), evaluate on the gamma grid, write and return ``results.json``."""
         config, train = self.config, self.config.train
-        if train.threads:
-            torch.set_num_threads(train.threads)
         self._prepare_run_dir(resume)
-        seed_everything(config.seed)
-        splits = self.task.build_datasets()
-        for split in ("train", "validation", "test"):
-            if split not in splits or len(splits[split]) == 0:
-                raise ConfigError(f"task {self.task.name!r} built an empty or missing {split!r} split")
-        model = self.task.build_model()
-        optimizer = build_primal_optimizer(model, train)
-        problem = LayerwiseProblem(config.constraints, self.task.num_layers)
-        solver = build_solver(config.solver, problem, optimizer)
-        labels = [f"l{k}" for k in range(self.task.num_layers + 1)]
+        session = self.setup()
+        rows, model, problem, solver = session.rows, session.model, session.problem, session.solver
 
         position = {"epoch": 0, "micro": 0, "step": 0}
         step_times: list[float] = []
+        skipped_steps = 0
         metrics_file = self.run_dir / "metrics.jsonl"
         if resume and self.checkpoint_path.exists():
             state = load_checkpoint(self.checkpoint_path, self.task.name)
@@ -124,11 +150,11 @@ class Trainer:
             problem.load_state_dict(state["problem"])
             set_rng_state(state["rng"])
             position, step_times = dict(state["position"]), list(state["step_times"])
+            skipped_steps = int(state["skipped_steps"])
             with metrics_file.open("r+b") as handle:  # drop what was logged after the checkpoint
                 handle.truncate(state["metrics_offset"])
 
-        train_set = Rows(splits["train"])
-        validation_set = Rows(splits["validation"]) if train.validate else None
+        train_set = rows["train"]
         micro_per_epoch = math.ceil(len(train_set) / train.batch_size)
         steps_per_epoch = math.ceil(micro_per_epoch / train.accumulate)
         window = _Window()
@@ -147,6 +173,7 @@ class Trainer:
                     "rng": rng_state(),
                     "position": dict(position),
                     "step_times": step_times,
+                    "skipped_steps": skipped_steps,
                     "metrics_offset": log.tell(),
                 },
             )
@@ -159,9 +186,14 @@ class Trainer:
                 while position["micro"] < micro_per_epoch:
                     group = micro_batches[position["micro"] : position["micro"] + train.accumulate]
                     start = time.perf_counter()
-                    means, violations = self._step(model, solver, problem, train_set, group, optimizer, position["step"], labels)
-                    step_times.append(time.perf_counter() - start)
-                    window.add(means, violations)
+                    try:
+                        means, violations = self.step(session, group, position["step"])
+                    except _SkippedStep as skipped:
+                        log.write(json.dumps({"event": "skipped", "epoch": position["epoch"], "step": position["step"], "reason": str(skipped)}) + "\n")
+                        skipped_steps += 1
+                    else:
+                        step_times.append(time.perf_counter() - start)
+                        window.add(means, violations)
                     position["micro"] += len(group)
                     position["step"] += 1
                     bar.update(1)
@@ -172,7 +204,7 @@ class Trainer:
                 solver.end_epoch()
                 self._flush(log, window, position, problem)
                 if train.validate:
-                    val = evaluate(self.task, model, validation_set, [0.0], config.eval.batch_size, config.eval.seed)[0]
+                    val = evaluate(self.task, model, rows["validation"], [0.0], config.eval.batch_size, config.eval.seed)[0]
                     log.write(json.dumps({"event": "epoch", "epoch": position["epoch"], "step": position["step"], "val_loss": val["layer_loss"], "val_metrics": val["metrics"]}) + "\n")
                 position["epoch"] += 1
                 position["micro"] = 0
@@ -181,7 +213,7 @@ class Trainer:
             bar.close()
             log.close()
 
-        records = evaluate(self.task, model, splits[config.eval.split], config.eval.gammas, config.eval.batch_size, config.eval.seed)
+        records = evaluate(self.task, model, rows[config.eval.split], config.eval.gammas, config.eval.batch_size, config.eval.seed)
         results = {
             "schema": RESULTS_SCHEMA,
             "layerdescent": __version__,
@@ -195,6 +227,7 @@ class Trainer:
                 "steps": position["step"],
                 "epochs": train.epochs,
                 "step_time_median": statistics.median(step_times) if step_times else None,
+                "skipped_steps": skipped_steps,
             },
             "constraints": {
                 spec.name: {
@@ -209,9 +242,10 @@ class Trainer:
         (self.run_dir / "results.json").write_text(json.dumps(results, indent=2) + "\n")
         return results
 
-    def _step(self, model, solver, problem, train_set, group, optimizer, step, labels):
-        """One optimizer step over ``accumulate`` micro-batches; returns the step's means."""
+    def step(self, session: Session, group: Sequence[torch.Tensor], step: int) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """One optimizer step over micro-batches of training-row indices; the step's layer means and violations."""
         train = self.config.train
+        model, solver, problem, labels, train_set = session.model, session.solver, session.problem, session.labels, session.rows["train"]
         solver.optimizer.zero_grad()
         total = sum(len(idx) for idx in group)
         step_means = torch.zeros(len(labels))
@@ -219,8 +253,15 @@ class Trainer:
             batch = self.task.collate(train_set[idx])
             out = self.task.layer_losses(model, batch, gamma=train.train_gamma)
             means = out.layer_means
-            _check_finite(step, "loss", means.detach(), labels)
             violations = problem.violations(means)
+            reason = _nonfinite(step, "loss", means.detach(), labels)
+            for name, value in violations.items():
+                reason = reason or _nonfinite(step, f"violation of constraint {name!r}", value.detach(), problem.labels[name])
+            if reason and train.on_nonfinite == "skip":
+                solver.optimizer.zero_grad()
+                raise _SkippedStep(reason)
+            if reason:
+                raise _diverged(reason)
             loss = solver.primal_loss(means, violations) * (len(idx) / total)
             loss.backward()
             step_means += means.detach() * (len(idx) / total)
@@ -231,8 +272,14 @@ class Trainer:
         if solver.needs_dual and self.config.solver.scheme == "alternating":
             dual_means = self._measure(model, train_set, group)  # lambda follows the updated model
         solver.observe(dual_means)
+        bound = self.config.solver.max_multiplier
         for name, value in problem.multipliers().items():
-            _check_finite(step, f"multiplier of constraint {name!r}", value, problem.labels[name])
+            reason = _nonfinite(step, f"multiplier of constraint {name!r}", value, problem.labels[name])
+            if reason is None and bool((value > bound).any()):
+                entry = int((value > bound).nonzero()[0])
+                reason = f"multiplier of constraint {name!r} exploded at step {step}, {problem.labels[name][entry]} = {value[entry].item():.4g} > solver.max_multiplier = {bound:g}"
+            if reason:
+                raise _diverged(reason)
         with torch.no_grad():
             violations = problem.violations(step_means)
         return step_means, violations
@@ -273,6 +320,8 @@ class Trainer:
         elif self.checkpoint_path.exists() or (self.run_dir / "results.json").exists():
             raise ConfigError(f"{self.run_dir} already holds a run; pass --resume to continue it or --out a new directory")
         self.run_dir.mkdir(parents=True, exist_ok=True)
+        for stale in self.run_dir.glob(f".{self.checkpoint_path.name}.*"):
+            stale.unlink()  # a checkpoint write cut short by a kill
         config_file.write_text(resolved)
         if not (resume and self.checkpoint_path.exists()):
             (self.run_dir / "metrics.jsonl").write_text("")  # nothing to continue: start the log over

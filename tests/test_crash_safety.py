@@ -1,0 +1,167 @@
+"""A run killed at any moment resumes to exactly the result of an uninterrupted run."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+import torch
+
+import layerdescent as ld
+from layerdescent.checkpoint import load_checkpoint, previous_path, save_checkpoint
+
+CONFIG = {
+    "task": {"name": "lista", "layers": 4, "code_dim": 16, "measure_dim": 12, "sparsity": 2, "train_size": 512, "validation_size": 64, "test_size": 64},
+    "train": {"epochs": 3, "batch_size": 64, "lr": 0.01, "progress": False, "log_every": 3, "checkpoint_every": 3, "train_gamma": 0.1, "threads": 1},
+    "solver": {"name": "primal-dual", "dual_lr": 1.0},
+    "constraints": [{"kind": "descent", "alpha": 0.05, "reference": "anchored"}],
+    "eval": {"gammas": [0.0, 0.5]},
+}
+
+# Runs the config in a fresh interpreter; with MODE it SIGKILLs itself at a chosen moment.
+RUNNER = textwrap.dedent(
+    """
+    import json, os, signal, sys
+    import layerdescent as ld
+    import layerdescent.checkpoint as checkpoint
+    from layerdescent.trainer import Trainer
+
+    config, out, mode, n = json.loads(sys.argv[1]), sys.argv[2], sys.argv[3], int(sys.argv[4])
+    calls = {"step": 0, "save": 0}
+
+    def die():
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    if mode == "step":
+        original_step = Trainer.step
+        def step(self, *args):
+            calls["step"] += 1
+            if calls["step"] == n:
+                die()
+            return original_step(self, *args)
+        Trainer.step = step
+    elif mode == "checkpoint-write":
+        original_save = checkpoint.torch.save
+        def save(obj, handle):
+            calls["save"] += 1
+            if calls["save"] == n:
+                handle.write(b"half a checkpoint")
+                handle.flush()
+                die()
+            return original_save(obj, handle)
+        checkpoint.torch.save = save
+    ld.train(ld.config_from_dict(config), out, resume=mode == "resume")
+    """
+)
+
+
+def run(tmp_path, out, mode="none", n=0, wait=True):
+    script = tmp_path / "runner.py"
+    script.write_text(RUNNER)
+    args = [sys.executable, str(script), json.dumps(CONFIG), str(out), mode, str(n)]
+    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+    if not wait:
+        return subprocess.Popen(args, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return subprocess.run(args, env=env, capture_output=True, text=True)
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    tmp_path = tmp_path_factory.mktemp("whole")
+    proc = run(tmp_path, tmp_path / "run")
+    assert proc.returncode == 0, proc.stderr
+    return tmp_path / "run"
+
+
+def assert_same_run(a, b):
+    left = torch.load(a / "checkpoint.pt", weights_only=False)
+    right = torch.load(b / "checkpoint.pt", weights_only=False)
+    for key, value in left["model"].items():
+        assert torch.equal(value, right["model"][key]), key
+    assert torch.equal(left["problem"]["cmp"]["multipliers"]["descent"]["weight"], right["problem"]["cmp"]["multipliers"]["descent"]["weight"])
+    assert json.loads((a / "results.json").read_text())["gammas"] == json.loads((b / "results.json").read_text())["gammas"]
+    assert (a / "metrics.jsonl").read_text() == (b / "metrics.jsonl").read_text()
+
+
+@pytest.mark.parametrize(
+    "mode, n",
+    [("step", 2), ("step", 11), ("step", 17), ("checkpoint-write", 1), ("checkpoint-write", 4)],
+    ids=["before-first-checkpoint", "mid-epoch", "after-an-epoch", "during-first-checkpoint-write", "during-a-later-checkpoint-write"],
+)
+def test_sigkill_then_resume_matches_the_uninterrupted_run_bit_for_bit(tmp_path, uninterrupted, mode, n):
+    out = tmp_path / "run"
+    killed = run(tmp_path, out, mode, n)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    assert not (out / "results.json").exists()
+    resumed = run(tmp_path, out, "resume")
+    assert resumed.returncode == 0, resumed.stderr
+    assert_same_run(uninterrupted, out)
+
+
+def test_sigkill_from_outside_at_an_arbitrary_moment_then_resume_matches(tmp_path, uninterrupted):
+    out = tmp_path / "run"
+    proc = run(tmp_path, out, wait=False)
+    deadline = time.time() + 60
+    while not (out / "checkpoint.pt").exists() and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.01)
+    time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    resumed = run(tmp_path, out, "resume")
+    assert resumed.returncode == 0, resumed.stderr
+    assert_same_run(uninterrupted, out)
+
+
+def test_a_half_written_checkpoint_never_replaces_the_good_one(tmp_path, uninterrupted):
+    out = tmp_path / "run"
+    killed = run(tmp_path, out, "checkpoint-write", 2)
+    assert killed.returncode == -signal.SIGKILL
+    payload = load_checkpoint(out / "checkpoint.pt", "lista")  # the first one, whole
+    assert payload["position"]["step"] == 3
+
+
+def test_truncated_checkpoint_is_one_error_naming_the_file_and_the_previous_one_stays(tmp_path, tiny):
+    config = ld.config_from_dict({**tiny, "train": {**tiny["train"], "epochs": 2}})
+    ld.train(config, tmp_path / "run")
+    path = tmp_path / "run" / "checkpoint.pt"
+    previous = previous_path(path)
+    good = previous.read_bytes()
+    path.write_bytes(path.read_bytes()[:100])
+    (tmp_path / "run" / "results.json").unlink()
+    with pytest.raises(ld.CheckpointError, match=rf"checkpoint {path} cannot be read .* move {previous}"):
+        ld.train(config, tmp_path / "run", resume=True)
+    assert previous.read_bytes() == good
+    os.replace(previous, path)  # what the message says to do
+    results = ld.train(config, tmp_path / "run", resume=True)
+    assert results["train"]["epochs"] == 2
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [({"task": "other"}, "is for task 'other', not 'lista'"), ({"version": 99}, "has format version 99"), ({"format": "zip"}, "is not a layerdescent checkpoint")],
+    ids=["wrong-task", "wrong-version", "not-a-checkpoint"],
+)
+def test_checkpoint_of_the_wrong_kind_is_refused_by_name(tmp_path, change, message):
+    path = tmp_path / "checkpoint.pt"
+    save_checkpoint(path, {"task": "lista"})
+    payload = torch.load(path, weights_only=True)
+    torch.save({**payload, **change}, path)
+    with pytest.raises(ld.CheckpointError, match=message):
+        load_checkpoint(path, "lista")
+
+
+def test_checkpoint_is_loaded_as_data_not_code(tmp_path):
+    class Payload:
+        def __reduce__(self):
+            return (os.system, ("echo pwned",))
+
+    path = tmp_path / "checkpoint.pt"
+    torch.save({"format": "layerdescent-checkpoint", "version": 1, "task": "lista", "evil": Payload()}, path)
+    with pytest.raises(ld.CheckpointError, match="cannot be read"):
+        load_checkpoint(path, "lista")
