@@ -56,7 +56,7 @@ class TrainConfig:
     grad_clip: float = 0.0
     accumulate: int = 1
     train_gamma: float = 0.0
-    threads: int = 1
+    threads: int = 0
     log_every: int = 10
     checkpoint_every: int = 0
     validate: bool = True

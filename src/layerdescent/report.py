@@ -141,7 +141,8 @@ def _markdown(groups: dict, results: list[dict], title: str, images: list[str], 
 
     rows = [[label, grp["solver"], _fmt(grp["step_time"] and grp["step_time"] * 1e3), _fmt(grp["step_time_ratio"])]
             for label, grp in groups.items()]
-    lines += ["## Cost", ""] + _table(["label", "solver", "median step (ms)", f"× {BASELINE_SOLVER}"], rows)
+    lines += ["## Cost", "", "Each run's median step time. Runs went one after another, so machine load differs between rows;", "`benchmarks/step_time.py` interleaves the solvers in one process for a controlled ratio.", ""]
+    lines += _table(["label", "solver", "median step (ms)", f"× {BASELINE_SOLVER}"], rows)
     lines += ["## Plots", ""] + [f"![{Path(i).stem}]({i})" for i in images]
     return "\n".join(lines) + "\n"
 
