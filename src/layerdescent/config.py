@@ -57,6 +57,7 @@ class TrainConfig:
     accumulate: int = 1
     train_gamma: float = 0.0
     threads: int = 0
+    device: Literal["auto", "cpu", "cuda"] = "auto"
     log_every: int = 10
     checkpoint_every: int = 0
     validate: bool = True

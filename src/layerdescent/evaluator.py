@@ -8,48 +8,67 @@ import datasets
 import torch
 
 from layerdescent.data import Rows
+from layerdescent.distributed import World, to_device
+from layerdescent.errors import DataError
 from layerdescent.task import Task
 
 
 @torch.no_grad()
-def evaluate(task: Task, model: torch.nn.Module, dataset: datasets.Dataset | Rows, gammas: Iterable[float], batch_size: int = 256, seed: int = 1234) -> list[dict[str, Any]]:
+def evaluate(
+    task: Task,
+    model: torch.nn.Module,
+    dataset: datasets.Dataset | Rows,
+    gammas: Iterable[float],
+    batch_size: int = 256,
+    seed: int = 1234,
+    world: World | None = None,
+) -> list[dict[str, Any]]:
     """One record per gamma: ``layer_loss`` (L+1), ``descent_rate`` (L), ``metrics``, ``samples``.
 
-    Each gamma draws its perturbations from a torch RNG seeded with ``seed``, so the numbers do
-    not depend on what ran before, and the caller's RNG is left as it was.
+    Batch k draws its perturbations from a torch RNG seeded with (``seed``, k), so the numbers
+    depend neither on what ran before nor on how many ranks share the batches (rank r takes
+    batches r, r + size, ...; sums are reduced over ranks), and the caller's RNG is left as it was.
     """
+    world = world or World()
     rows = dataset if isinstance(dataset, Rows) else Rows(dataset)
+    if len(rows) == 0:
+        raise DataError("cannot evaluate on an empty dataset")
+    device = next(model.parameters(), torch.empty(0)).device
+    rng_devices = [device] if device.type == "cuda" else []
+    layers = task.num_layers + 1
     was_training = model.training
     model.eval()
     records = []
     try:
         for gamma in gammas:
-            with torch.random.fork_rng(devices=[]):
-                torch.manual_seed(seed)
-                metrics = task.metrics()
-                loss_sum = descents = None
-                count = 0
-                for rows_batch in rows.batches(batch_size):
-                    out = task.layer_losses(model, task.collate(rows_batch), gamma=float(gamma))
-                    losses = out.losses.detach().double()
-                    loss_sum = losses.sum(0) if loss_sum is None else loss_sum + losses.sum(0)
-                    falls = (losses[:, 1:] < losses[:, :-1]).sum(0)
-                    descents = falls if descents is None else descents + falls
-                    count += losses.shape[0]
-                    if out.preds is not None:
-                        metrics.update(out.preds, out.target)
-                if count == 0:
-                    raise ValueError("cannot evaluate on an empty dataset")
-                computed = metrics.compute() if len(metrics) else {}
-                records.append(
-                    {
-                        "gamma": float(gamma),
-                        "layer_loss": (loss_sum / count).tolist(),
-                        "descent_rate": (descents.double() / count).tolist(),
-                        "metrics": {name: float(value) for name, value in computed.items()},
-                        "samples": count,
-                    }
-                )
+            metrics = task.metrics().to(device)
+            loss_sum = torch.zeros(layers, dtype=torch.float64, device=device)
+            descents = torch.zeros(layers - 1, dtype=torch.float64, device=device)
+            count = torch.zeros((), dtype=torch.float64, device=device)
+            for k, start in enumerate(range(0, len(rows), batch_size)):
+                if k % world.size != world.rank:
+                    continue
+                with torch.random.fork_rng(devices=rng_devices):
+                    torch.manual_seed(seed * 1_000_003 + k)
+                    batch = to_device(task.collate(rows[start : start + batch_size]), device)
+                    out = task.layer_losses(model, batch, gamma=float(gamma))
+                losses = out.losses.detach().double()
+                loss_sum += losses.sum(0)
+                descents += (losses[:, 1:] < losses[:, :-1]).sum(0)
+                count += losses.shape[0]
+                if out.preds is not None:
+                    metrics.update(out.preds, out.target)
+            loss_sum, descents, count = world.sum(loss_sum), world.sum(descents), world.sum(count)
+            computed = metrics.compute() if len(metrics) else {}  # torchmetrics reduces over ranks itself
+            records.append(
+                {
+                    "gamma": float(gamma),
+                    "layer_loss": (loss_sum / count).tolist(),
+                    "descent_rate": (descents / count).tolist(),
+                    "metrics": {name: float(value) for name, value in computed.items()},
+                    "samples": int(count.item()),
+                }
+            )
     finally:
         model.train(was_training)
     return records

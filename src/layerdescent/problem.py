@@ -85,7 +85,13 @@ class LayerwiseProblem:
         """Multipliers and per-spec state, for checkpoints."""
         return {"cmp": self.cmp.state_dict(), "state": self.state}
 
+    @property
+    def device(self) -> torch.device:
+        """Where the multipliers live."""
+        return next((m.device for m in self.cmp.multipliers()), torch.device("cpu"))
+
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore what ``state_dict`` saved."""
         self.cmp.load_state_dict(state["cmp"])
-        self.state = state["state"]
+        saved = state["state"]
+        self.state = None if saved is None else {name: {k: v.to(self.device) for k, v in tensors.items()} for name, tensors in saved.items()}

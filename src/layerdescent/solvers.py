@@ -96,7 +96,7 @@ class PrimalDualSolver(Solver):
 
     def _dual_step(self) -> bool:
         # The window holds expectations E[l_k] over its batches; specs are functions of them.
-        means = self._window / self._count
+        means = (self._window / self._count).to(self.problem.device)
         with torch.no_grad():
             violations = self.problem.violations(means)
         # The dual Lagrangian is lambda^T g, so its gradient in lambda is g itself: writing it

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import random
 import statistics
 import time
@@ -27,6 +28,7 @@ from layerdescent import __version__
 from layerdescent.checkpoint import load_checkpoint, rng_state, save_checkpoint, set_rng_state
 from layerdescent.config import RunConfig, TrainConfig
 from layerdescent.data import Rows
+from layerdescent.distributed import World, init_world, to_device
 from layerdescent.errors import ConfigError, DataError, DivergenceError
 from layerdescent.evaluator import evaluate
 from layerdescent.problem import LayerwiseProblem
@@ -99,6 +101,8 @@ class Session:
     problem: LayerwiseProblem
     solver: Solver
     labels: list[str]
+    world: World = World()
+    device: torch.device = torch.device("cpu")
 
 
 class Trainer:
@@ -115,8 +119,9 @@ class Trainer:
         return self.run_dir / "checkpoint.pt"
 
     def setup(self) -> Session:
-        """Seed, then build the splits, model, optimizer, constraints and solver of the run."""
+        """Join the data-parallel world (if any), seed, build splits, model, constraints and solver."""
         train = self.config.train
+        world, device = init_world(train.device)
         if train.threads:
             torch.set_num_threads(train.threads)
         seed_everything(self.config.seed)
@@ -127,17 +132,21 @@ class Trainer:
                 raise DataError(f"task {self.task.name!r} built an empty or missing {split!r} split; check its data options")
             rows[split] = Rows(splits[split])
             rows[split].check_finite(split)
-        model = self.task.build_model()
+        model = self.task.build_model().to(device)
+        if world.rank:  # the same initial model everywhere, independent perturbations per rank
+            seed_everything(self.config.seed + 1_000_003 * world.rank)
         problem = LayerwiseProblem(self.config.constraints, self.task.num_layers)
+        problem.cmp.to(device)
         solver = build_solver(self.config.solver, problem, build_primal_optimizer(model, train))
-        return Session(rows, model, problem, solver, [f"l{k}" for k in range(self.task.num_layers + 1)])
+        return Session(rows, model, problem, solver, [f"l{k}" for k in range(self.task.num_layers + 1)], world, device)
 
     def fit(self, resume: bool = False) -> dict[str, Any]:
         """Train (or continue), evaluate on the gamma grid, write and return ``results.json``."""
         config, train = self.config, self.config.train
-        self._prepare_run_dir(resume)
         session = self.setup()
-        rows, model, problem, solver = session.rows, session.model, session.problem, session.solver
+        rows, model, problem, solver, world = session.rows, session.model, session.problem, session.solver, session.world
+        self._prepare_run_dir(resume, write=world.is_main)
+        world.barrier()
 
         position = {"epoch": 0, "micro": 0, "step": 0}
         step_times: list[float] = []
@@ -148,21 +157,27 @@ class Trainer:
             model.load_state_dict(state["model"])
             solver.load_state_dict(state["solver"])
             problem.load_state_dict(state["problem"])
-            set_rng_state(state["rng"])
+            set_rng_state(state["rng"][world.rank % len(state["rng"])])  # one state per rank it ran with
             position, step_times = dict(state["position"]), list(state["step_times"])
             skipped_steps = int(state["skipped_steps"])
-            with metrics_file.open("r+b") as handle:  # drop what was logged after the checkpoint
-                handle.truncate(state["metrics_offset"])
+            if world.is_main:
+                with metrics_file.open("r+b") as handle:  # drop what was logged after the checkpoint
+                    handle.truncate(state["metrics_offset"])
 
         train_set = rows["train"]
+        # batch_size is global: ranks split each batch, so a config means the same run however it
+        # is launched, and a run resumes on another number of processes on the same trajectory.
         micro_per_epoch = math.ceil(len(train_set) / train.batch_size)
         steps_per_epoch = math.ceil(micro_per_epoch / train.accumulate)
         window = _Window()
-        log = metrics_file.open("a")
+        log = metrics_file.open("a") if world.is_main else open(os.devnull, "w")  # only rank 0 writes
 
         def checkpoint() -> None:
             self._flush(log, window, position, problem)
             log.flush()
+            rngs = world.gather(rng_state())
+            if not world.is_main:
+                return
             save_checkpoint(
                 self.checkpoint_path,
                 {
@@ -170,7 +185,7 @@ class Trainer:
                     "model": model.state_dict(),
                     "solver": solver.state_dict(),
                     "problem": problem.state_dict(),
-                    "rng": rng_state(),
+                    "rng": rngs,
                     "position": dict(position),
                     "step_times": step_times,
                     "skipped_steps": skipped_steps,
@@ -178,7 +193,7 @@ class Trainer:
                 },
             )
 
-        bar = tqdm(total=train.epochs * steps_per_epoch, initial=position["step"], disable=None if train.progress else True, desc=config.name, leave=False)
+        bar = tqdm(total=train.epochs * steps_per_epoch, initial=position["step"], disable=None if train.progress and world.is_main else True, desc=config.name, leave=False)
         try:
             while position["epoch"] < train.epochs:
                 order = torch.randperm(len(train_set), generator=torch.Generator().manual_seed(config.seed * 100_003 + position["epoch"]))
@@ -204,7 +219,7 @@ class Trainer:
                 solver.end_epoch()
                 self._flush(log, window, position, problem)
                 if train.validate:
-                    val = evaluate(self.task, model, rows["validation"], [0.0], config.eval.batch_size, config.eval.seed)[0]
+                    val = evaluate(self.task, model, rows["validation"], [0.0], config.eval.batch_size, config.eval.seed, world)[0]
                     log.write(json.dumps({"event": "epoch", "epoch": position["epoch"], "step": position["step"], "val_loss": val["layer_loss"], "val_metrics": val["metrics"]}) + "\n")
                 position["epoch"] += 1
                 position["micro"] = 0
@@ -213,7 +228,7 @@ class Trainer:
             bar.close()
             log.close()
 
-        records = evaluate(self.task, model, rows[config.eval.split], config.eval.gammas, config.eval.batch_size, config.eval.seed)
+        records = evaluate(self.task, model, rows[config.eval.split], config.eval.gammas, config.eval.batch_size, config.eval.seed, world)
         results = {
             "schema": RESULTS_SCHEMA,
             "layerdescent": __version__,
@@ -239,38 +254,45 @@ class Trainer:
             },
             "gammas": records,
         }
-        (self.run_dir / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+        if world.is_main:
+            (self.run_dir / "results.json").write_text(json.dumps(results, indent=2) + "\n")
         return results
 
     def step(self, session: Session, group: Sequence[torch.Tensor], step: int) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        """One optimizer step over micro-batches of training-row indices; the step's layer means and violations."""
+        """One optimizer step over micro-batches of training-row indices; the step's layer means and violations.
+
+        Each micro-batch is global: this rank trains on its shard, and the layer means are
+        reduced over ranks before anything uses them, so every rank sees the same numbers.
+        """
         train = self.config.train
-        model, solver, problem, labels, train_set = session.model, session.solver, session.problem, session.labels, session.rows["train"]
+        model, solver, problem, labels = session.model, session.solver, session.problem, session.labels
         solver.optimizer.zero_grad()
         total = sum(len(idx) for idx in group)
-        step_means = torch.zeros(len(labels))
+        step_means = torch.zeros(len(labels), device=session.device)
         for idx in group:
-            batch = self.task.collate(train_set[idx])
-            out = self.task.layer_losses(model, batch, gamma=train.train_gamma)
-            means = out.layer_means
+            means, micro_mean = self._shard_means(session, idx)
+            problem.start(micro_mean)  # anchors come from the whole first batch, not one shard
             violations = problem.violations(means)
-            reason = _nonfinite(step, "loss", means.detach(), labels)
-            for name, value in violations.items():
-                reason = reason or _nonfinite(step, f"violation of constraint {name!r}", value.detach(), problem.labels[name])
+            reason = _nonfinite(step, "loss", micro_mean, labels)
+            for name, value in problem.violations(micro_mean).items():
+                reason = reason or _nonfinite(step, f"violation of constraint {name!r}", value, problem.labels[name])
             if reason and train.on_nonfinite == "skip":
                 solver.optimizer.zero_grad()
                 raise _SkippedStep(reason)
             if reason:
                 raise _diverged(reason)
-            loss = solver.primal_loss(means, violations) * (len(idx) / total)
-            loss.backward()
-            step_means += means.detach() * (len(idx) / total)
+            if means.requires_grad:  # a rank whose shard is empty adds nothing
+                shard = len(idx.tensor_split(session.world.size)[session.world.rank])
+                (solver.primal_loss(means, violations) * (shard / total)).backward()
+            step_means += micro_mean.detach() * (len(idx) / total)
+        session.world.sum_gradients(model.parameters())
         if train.grad_clip:
             torch.nn.utils.clip_grad_norm_(model.parameters(), train.grad_clip)
         solver.optimizer.primal_step()
         dual_means = step_means
         if solver.needs_dual and self.config.solver.scheme == "alternating":
-            dual_means = self._measure(model, train_set, group)  # lambda follows the updated model
+            with torch.no_grad():  # lambda follows the updated model
+                dual_means = sum(self._shard_means(session, idx)[1] * (len(idx) / total) for idx in group)
         solver.observe(dual_means)
         bound = self.config.solver.max_multiplier
         for name, value in problem.multipliers().items():
@@ -284,14 +306,18 @@ class Trainer:
             violations = problem.violations(step_means)
         return step_means, violations
 
-    @torch.no_grad()
-    def _measure(self, model, train_set, group) -> torch.Tensor:
-        total = sum(len(idx) for idx in group)
-        means = torch.zeros(self.task.num_layers + 1)
-        for idx in group:
-            out = self.task.layer_losses(model, self.task.collate(train_set[idx]), gamma=self.config.train.train_gamma)
-            means += out.layer_means * (len(idx) / total)
-        return means
+    def _shard_means(self, session: Session, idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """This rank's layer means on its shard of ``idx`` (differentiable), and the mean over all of ``idx``."""
+        world = session.world
+        shard = idx.tensor_split(world.size)[world.rank]
+        if len(shard):
+            batch = to_device(self.task.collate(session.rows["train"][shard]), session.device)
+            means = self.task.layer_losses(session.model, batch, gamma=self.config.train.train_gamma).layer_means
+        else:
+            means = torch.zeros(len(session.labels), device=session.device)
+        if world.size == 1:
+            return means, means.detach()
+        return means, world.sum(means.detach() * len(shard)) / len(idx)
 
     def _flush(self, log, window: _Window, position: dict[str, int], problem: LayerwiseProblem) -> None:
         if window.steps == 0:
@@ -311,7 +337,7 @@ class Trainer:
         log.write(json.dumps(record) + "\n")
         window.reset()
 
-    def _prepare_run_dir(self, resume: bool) -> None:
+    def _prepare_run_dir(self, resume: bool, write: bool = True) -> None:
         config_file = self.run_dir / "config.toml"
         resolved = tomli_w.dumps(self.config.as_dict())
         if resume:
@@ -319,6 +345,8 @@ class Trainer:
                 raise ConfigError(f"--resume: the config differs from the one recorded in {config_file}; resume with the same config")
         elif self.checkpoint_path.exists() or (self.run_dir / "results.json").exists():
             raise ConfigError(f"{self.run_dir} already holds a run; pass --resume to continue it or --out a new directory")
+        if not write:
+            return
         self.run_dir.mkdir(parents=True, exist_ok=True)
         for stale in self.run_dir.glob(f".{self.checkpoint_path.name}.*"):
             stale.unlink()  # a checkpoint write cut short by a kill

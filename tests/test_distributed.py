@@ -1,0 +1,123 @@
+"""Data-parallel primal-dual under torchrun: 2 CPU processes with gloo on lista."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+from layerdescent.checkpoint import load_checkpoint
+
+pytestmark = pytest.mark.skipif(not torch.distributed.is_available() or not torch.distributed.is_gloo_available(), reason="torch.distributed with gloo is not available")
+
+CONFIG = {
+    "task": {"name": "lista", "layers": 4, "code_dim": 16, "measure_dim": 12, "sparsity": 2, "train_size": 500, "validation_size": 64, "test_size": 100},
+    "train": {"epochs": 2, "batch_size": 64, "lr": 0.01, "progress": False, "log_every": 3, "threads": 1},
+    "solver": {"name": "primal-dual", "dual_lr": 1.0},
+    "constraints": [{"kind": "descent", "alpha": 0.05, "reference": "anchored"}],
+    "eval": {"gammas": [0.0, 0.5], "batch_size": 32},
+}
+
+# Trains CONFIG on every rank, records lambda after every step, and can SIGKILL rank 0 at a step.
+RUNNER = textwrap.dedent(
+    """
+    import json, os, signal, sys
+    import layerdescent as ld
+    from layerdescent.trainer import Trainer
+
+    config, out, kill_at, resume = json.loads(sys.argv[1]), sys.argv[2], int(sys.argv[3]), sys.argv[4] == "resume"
+    rank = int(os.environ.get("RANK", "0"))
+    history = []
+    original = Trainer.step
+
+    def step(self, session, group, n):
+        result = original(self, session, group, n)
+        history.append(session.problem.multipliers()["descent"].tolist())
+        if rank == 0 and n + 1 == kill_at:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return result
+
+    Trainer.step = step
+    ld.train(ld.config_from_dict(config), out, resume=resume)
+    with open(os.path.join(out, f"lambda-rank{rank}.json"), "w") as handle:
+        json.dump(history, handle)
+    """
+)
+
+
+def launch(tmp_path, config, out, nproc, kill_at=0, resume=False):
+    script = tmp_path / "runner.py"
+    script.write_text(RUNNER)
+    args = [str(script), json.dumps(config), str(out), str(kill_at), "resume" if resume else "fresh"]
+    if nproc > 1:
+        args = ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", *args]
+    env = {**os.environ, "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1"}
+    return subprocess.run([sys.executable, *args], env=env, capture_output=True, text=True, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """The same config (global batch 64): on 2 ranks of 32 samples each, and in 1 process."""
+    tmp = tmp_path_factory.mktemp("dist")
+    two = launch(tmp, CONFIG, tmp / "two", 2)
+    assert two.returncode == 0, two.stderr[-3000:]
+    one = launch(tmp, CONFIG, tmp / "one", 1)
+    assert one.returncode == 0, one.stderr[-3000:]
+    return tmp
+
+
+def params(run_dir):
+    return torch.load(run_dir / "checkpoint.pt", weights_only=False)["model"]
+
+
+def test_multipliers_are_identical_on_every_rank_at_every_step(runs):
+    rank0 = json.loads((runs / "two" / "lambda-rank0.json").read_text())
+    rank1 = json.loads((runs / "two" / "lambda-rank1.json").read_text())
+    assert len(rank0) == len(rank1) == 2 * 8  # ceil(500 / 64) global steps per epoch
+    assert rank0 == rank1
+    assert any(max(values) > 0 for values in rank0), "the constraints never became active"
+
+
+def test_two_ranks_of_half_a_batch_follow_the_trajectory_of_one_process(runs):
+    one, two = params(runs / "one"), params(runs / "two")
+    for key in one:
+        torch.testing.assert_close(two[key], one[key], rtol=1e-4, atol=1e-6)
+    lam_one = json.loads((runs / "one" / "lambda-rank0.json").read_text())
+    lam_two = json.loads((runs / "two" / "lambda-rank0.json").read_text())
+    torch.testing.assert_close(torch.tensor(lam_two), torch.tensor(lam_one), rtol=1e-4, atol=1e-6)
+
+
+def test_sharded_evaluation_reduces_to_the_single_process_numbers(runs):
+    one = json.loads((runs / "one" / "results.json").read_text())
+    two = json.loads((runs / "two" / "results.json").read_text())
+    for a, b in zip(one["gammas"], two["gammas"]):
+        assert a["samples"] == b["samples"] == 100
+        assert b["layer_loss"] == pytest.approx(a["layer_loss"], rel=1e-4)
+        assert b["metrics"] == pytest.approx(a["metrics"], rel=1e-4)
+
+
+def test_only_rank_zero_writes_the_run_directory(runs):
+    names = sorted(p.name for p in (runs / "two").iterdir())
+    assert names == ["checkpoint.prev.pt", "checkpoint.pt", "config.toml", "lambda-rank0.json", "lambda-rank1.json", "metrics.jsonl", "results.json"]
+    lines = (runs / "two" / "metrics.jsonl").read_text().splitlines()
+    steps = [json.loads(line)["step"] for line in lines if json.loads(line)["event"] == "train"]
+    assert steps == sorted(steps) and len(steps) == len(set(steps)), "each record written once"
+
+
+def test_a_killed_distributed_run_resumes_in_a_single_process(tmp_path, runs):
+    out = tmp_path / "run"
+    config = json.loads(json.dumps(CONFIG))
+    config["train"]["checkpoint_every"] = 4
+    killed = launch(tmp_path, config, out, 2, kill_at=11)
+    assert killed.returncode != 0
+    assert load_checkpoint(out / "checkpoint.pt", "lista")["position"]["step"] == 8
+    resumed = launch(tmp_path, config, out, 1, resume=True)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    whole = params(runs / "two")
+    for key, value in params(out).items():
+        torch.testing.assert_close(value, whole[key], rtol=1e-4, atol=1e-6)
