@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import layerdescent as ld
-from layerdescent.checkpoint import load_checkpoint, previous_path, save_checkpoint
+from layerdescent.checkpoint import VERSION, load_checkpoint, previous_path, save_checkpoint
 
 CONFIG = {
     "task": {"name": "lista", "layers": 4, "code_dim": 16, "measure_dim": 12, "sparsity": 2, "train_size": 512, "validation_size": 64, "test_size": 64},
@@ -162,6 +162,6 @@ def test_checkpoint_is_loaded_as_data_not_code(tmp_path):
             return (os.system, ("echo pwned",))
 
     path = tmp_path / "checkpoint.pt"
-    torch.save({"format": "layerdescent-checkpoint", "version": 1, "task": "lista", "evil": Payload()}, path)
+    torch.save({"format": "layerdescent-checkpoint", "version": VERSION, "task": "lista", "evil": Payload()}, path)
     with pytest.raises(ld.CheckpointError, match="cannot be read"):
         load_checkpoint(path, "lista")

@@ -16,7 +16,7 @@ from cooper.optim import nuPIInitType
 from layerdescent.errors import CheckpointError
 
 FORMAT = "layerdescent-checkpoint"
-VERSION = 1
+VERSION = 2  # 2: one RNG state per data-parallel rank
 # The only non-builtin type the project itself puts in a checkpoint (nuPI's param groups).
 SAFE_GLOBALS = [nuPIInitType]
 
