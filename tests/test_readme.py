@@ -40,3 +40,13 @@ def test_readme_quotes_the_commands_ci_runs():
     ci = (README.parent / ".ci" / "run").read_text()
     command = 'pip install torch==2.13.0 && pip install -e ".[test]" && python -m pytest'
     assert command in text and command in ci
+
+
+def test_readme_annotated_config_is_a_valid_config_with_every_section():
+    from layerdescent.config import tomllib
+
+    text = README.read_text()
+    block = re.search(r"## A run, annotated\n\n```toml\n(.*?)```", text, re.S).group(1)
+    config = ld.config_from_dict(tomllib.loads(block))
+    assert config.solver.name == "primal-dual" and config.constraints[0].reference == "detached"
+    assert config.train.on_nonfinite == "stop" and config.eval.gammas == (0.0, 0.1, 0.3, 0.5, 1.0)
