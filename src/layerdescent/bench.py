@@ -87,8 +87,12 @@ def run_bench(
     overrides: list[str] = (),
     registry: Registry | None = None,
     on_run: Callable[[BenchRun, str], None] | None = None,
+    command: str | None = None,
 ) -> Path:
-    """Train every pending run of the bench file, then write ``summary.md`` and plots in ``out``."""
+    """Train every pending run of the bench file, then write ``summary.md`` and plots in ``out``.
+
+    ``command`` is how the summary says it was made (default: the equivalent `layerdescent bench`).
+    """
     for run in plan(path, out, overrides, registry):
         if (run.run_dir / "results.json").exists():
             status = "done"
@@ -98,5 +102,5 @@ def run_bench(
             status = "resumed" if resume else "trained"
         if on_run:
             on_run(run, status)
-    command = " ".join(["layerdescent bench", str(path), "--out", str(out), *(f"--set {o}" for o in overrides)])
+    command = command or " ".join(["layerdescent bench", str(path), "--out", str(out), *(f"--set {o}" for o in overrides)])
     return write_report(Path(out), title=f"Bench {Path(path).name}", note=f"Made by `{command}`.")

@@ -105,8 +105,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from layerdescent.bench import run_bench
 
     out = Path(args.out)
-    print(f"layerdescent demo: ERM vs primal-dual on the lista task ({DEMO_CONFIG.name}); about a minute on 2 CPUs. Output: {out}", flush=True)
-    summary = run_bench(DEMO_CONFIG, out, args.set, on_run=lambda run, status: print(f"  {run.variant}: {status}", flush=True))
+    print(f"layerdescent demo: ERM vs primal-dual on the lista task ({DEMO_CONFIG.name}); under a minute on 2 CPUs. Output: {out}", flush=True)
+    command = " ".join(["layerdescent demo --out", str(out), *(f"--set {o}" for o in args.set)])
+    summary = run_bench(DEMO_CONFIG, out, args.set, on_run=lambda run, status: print(f"  {run.variant}: {status}", flush=True), command=command)
     print(summary.read_text())
     print(f"plots and tables: {summary.parent}")
     return 0
