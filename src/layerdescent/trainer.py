@@ -273,8 +273,10 @@ class Trainer:
             means, micro_mean = self._shard_means(session, idx)
             problem.start(micro_mean)  # anchors come from the whole first batch, not one shard
             violations = problem.violations(means)
+            # Every rank must agree on stopping, so the check reads the all-rank numbers.
+            checked = {k: v.detach() for k, v in violations.items()} if session.world.size == 1 else problem.violations(micro_mean)
             reason = _nonfinite(step, "loss", micro_mean, labels)
-            for name, value in problem.violations(micro_mean).items():
+            for name, value in checked.items():
                 reason = reason or _nonfinite(step, f"violation of constraint {name!r}", value, problem.labels[name])
             if reason and train.on_nonfinite == "skip":
                 solver.optimizer.zero_grad()
