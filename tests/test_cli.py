@@ -148,3 +148,13 @@ def test_demo_runs_erm_against_primal_dual_and_prints_the_table(tmp_path, capsys
     out = capsys.readouterr().out
     assert "| erm |" in out and "| primal-dual |" in out
     assert (tmp_path / "demo" / "metric_vs_gamma.png").exists()
+
+
+def test_assets_commands_say_when_no_plugin_declares_assets(capsys):
+    assert main(["assets", "list"]) == 0
+    assert "no plugin declares assets" in capsys.readouterr().out
+
+
+def test_fetching_an_unknown_asset_is_one_line(capsys):
+    assert main(["assets", "fetch", "no-such-asset"]) == 2
+    assert "unknown asset 'no-such-asset'" in capsys.readouterr().err

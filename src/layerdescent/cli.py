@@ -87,17 +87,16 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 def cmd_assets(args: argparse.Namespace) -> int:
     registry = get_registry()
-    if args.action == "list" or (args.action == "fetch" and not args.name and not registry.assets):
-        if not registry.assets:
-            print("no plugin declares assets")
+    if not registry.assets and not args.name:
+        print("no plugin declares assets")
+        return 0
+    if args.action == "list":
         for asset in registry.assets.values():
             row = assets.describe(asset)
             print(f"{row['name']:16} {'fetched' if row['fetched'] else 'missing':8} {row['requirement']}  {row['path']}")
         return 0
-    names = args.name or list(registry.assets)
-    for name in names:
-        path = assets.fetch(registry.asset(name), force=args.force)
-        print(f"{name}: {path}")
+    for name in args.name or list(registry.assets):
+        print(f"{name}: {assets.fetch(registry.asset(name), force=args.force)}")
     return 0
 
 
