@@ -228,7 +228,7 @@ def _build_task(data: Any, registry: Registry) -> TaskConfig:
     task_cls = registry.task(data["name"])
     options = {k: v for k, v in data.items() if k != "name"}
     allowed = {**task_cls.options, "perturbation": task_cls.perturbations[0]}
-    resolved = {}
+    resolved = dict(allowed)  # every default, so run directories record the whole task
     for key, value in options.items():
         if key not in allowed:
             raise ConfigError(f"unknown key task.{key}{closest(key, allowed)} (task {task_cls.name!r} accepts: {', '.join(allowed)})")
