@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+import layerdescent as ld
 from layerdescent import Bound, ConfigError, Descent
 from layerdescent.problem import LayerwiseProblem
 from layerdescent.solvers import PrimalDualSolver
@@ -96,3 +97,18 @@ def test_dual_every_epoch_waits_and_uses_the_mean_of_the_epoch():
     solver.observe(torch.tensor([1.0, 3.0, 0.0]))
     solver.end_epoch()
     assert problem.multipliers()["descent"][0].item() == pytest.approx(2.0)
+
+
+def test_a_spec_whose_violation_size_breaks_its_labels_is_refused_by_name():
+    from dataclasses import dataclass
+
+    @dataclass(frozen=True)
+    class Sloppy(Bound):
+        kind = "sloppy"
+
+        def violation(self, means, state):
+            return means[1:] - self.value  # L entries, but labels() promises 1
+
+    problem = LayerwiseProblem((Sloppy(name="mine"),), num_layers=2)
+    with pytest.raises(ld.PluginError, match=r"constraint 'mine' \(sloppy\) returned a violation of shape \(2,\); its labels\(\) promise 1"):
+        problem.violations(torch.tensor([1.0, 2.0, 3.0]))

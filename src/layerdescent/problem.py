@@ -14,6 +14,7 @@ import cooper
 import torch
 
 from layerdescent.constraints import ConstraintSpec
+from layerdescent.errors import PluginError
 
 
 class _LayerwiseCMP(cooper.ConstrainedMinimizationProblem):
@@ -59,7 +60,17 @@ class LayerwiseProblem:
     def violations(self, means: torch.Tensor) -> dict[str, torch.Tensor]:
         """Each spec's violation vector for these layer means (differentiable)."""
         self.start(means)
-        return {spec.name: spec.violation(means, self.state[spec.name]) for spec in self.specs}
+        out = {}
+        for spec in self.specs:
+            violation = spec.violation(means, self.state[spec.name])
+            # Cooper would silently broadcast a multiplier over a violation of another size.
+            if violation.shape != (len(self.labels[spec.name]),):
+                raise PluginError(
+                    f"constraint {spec.name!r} ({spec.kind}) returned a violation of shape {tuple(violation.shape)}; "
+                    f"its labels() promise {len(self.labels[spec.name])} entries"
+                )
+            out[spec.name] = violation
+        return out
 
     def primal_state(self, loss: torch.Tensor, violations: dict[str, torch.Tensor]) -> cooper.CMPState:
         """The Cooper CMPState whose primal Lagrangian the model's optimizer descends."""
