@@ -27,6 +27,7 @@ class World:
 
     rank: int = 0
     size: int = 1
+    owns_group: bool = False
 
     @property
     def is_main(self) -> bool:
@@ -68,6 +69,13 @@ class World:
         if self.size > 1:
             dist.barrier()
 
+    def close(self) -> None:
+        """Leave the process group this run joined; one the caller made stays theirs."""
+        if self.owns_group and dist.is_initialized():
+            # gloo's threads must stop before the interpreter does, or exit aborts the process.
+            dist.barrier()
+            dist.destroy_process_group()
+
 
 def init_world(device: str = "auto") -> tuple[World, torch.device]:
     """Join the process group torchrun describes (if any) and pick this rank's device."""
@@ -79,9 +87,10 @@ def init_world(device: str = "auto") -> tuple[World, torch.device]:
         torch.cuda.set_device(chosen)
     if size == 1:
         return World(), chosen
-    if not dist.is_initialized():
+    owns = not dist.is_initialized()
+    if owns:
         dist.init_process_group(backend="nccl" if use_cuda else "gloo")
-    return World(dist.get_rank(), dist.get_world_size()), chosen
+    return World(dist.get_rank(), dist.get_world_size(), owns), chosen
 
 
 def to_device(batch: Any, device: torch.device) -> Any:

@@ -142,8 +142,13 @@ class Trainer:
 
     def fit(self, resume: bool = False) -> dict[str, Any]:
         """Train (or continue), evaluate on the gamma grid, write and return ``results.json``."""
-        config, train = self.config, self.config.train
         session = self.setup()
+        results = self._fit(session, resume)
+        session.world.close()  # on failure the ranks exit with their error; a barrier could hang
+        return results
+
+    def _fit(self, session: Session, resume: bool) -> dict[str, Any]:
+        config, train = self.config, self.config.train
         rows, model, problem, solver, world = session.rows, session.model, session.problem, session.solver, session.world
         self._prepare_run_dir(resume, write=world.is_main)
         world.barrier()
