@@ -150,9 +150,11 @@ def test_demo_runs_erm_against_primal_dual_and_prints_the_table(tmp_path, capsys
     assert (tmp_path / "demo" / "metric_vs_gamma.png").exists()
 
 
-def test_assets_commands_say_when_no_plugin_declares_assets(capsys):
+def test_assets_list_shows_each_declared_asset_and_whether_it_is_fetched(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("LAYERDESCENT_CACHE", str(tmp_path))
     assert main(["assets", "list"]) == 0
-    assert "no plugin declares assets" in capsys.readouterr().out
+    rows = {line.split()[0]: line.split()[1] for line in capsys.readouterr().out.splitlines()}
+    assert rows["minilm"] == "missing" and rows["vader"] == "missing"
 
 
 def test_fetching_an_unknown_asset_is_one_line(capsys):
