@@ -175,7 +175,8 @@ class Trainer:
         micro_per_epoch = math.ceil(len(train_set) / train.batch_size)
         steps_per_epoch = math.ceil(micro_per_epoch / train.accumulate)
         window = _Window()
-        log = metrics_file.open("a") if world.is_main else open(os.devnull, "w")  # only rank 0 writes
+        # Line-buffered so that `tail -f metrics.jsonl` follows a run; only rank 0 writes.
+        log = metrics_file.open("a", buffering=1) if world.is_main else open(os.devnull, "w")
 
         def checkpoint() -> None:
             self._flush(log, window, position, problem)
