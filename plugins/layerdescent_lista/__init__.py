@@ -87,9 +87,7 @@ class SparseCoding(Task):
     def __init__(self, **options: Any) -> None:
         super().__init__(**options)
         o = self.options
-        for key, allowed in (("x0", ("linear", "zero")), ("weights", ("random", "ista"))):
-            if o[key] not in allowed:
-                raise layerdescent.ConfigError(f"task.{key} must be one of {', '.join(allowed)}; got {o[key]!r}")
+        self.check_choices(x0=("linear", "zero"), weights=("random", "ista"))
         for key in ("layers", "code_dim", "measure_dim", "sparsity", "train_size", "validation_size", "test_size"):
             if o[key] < 1:
                 raise layerdescent.ConfigError(f"task.{key} must be >= 1, got {o[key]}")

@@ -74,11 +74,8 @@ class TextClassification(Task):
 
     def __init__(self, **options: Any) -> None:
         super().__init__(**options)
-        o = self.options
-        for key, allowed in (("dataset", DATASETS), ("pooling", ("cls", "mean")), ("head", ("shared", "per-layer"))):
-            if o[key] not in allowed:
-                raise layerdescent.ConfigError(f"task.{key} must be one of {', '.join(allowed)}; got {o[key]!r}")
-        if o["max_length"] < 4:
+        self.check_choices(dataset=DATASETS, pooling=("cls", "mean"), head=("shared", "per-layer"))
+        if self.options["max_length"] < 4:
             raise layerdescent.ConfigError("task.max_length must be >= 4")
 
     @cached_property

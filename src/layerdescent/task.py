@@ -10,6 +10,8 @@ import datasets
 import torch
 import torchmetrics
 
+from layerdescent.errors import ConfigError
+
 
 @dataclass
 class LayerOutput:
@@ -67,6 +69,12 @@ class Task(abc.ABC):
     @abc.abstractmethod
     def layer_losses(self, model: torch.nn.Module, batch: Any, gamma: float = 0.0) -> LayerOutput:
         """Per-sample loss at every layer for ``batch`` perturbed at level ``gamma``."""
+
+    def check_choices(self, **choices: tuple[str, ...]) -> None:
+        """Raise ConfigError naming the first option whose value is not one of its choices."""
+        for key, allowed in choices.items():
+            if self.options[key] not in allowed:
+                raise ConfigError(f"task.{key} must be one of {', '.join(allowed)}; got {self.options[key]!r}")
 
     def metrics(self) -> torchmetrics.MetricCollection:
         """Task metrics, updated with ``LayerOutput.preds`` and ``.target``; none by default."""
