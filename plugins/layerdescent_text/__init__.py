@@ -101,6 +101,10 @@ class TextClassification(Task):
         """The encoder's tokenizer (word-level over the data for the tiny fallback)."""
         return self._tokenizer_and_config[0]
 
+    @cached_property
+    def _special_ids(self) -> torch.Tensor:
+        return torch.tensor(self.tokenizer.all_special_ids)
+
     @property
     def num_layers(self) -> int:
         config = self._tokenizer_and_config[1]
@@ -126,7 +130,7 @@ class TextClassification(Task):
 
     def layer_losses(self, model: nn.Module, batch: dict[str, torch.Tensor], gamma: float = 0.0) -> LayerOutput:
         ids, mask, labels = batch["input_ids"], batch["attention_mask"], batch["label"]
-        real = mask.bool() & ~torch.isin(ids, torch.tensor(self.tokenizer.all_special_ids, device=ids.device))
+        real = mask.bool() & ~torch.isin(ids, self._special_ids.to(ids.device))
         if gamma and self.perturbation == "substitute":
             ids = substitute_tokens(ids, real, gamma, len(self.tokenizer))
         embeds = model.embed(ids)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Iterator, Sequence
+from typing import Any, Sequence
 
 import datasets
 import torch
@@ -40,8 +40,3 @@ class Rows:
             if isinstance(column, torch.Tensor) and column.is_floating_point() and not bool(torch.isfinite(column).all()):
                 row = int((~torch.isfinite(column.reshape(self.length, -1))).any(dim=1).nonzero()[0])
                 raise DataError(f"split {split!r}, column {name!r}, row {row} holds a NaN or infinite value; clean or drop that row")
-
-    def batches(self, batch_size: int) -> Iterator[dict[str, Any]]:
-        """Consecutive batches of rows, in order."""
-        for start in range(0, self.length, batch_size):
-            yield self[start : start + batch_size]

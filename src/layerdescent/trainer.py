@@ -235,6 +235,7 @@ class Trainer:
             log.close()
 
         records = evaluate(self.task, model, rows[config.eval.split], config.eval.gammas, config.eval.batch_size, config.eval.seed, world)
+        relaxations = problem.relaxations()
         results = {
             "schema": RESULTS_SCHEMA,
             "layerdescent": __version__,
@@ -251,12 +252,12 @@ class Trainer:
                 "skipped_steps": skipped_steps,
             },
             "constraints": {
-                spec.name: {
-                    "labels": problem.labels[spec.name],
-                    "lambda": problem.multipliers()[spec.name].tolist(),
-                    **({"relaxation": problem.relaxations()[spec.name].tolist()} if spec.resilience else {}),
+                name: {
+                    "labels": problem.labels[name],
+                    "lambda": value.tolist(),
+                    **({"relaxation": relaxations[name].tolist()} if name in relaxations else {}),
                 }
-                for spec in config.constraints
+                for name, value in problem.multipliers().items()
             },
             "gammas": records,
         }
