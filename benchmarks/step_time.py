@@ -1,11 +1,13 @@
-"""Step time of each solver against erm, with one and two torch threads, on lista.
+"""Step time of each solver against erm, in one process, on lista or on the text task.
 
-    python benchmarks/step_time.py --out benchmarks/results/lista/step_time.md
+    python benchmarks/step_time.py --task lista --out benchmarks/results/lista/step_time.md
+    python benchmarks/step_time.py --task text --out benchmarks/results/text/step_time.md
 
 All solvers live in one process, each with its own model, and take turns: a round gives every
-solver, with one and with two threads, a few steps on the same batches, in an order rotated every
-round, so machine noise and warm-up hit them alike. Each step is the trainer's own ``Trainer.step``. The table gives the
-median step time and, as the ratio, the median over rounds of (solver / erm) within a round.
+solver, at every thread count, a few steps on the same batches, in an order rotated every round,
+so machine noise and warm-up hit them alike. Each step is the trainer's own ``Trainer.step``. The
+table gives the median step time and, as the ratio, the median over rounds of (solver / erm)
+within a round.
 """
 
 from __future__ import annotations
@@ -21,8 +23,32 @@ import torch
 import layerdescent as ld
 from layerdescent.trainer import Trainer
 
-SIZES = {"small (8 layers, 64x32, 50k params)": {}, "wide (8 layers, 512x256, 3.1M params)": {"code_dim": 512, "measure_dim": 256, "sparsity": 16, "weights": "ista", "lr": 3e-4}}
-THREADS = (1, 2)
+LISTA = {"name": "lista", "train_size": 1024, "validation_size": 64, "test_size": 64}
+# Per task: {model label: (task table, train table)}, the thread counts, and how many training rows to cycle.
+SETUPS = {
+    "lista": (
+        {
+            "small (8 layers, 64x32, 50k params)": (LISTA, {"batch_size": 64, "lr": 0.003}),
+            # the wide model diverges at the small one's rate
+            "wide (8 layers, 512x256, 3.1M params)": (
+                {**LISTA, "code_dim": 512, "measure_dim": 256, "sparsity": 16, "weights": "ista"},
+                {"batch_size": 64, "lr": 3e-4},
+            ),
+        },
+        (1, 2),
+        1024,
+    ),
+    "text": (
+        {
+            "MiniLM-L6 (22.7M params), movie reviews, batch 32": (
+                {"name": "text-classification"},
+                {"batch_size": 32, "lr": 3e-5, "optimizer": "adamw", "train_gamma": 0.1},
+            ),
+        },
+        (2,),
+        8454,
+    ),
+}
 VARIANTS = {
     "erm": {"name": "erm"},
     "penalty": {"name": "penalty"},
@@ -31,64 +57,60 @@ VARIANTS = {
 }
 
 
-def trainer(task: dict, solver: dict, threads: int, out: Path) -> Trainer:
-    """A lista trainer for ``solver``."""
-    task = dict(task)
-    lr = task.pop("lr", 0.003)  # the wide model diverges at the small one's rate
-    table = {
-        "task": {"name": "lista", "train_size": 1024, "validation_size": 64, "test_size": 64, **task},
-        "train": {"batch_size": 64, "lr": lr, "threads": threads},
-        "solver": solver,
-        "constraints": [{"kind": "descent", "alpha": 0.05}],
-    }
+def trainer(task: dict, train: dict, solver: dict, out: Path) -> Trainer:
+    """A trainer for ``solver`` with a descent constraint on every layer."""
+    table = {"task": task, "train": {**train, "progress": False}, "solver": solver, "constraints": [{"kind": "descent", "alpha": 0.05}]}
     return Trainer(ld.config_from_dict(table), out)
 
 
-def measure(task: dict, rounds: int, steps: int) -> dict[tuple[str, int], tuple[float, float]]:
+def measure(task: dict, train: dict, threads: tuple[int, ...], rows: int, rounds: int, steps: int) -> dict[tuple[str, int], tuple[float, float]]:
     """Per (variant, threads): (median step seconds, median over rounds of the ratio to erm at those threads)."""
     with tempfile.TemporaryDirectory() as tmp:
-        runs = {name: trainer(task, solver, 1, Path(tmp) / str(i)) for i, (name, solver) in enumerate(VARIANTS.items())}
+        runs = {name: trainer(task, train, solver, Path(tmp) / str(i)) for i, (name, solver) in enumerate(VARIANTS.items())}
         sessions = {name: run.setup() for name, run in runs.items()}
-        order = torch.randperm(1024, generator=torch.Generator().manual_seed(0)).split(64)
-        turns = [(name, threads) for threads in THREADS for name in VARIANTS]
+        order = torch.randperm(rows, generator=torch.Generator().manual_seed(0)).split(train["batch_size"])
+        turns = [(name, n) for n in threads for name in VARIANTS]
         per_round: dict[tuple[str, int], list[float]] = {turn: [] for turn in turns}
         for r in range(rounds + 1):
-            for name, threads in turns[r % len(turns) :] + turns[: r % len(turns)]:
-                torch.set_num_threads(threads)
+            for name, n in turns[r % len(turns) :] + turns[: r % len(turns)]:
+                torch.set_num_threads(n)
                 times = []
                 for i in range(steps):
                     start = time.perf_counter()
                     runs[name].step(sessions[name], [order[(r * steps + i) % len(order)]], r * steps + i)
                     times.append(time.perf_counter() - start)
                 if r:  # round 0 warms up
-                    per_round[name, threads].append(statistics.median(times))
+                    per_round[name, n].append(statistics.median(times))
     return {
-        (name, threads): (
-            statistics.median(per_round[name, threads]),
-            statistics.median(t / e for t, e in zip(per_round[name, threads], per_round["erm", threads])),
+        (name, n): (
+            statistics.median(per_round[name, n]),
+            statistics.median(t / e for t, e in zip(per_round[name, n], per_round["erm", n])),
         )
-        for name, threads in turns
+        for name, n in turns
     }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--task", choices=sorted(SETUPS), default="lista")
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--rounds", type=int, default=30)
     parser.add_argument("--steps", type=int, default=5, help="steps per solver per round")
     args = parser.parse_args()
+    models, threads, rows = SETUPS[args.task]
+    command = f"python benchmarks/step_time.py --task {args.task} --out {args.out} --rounds {args.rounds} --steps {args.steps}"
     lines = [
-        "# Step time on lista",
+        f"# Step time on {args.task}",
         "",
-        f"Made by `python benchmarks/step_time.py --out {args.out}` on 2 CPUs: {args.rounds} rounds of {args.steps} steps per solver,",
+        f"Made by `{command}` on 2 CPUs: {args.rounds} rounds of {args.steps} steps per solver,",
         "interleaved in one process; median step time and median per-round ratio to erm.",
         "",
         "| model | threads | solver | median step (ms) | × erm |",
         "|---|---|---|---|---|",
     ]
-    for size, task in SIZES.items():
-        for (name, threads), (seconds, ratio) in measure(task, args.rounds, args.steps).items():
-            lines.append(f"| {size} | {threads} | {name} | {seconds * 1e3:.3f} | {ratio:.3f} |")
+    for model, (task, train) in models.items():
+        for (name, n), (seconds, ratio) in measure(task, train, threads, rows, args.rounds, args.steps).items():
+            lines.append(f"| {model} | {n} | {name} | {seconds * 1e3:.3f} | {ratio:.3f} |")
             print(lines[-1], flush=True)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text("\n".join(lines) + "\n")

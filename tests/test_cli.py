@@ -142,12 +142,22 @@ def test_bench_runs_variants_by_seeds_and_resumes_without_rerunning(tmp_path, ca
     assert second.count(": done") == 3 and "erm seed 1: resumed" in second
 
 
-def test_demo_runs_erm_against_primal_dual_and_prints_the_table(tmp_path, capsys):
+def test_lista_demo_runs_erm_against_primal_dual_and_prints_the_table(tmp_path, capsys):
     small = ["--set", "train.epochs=1", "--set", "task.train_size=128", "--set", "task.test_size=64", "--set", "bench.seeds=[0]"]
-    assert main(["demo", "--out", str(tmp_path / "demo"), *small]) == 0
+    assert main(["demo", "--task", "lista", "--out", str(tmp_path / "demo"), *small]) == 0
     out = capsys.readouterr().out
     assert "| erm |" in out and "| primal-dual |" in out
     assert (tmp_path / "demo" / "metric_vs_gamma.png").exists()
+
+
+def test_text_demo_says_how_long_it_takes_and_fetches_only_what_its_task_reads(tmp_path, monkeypatch, capsys):
+    pytest.importorskip("transformers")
+    monkeypatch.setenv("LAYERDESCENT_CACHE", str(tmp_path / "empty-cache"))  # a fetch would fail here: no hub, no wheel
+    fallback = ["task.model_path=tiny", "task.dataset=synthetic", "task.synthetic_size=200", "train.threads=1", "eval.batch_size=64"]
+    assert main(["demo", "--out", str(tmp_path / "demo"), *(a for o in fallback for a in ("--set", o))]) == 0
+    out = capsys.readouterr().out
+    assert "under 15" in out.splitlines()[0] and "fetching" not in out
+    assert "| primal-dual |" in out and (tmp_path / "demo" / "loss_vs_layer.png").exists()
 
 
 def test_assets_list_shows_each_declared_asset_and_whether_it_is_fetched(tmp_path, monkeypatch, capsys):

