@@ -141,6 +141,13 @@ def test_bench_runs_variants_by_seeds_and_resumes_without_rerunning(tmp_path, ca
     second = capsys.readouterr().out
     assert second.count(": done") == 3 and "erm seed 1: resumed" in second
 
+    shifted = tmp_path / "impulse"
+    assert main(["evaluate", str(out), "--out", str(shifted), "--set", "task.perturbation=impulse"]) == 0
+    assert capsys.readouterr().out.count(": evaluated") == 4
+    assert (shifted / "primal-dual" / "seed-1" / "results.json").exists() and (shifted / "summary.md").exists()
+    assert main(["evaluate", str(out), "--out", str(shifted), "--set", "task.perturbation=impulse"]) == 0
+    assert capsys.readouterr().out.count(": done") == 4
+
 
 def test_lista_demo_runs_erm_against_primal_dual_and_prints_the_table(tmp_path, capsys):
     small = ["--set", "train.epochs=1", "--set", "task.train_size=128", "--set", "task.test_size=64", "--set", "bench.seeds=[0]"]

@@ -156,3 +156,33 @@ def test_evaluation_is_deterministic_and_records_every_gamma(tiny, tmp_path):
     assert gammas[0]["samples"] == 128
     assert gammas[2]["metrics"]["mse"] > gammas[0]["metrics"]["mse"]
     assert all(len(g["descent_rate"]) == 4 and all(0 <= r <= 1 for r in g["descent_rate"]) for g in gammas)
+
+
+def test_evaluating_a_finished_run_again_reproduces_it_and_tests_another_perturbation(tiny, tmp_path):
+    original = _train(tiny, tmp_path)
+    same = ld.evaluate_run(tmp_path / "run", tmp_path / "again")
+    assert same["gammas"] == original["gammas"]  # the final model, the same data, the same noise seeds
+    shifted = ld.evaluate_run(tmp_path / "run", tmp_path / "impulse", ["task.perturbation=impulse", "eval.gammas=[0.0, 0.2]"])
+    assert shifted["perturbation"] == "impulse" and [g["gamma"] for g in shifted["gammas"]] == [0.0, 0.2]
+    assert shifted["gammas"][0] == original["gammas"][0]
+    assert shifted["gammas"][1]["layer_loss"] != original["gammas"][1]["layer_loss"]
+    assert json.loads((tmp_path / "impulse" / "results.json").read_text())["evaluated_from"] == str(tmp_path / "run")
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [("train.lr=0.1", "only task.perturbation and eval"), ("task.layers=3", "only task.perturbation and eval")],
+)
+def test_re_evaluation_refuses_to_change_how_the_model_was_trained(tiny, tmp_path, override, message):
+    _train(tiny, tmp_path)
+    with pytest.raises(ld.ConfigError, match=message):
+        ld.evaluate_run(tmp_path / "run", tmp_path / "again", [override])
+
+
+def test_re_evaluation_needs_a_finished_run_with_its_checkpoint(tiny, tmp_path):
+    with pytest.raises(ld.ConfigError, match="no finished run"):
+        ld.evaluate_run(tmp_path / "nothing", tmp_path / "again")
+    _train(tiny, tmp_path)
+    (tmp_path / "run" / "checkpoint.pt").unlink()
+    with pytest.raises(ld.ConfigError, match="no checkpoint.pt"):
+        ld.evaluate_run(tmp_path / "run", tmp_path / "again")

@@ -24,7 +24,7 @@ from layerdescent.hookspecs import hookimpl
 from layerdescent.optional import require
 from layerdescent.registry import Registry, get_registry
 from layerdescent.task import LayerOutput, Task
-from layerdescent.trainer import train
+from layerdescent.trainer import evaluate_run, train
 
 __all__ = [
     "Asset",
@@ -45,6 +45,7 @@ __all__ = [
     "__version__",
     "config_from_dict",
     "evaluate",
+    "evaluate_run",
     "get_registry",
     "hookimpl",
     "load_config",

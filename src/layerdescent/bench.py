@@ -26,7 +26,7 @@ from layerdescent.config import RunConfig, apply_overrides, config_from_dict, re
 from layerdescent.errors import ConfigError
 from layerdescent.registry import Registry
 from layerdescent.report import write_report
-from layerdescent.trainer import train
+from layerdescent.trainer import evaluate_run, train
 
 
 @dataclass(frozen=True)
@@ -104,3 +104,30 @@ def run_bench(
             on_run(run, status)
     command = command or " ".join(["layerdescent bench", str(path), "--out", str(out), *(f"--set {o}" for o in overrides)])
     return write_report(Path(out), title=f"Bench {Path(path).name}", note=f"Made by `{command}`.")
+
+
+def evaluate_bench(
+    root: str | Path,
+    out: str | Path,
+    overrides: list[str] = (),
+    registry: Registry | None = None,
+    on_run: Callable[[Path, str], None] | None = None,
+    command: str | None = None,
+) -> Path:
+    """Test every finished run under ``root`` again into the same layout under ``out``, then report.
+
+    A run already evaluated in ``out`` is not evaluated again, so an interrupted call continues.
+    """
+    root, out = Path(root), Path(out)
+    runs = sorted(p.parent for p in root.rglob("results.json"))
+    if not runs:
+        raise ConfigError(f"no finished run (results.json) under {root}")
+    for run_dir in runs:
+        target = out / run_dir.relative_to(root)
+        done = (target / "results.json").exists()
+        if not done:
+            evaluate_run(run_dir, target, overrides, registry)
+        if on_run:
+            on_run(target, "done" if done else "evaluated")
+    command = command or " ".join(["layerdescent evaluate", str(root), "--out", str(out), *(f"--set {o}" for o in overrides)])
+    return write_report(out, title=f"Re-evaluation of {root}", note=f"Made by `{command}` from the final models of {root}.")

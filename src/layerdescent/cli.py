@@ -1,4 +1,4 @@
-"""The ``layerdescent`` command line: list, plugins, run, bench, report, assets, demo."""
+"""The ``layerdescent`` command line: list, plugins, run, bench, evaluate, report, assets, demo."""
 
 from __future__ import annotations
 
@@ -84,6 +84,14 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_evaluate(args: argparse.Namespace) -> int:
+    from layerdescent.bench import evaluate_bench
+
+    summary = evaluate_bench(args.runs, args.out, args.set, on_run=lambda target, status: print(f"{target}: {status}", flush=True))
+    print(f"summary: {summary}")
+    return 0
+
+
 def cmd_report(args: argparse.Namespace) -> int:
     from layerdescent.report import write_report
 
@@ -151,6 +159,12 @@ def build_parser() -> argparse.ArgumentParser:
         if name == "run":
             p.add_argument("--resume", action="store_true", help="continue from the run directory's checkpoint")
         p.set_defaults(func=func)
+
+    p = sub.add_parser("evaluate", help="test finished runs again, e.g. under another perturbation")
+    p.add_argument("runs", help="a run directory, or a directory of them (a bench)")
+    p.add_argument("--out", required=True, help="where the new results go, in the same layout")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="task.perturbation or eval.*, e.g. eval.gammas=[0,0.2]")
+    p.set_defaults(func=cmd_evaluate)
 
     p = sub.add_parser("report", help="summary.md and plots for run directories")
     p.add_argument("run_dir")

@@ -26,7 +26,7 @@ from tqdm.auto import tqdm
 
 from layerdescent import __version__
 from layerdescent.checkpoint import load_checkpoint, rng_state, save_checkpoint, set_rng_state
-from layerdescent.config import RunConfig, TrainConfig
+from layerdescent.config import RunConfig, TrainConfig, load_config
 from layerdescent.data import Rows
 from layerdescent.distributed import World, init_world, to_device
 from layerdescent.errors import ConfigError, DataError, DivergenceError
@@ -245,6 +245,7 @@ class Trainer:
             "seed": config.seed,
             "num_layers": self.task.num_layers,
             "split": config.eval.split,
+            "perturbation": self.task.perturbation,
             "train": {
                 "steps": position["step"],
                 "epochs": train.epochs,
@@ -367,3 +368,41 @@ class Trainer:
 def train(config: RunConfig, run_dir: str | Path, resume: bool = False, registry: Registry | None = None) -> dict[str, Any]:
     """Train ``config`` into ``run_dir`` and return its results (see the README for the schema)."""
     return Trainer(config, run_dir, registry).fit(resume=resume)
+
+
+# What a re-evaluation may change: how the finished model is tested, never how it was trained.
+REEVALUATE_KEYS = ("task.perturbation", "eval.")
+
+
+def evaluate_run(run_dir: str | Path, out: str | Path, overrides: Sequence[str] = (), registry: Registry | None = None) -> dict[str, Any]:
+    """Test a finished run's final model again (another perturbation or gamma grid) into ``out``."""
+    run_dir, out = Path(run_dir), Path(out)
+    if not (run_dir / "results.json").exists():
+        raise ConfigError(f"{run_dir} holds no finished run (no results.json): train it to the end first")
+    for override in overrides:
+        key = override.partition("=")[0].strip()
+        if not key.startswith(REEVALUATE_KEYS):
+            raise ConfigError(f"re-evaluation can change only task.perturbation and eval.*, not {key} (that needs a new run)")
+    if not (run_dir / "checkpoint.pt").exists():
+        raise ConfigError(f"{run_dir} has no checkpoint.pt, so its model is gone: re-run it to evaluate it again")
+    if out.resolve() == run_dir.resolve():
+        raise ConfigError(f"--out must differ from the run directory {run_dir}: its results would be overwritten")
+    config = load_config(run_dir / "config.toml", list(overrides), registry)
+    trainer = Trainer(config, out, registry)
+    session = trainer.setup()
+    state = load_checkpoint(run_dir / "checkpoint.pt", trainer.task.name)
+    session.model.load_state_dict(state["model"])
+    records = evaluate(trainer.task, session.model, session.rows[config.eval.split], config.eval.gammas, config.eval.batch_size, config.eval.seed, session.world)
+    results = {
+        **json.loads((run_dir / "results.json").read_text()),
+        "split": config.eval.split,
+        "perturbation": trainer.task.perturbation,
+        "evaluated_from": str(run_dir),
+        "gammas": records,
+    }
+    if session.world.is_main:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "config.toml").write_text(tomli_w.dumps(config.as_dict()))
+        (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+    session.world.close()
+    return results
