@@ -5,10 +5,11 @@ from __future__ import annotations
 import json
 import math
 
+import numpy as np
 import pytest
 
 from layerdescent.errors import LayerdescentError
-from layerdescent.report import collect, summarize, write_report
+from layerdescent.report import collect, paired_difference, summarize, write_report
 
 # label -> solver, then per seed: (mse at gamma 0, mse at gamma 1, step time in seconds)
 RUNS = {
@@ -118,3 +119,23 @@ def test_write_report_defaults_to_the_root_directory(bench):
 def test_collect_on_an_empty_directory_raises(tmp_path):
     with pytest.raises(LayerdescentError, match="no results.json under"):
         collect(tmp_path)
+
+
+def test_a_known_paired_difference_is_detected_and_a_null_one_is_not():
+    rng = np.random.default_rng(0)
+    base = rng.normal(0.8, 0.05, size=5)  # seeds differ a lot; pairing removes that
+    shifted = paired_difference(base + 0.02 + rng.normal(0, 0.002, 5), base)
+    assert shifted["distinct"] and shifted["low"] > 0 and shifted["mean"] == pytest.approx(0.02, abs=0.003)
+    null = paired_difference(base + np.array([0.01, -0.01, 0.005, -0.005, 0.0]), base)
+    assert not null["distinct"] and null["low"] < 0 < null["high"]
+    single = paired_difference([0.9], [0.8])
+    assert single["mean"] == pytest.approx(0.1) and single["low"] is None and not single["distinct"]
+
+
+def test_summary_pairs_seeds_against_erm_and_bolds_only_intervals_that_exclude_zero(bench):
+    text = write_report(bench).read_text()
+    section = text.split("## Paired differences over seeds")[1].split("\n## ")[0]
+    row = next(line for line in section.splitlines() if line.startswith("| primal-dual − erm"))
+    # mse at gamma 0: seeds give 0.5 - 1.0 and 0.5 - 3.0: mean -1.5, and two seeds leave it undecided
+    assert row.split("|")[2].strip() == "2" and row.split("|")[3].strip().startswith("-1.5 [")
+    assert "**" not in row

@@ -8,7 +8,8 @@ Usage::
     groups = summarize(collect(Path("runs")))  # {label: per-gamma mean/std over seeds}
 
 Runs are grouped by ``label`` (one variant, several seeds); the group whose solver is
-``erm`` is the baseline for the cost ratio.
+``erm`` is the baseline for the cost ratio and for paired differences over seeds, and every
+``primal-dual`` group is also compared with every ``penalty`` group.
 """
 
 from __future__ import annotations
@@ -17,11 +18,13 @@ import json
 from pathlib import Path
 
 import numpy as np
+from scipy import stats
 
 from layerdescent.errors import LayerdescentError
 
 BASELINE_SOLVER = "erm"
 CONSTRAINED_SOLVER = "primal-dual"
+PENALTY_SOLVER = "penalty"
 
 
 def collect(root: Path) -> list[dict]:
@@ -38,6 +41,51 @@ def _stats(values) -> dict:
     a = np.asarray(values, dtype=float)
     std = a.std(axis=0, ddof=1) if len(a) > 1 else np.zeros_like(a[0])
     return {"mean": a.mean(axis=0).tolist(), "std": std.tolist()}
+
+
+def paired_difference(a, b, level: float = 0.95) -> dict:
+    """Mean of a - b over paired seeds, its t interval, and whether that interval excludes 0."""
+    d = np.asarray(a, dtype=float) - np.asarray(b, dtype=float)
+    n, mean = len(d), float(d.mean())
+    if n < 2:  # one pair has no spread to judge it by
+        return {"mean": mean, "low": None, "high": None, "n": n, "distinct": False}
+    half = float(stats.t.ppf((1 + level) / 2, n - 1) * d.std(ddof=1) / np.sqrt(n))
+    low, high = mean - half, mean + half
+    return {"mean": mean, "low": low, "high": high, "n": n, "distinct": low > 0 or high < 0}
+
+
+def _comparisons(groups: dict) -> list[tuple[str, str]]:
+    """(label, reference) pairs: everything against erm, and primal-dual against penalty."""
+    by_solver = {solver: [label for label, g in groups.items() if g["solver"] == solver] for solver in (BASELINE_SOLVER, PENALTY_SOLVER)}
+    pairs = [(label, ref) for ref in by_solver[BASELINE_SOLVER][:1] for label in groups if label != ref]
+    pairs += [(label, ref) for ref in by_solver[PENALTY_SOLVER] for label, g in groups.items() if g["solver"] == CONSTRAINED_SOLVER]
+    return pairs
+
+
+def _paired_tables(results: list[dict], groups: dict, metrics: list[str], gammas: list[float]) -> list[str]:
+    """Markdown: per metric, label - reference at every gamma over the seeds both have."""
+    value = {(r["label"], r["seed"], float(g["gamma"]), m): v for r in results for g in r["gammas"] for m, v in g["metrics"].items()}
+    lines = []
+    for metric in metrics:
+        rows = []
+        for label, ref in _comparisons(groups):
+            seeds = sorted(set(groups[label]["seeds"]) & set(groups[ref]["seeds"]))
+            cells = []
+            for gamma in gammas:
+                keys = [(s, gamma, metric) for s in seeds]
+                if not seeds or not all((label, *k) in value and (ref, *k) in value for k in keys):
+                    cells.append("–")
+                    continue
+                d = paired_difference([value[label, *k] for k in keys], [value[ref, *k] for k in keys])
+                interval = "" if d["low"] is None else f" [{d['low']:+.3g}, {d['high']:+.3g}]"
+                cells.append(f"{'**' if d['distinct'] else ''}{d['mean']:+.3g}{interval}{'**' if d['distinct'] else ''}")
+            rows.append([f"{label} − {ref}", str(len(seeds))] + cells)
+        if rows:
+            lines += [f"### {metric}", ""] + _table(["difference", "seeds"] + [f"γ={g:g}" for g in gammas], rows)
+    if not lines:
+        return []
+    note = "Mean over paired seeds with its 95% t interval; **bold**: the interval excludes 0. One seed gives no interval."
+    return ["## Paired differences over seeds", "", note, "", *lines]
 
 
 def _summarize_group(runs: list[dict]) -> dict:
@@ -128,6 +176,8 @@ def _markdown(groups: dict, results: list[dict], title: str, images: list[str], 
     rows = [[label] + [_cell(grp["gammas"].get(g, {}).get("metrics", {}).get(m)) for m in metrics for g in gammas]
             for label, grp in groups.items()]
     lines += _table(header, rows)
+
+    lines += _paired_tables(results, groups, metrics, gammas)
 
     for gamma in dict.fromkeys([gammas[0], gammas[-1]]):
         lines += [f"## Test loss per layer at γ={gamma:g}", ""] + _layer_table(groups, "layer_loss", gamma)
