@@ -177,3 +177,44 @@ def test_assets_list_shows_each_declared_asset_and_whether_it_is_fetched(tmp_pat
 def test_fetching_an_unknown_asset_is_one_line(capsys):
     assert main(["assets", "fetch", "no-such-asset"]) == 2
     assert "unknown asset 'no-such-asset'" in capsys.readouterr().err
+
+
+def test_bench_grid_crosses_every_variant_with_every_combination(tmp_path):
+    from layerdescent.bench import plan
+
+    bench = textwrap.dedent(GOOD) + textwrap.dedent(
+        """
+        [bench]
+        seeds = [0, 1]
+        [bench.variants.primal-dual]
+        solver.name = "primal-dual"
+        [bench.grid]
+        "constraints.0.alpha" = [0.0, 0.1]
+        solver.dual_lr = [0.5, 2.0]
+        """
+    )
+    runs = plan(write(tmp_path, bench, "grid.toml"), tmp_path / "out")
+    assert len(runs) == 8
+    names = sorted({r.variant for r in runs})
+    assert names[0] == "primal-dual,alpha=0,dual_lr=0.5" and len(names) == 4
+    run = next(r for r in runs if r.variant == "primal-dual,alpha=0.1,dual_lr=2" and r.seed == 1)
+    assert run.config.constraints[0].alpha == 0.1 and run.config.solver.dual_lr == 2.0
+    assert run.run_dir == tmp_path / "out" / "primal-dual,alpha=0.1,dual_lr=2" / "seed-1"
+
+
+def test_bench_grid_typo_names_the_run_and_the_key(tmp_path, capsys):
+    bench = textwrap.dedent(GOOD) + '\n[bench]\n[bench.variants.erm]\nsolver.name = "erm"\n[bench.grid]\n"solver.dual_rl" = [0.1]\n'
+    assert main(["bench", str(write(tmp_path, bench, "grid.toml")), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert "bench.variants.erm,dual_rl=0.1" in err and "dual_lr" in err
+
+
+def test_bench_with_two_workers_trains_the_same_runs_as_one(tmp_path, capsys):
+    bench = textwrap.dedent(GOOD) + '\n[bench]\nseeds = [0, 1]\n[bench.variants.erm]\nsolver.name = "erm"\n'
+    path = write(tmp_path, bench, "bench.toml")
+    assert main(["bench", str(path), "--out", str(tmp_path / "one")]) == 0
+    assert main(["bench", str(path), "--out", str(tmp_path / "two"), "--workers", "2"]) == 0
+    assert capsys.readouterr().out.count(": trained") == 4
+    for seed in (0, 1):
+        one, two = (json.loads((tmp_path / d / "erm" / f"seed-{seed}" / "results.json").read_text()) for d in ("one", "two"))
+        assert one["gammas"] == two["gammas"]

@@ -10,19 +10,28 @@
 
     layerdescent bench benchmarks/lista.toml --out benchmarks/results/lista
 
-Each variant's table is merged into the base config. Every run lands in ``OUT/VARIANT/seed-N``;
-a finished run (its ``results.json`` exists) is not run again and an interrupted one resumes,
-so a bench that stopped halfway continues where it was.
+Each variant's table is merged into the base config. A ``[bench.grid]`` table of dotted config
+keys and value lists crosses every variant with every combination, named by the values:
+
+    [bench.grid]
+    "constraints.0.alpha" = [0.0, 0.05, 0.1]     # -> primal-dual,alpha=0 ... primal-dual,alpha=0.1
+
+Every run lands in ``OUT/VARIANT/seed-N``; a finished run (its ``results.json`` exists) is not
+run again and an interrupted one resumes, so a bench that stopped halfway continues where it
+was. ``workers > 1`` trains independent runs in that many processes, one torch thread each.
 """
 
 from __future__ import annotations
 
 import copy
+import dataclasses
+import itertools
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from layerdescent.config import RunConfig, apply_overrides, config_from_dict, read_toml
+from layerdescent.config import RunConfig, apply_overrides, config_from_dict, read_toml, set_path
 from layerdescent.errors import ConfigError
 from layerdescent.registry import Registry
 from layerdescent.report import write_report
@@ -50,15 +59,30 @@ def merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _flatten(table: Any, prefix: str = "") -> dict[str, Any]:
+    """``{"solver": {"dual_lr": [...]}}`` and ``{"solver.dual_lr": [...]}`` alike as dotted keys."""
+    if not isinstance(table, dict):
+        return {prefix.rstrip("."): table}
+    out: dict[str, Any] = {}
+    for key, value in table.items():
+        out.update(_flatten(value, f"{prefix}{key}.") if isinstance(value, dict) else {f"{prefix}{key}": value})
+    return out
+
+
+def _short(value: Any) -> str:
+    """A grid value as it appears in a run's name (and directory)."""
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
 def plan(path: str | Path, out: str | Path, overrides: list[str] = (), registry: Registry | None = None) -> list[BenchRun]:
     """Validate every run of a bench file before any of them trains."""
     data = apply_overrides(read_toml(path), list(overrides))
     bench = data.pop("bench", None)
     if not isinstance(bench, dict):
         raise ConfigError(f"{path} has no [bench] table (a plain run file goes to `layerdescent run`)")
-    unknown = set(bench) - {"seeds", "variants"}
+    unknown = set(bench) - {"seeds", "variants", "grid"}
     if unknown:
-        raise ConfigError(f"unknown key bench.{sorted(unknown)[0]} (allowed: seeds, variants)")
+        raise ConfigError(f"unknown key bench.{sorted(unknown)[0]} (allowed: seeds, variants, grid)")
     seeds = bench.get("seeds", [0])
     if not isinstance(seeds, list) or not seeds or not all(isinstance(s, int) and not isinstance(s, bool) for s in seeds):
         raise ConfigError("bench.seeds must be a non-empty list of integers")
@@ -67,18 +91,31 @@ def plan(path: str | Path, out: str | Path, overrides: list[str] = (), registry:
     variants = bench.get("variants", {})
     if not isinstance(variants, dict) or not variants:
         raise ConfigError("bench.variants must hold at least one table, e.g. [bench.variants.erm] solver.name = \"erm\"")
+    grid = _flatten(bench.get("grid", {}))
+    if not all(isinstance(v, list) and v for v in grid.values()):
+        raise ConfigError('bench.grid must map dotted config keys to non-empty lists, e.g. "solver.dual_lr" = [0.1, 1.0]')
     runs = []
-    for name, override in variants.items():
+    for variant, override in variants.items():
         if not isinstance(override, dict):
-            raise ConfigError(f"bench.variants.{name} must be a table of config overrides")
-        for seed in seeds:
-            merged = merge(data, {**override, "seed": seed, "label": name})
-            try:
-                config = config_from_dict(merged, registry)
-            except ConfigError as exc:
-                raise ConfigError(f"bench.variants.{name}: {exc}") from None
-            runs.append(BenchRun(name, seed, config, Path(out) / name / f"seed-{seed}"))
+            raise ConfigError(f"bench.variants.{variant} must be a table of config overrides")
+        for point in itertools.product(*grid.values()):
+            name = ",".join([variant, *(f"{key.rsplit('.', 1)[-1]}={_short(value)}" for key, value in zip(grid, point))])
+            for seed in seeds:
+                merged = merge(data, {**override, "seed": seed, "label": name})
+                try:
+                    for key, value in zip(grid, point):
+                        set_path(merged, key, copy.deepcopy(value))
+                    config = config_from_dict(merged, registry)
+                except ConfigError as exc:
+                    raise ConfigError(f"bench.variants.{name}: {str(exc).removeprefix('--set ')}") from None
+                runs.append(BenchRun(name, seed, config, Path(out) / name / f"seed-{seed}"))
     return runs
+
+
+def _train_one(run: BenchRun, resume: bool) -> None:
+    """A worker process's job: one run on one torch thread."""
+    config = dataclasses.replace(run.config, train=dataclasses.replace(run.config.train, threads=1))
+    train(config, run.run_dir, resume=resume)
 
 
 def run_bench(
@@ -88,20 +125,34 @@ def run_bench(
     registry: Registry | None = None,
     on_run: Callable[[BenchRun, str], None] | None = None,
     command: str | None = None,
+    workers: int = 1,
 ) -> Path:
     """Train every pending run of the bench file, then write ``summary.md`` and plots in ``out``.
 
     ``command`` is how the summary says it was made (default: the equivalent `layerdescent bench`).
+    Worker processes find plugins through entry points, so ``registry`` applies only with one worker.
     """
+    if workers < 1:
+        raise ConfigError(f"--workers must be at least 1, got {workers}")
+    pending = []
     for run in plan(path, out, overrides, registry):
         if (run.run_dir / "results.json").exists():
-            status = "done"
+            if on_run:
+                on_run(run, "done")
         else:
-            resume = (run.run_dir / "checkpoint.pt").exists()
+            pending.append((run, (run.run_dir / "checkpoint.pt").exists()))
+    if workers == 1:
+        for run, resume in pending:
             train(run.config, run.run_dir, resume=resume, registry=registry)
-            status = "resumed" if resume else "trained"
-        if on_run:
-            on_run(run, status)
+            if on_run:
+                on_run(run, "resumed" if resume else "trained")
+    else:
+        with ProcessPoolExecutor(workers) as pool:
+            jobs = [(run, resume, pool.submit(_train_one, run, resume)) for run, resume in pending]
+            for run, resume, job in jobs:
+                job.result()  # the first failure stops the bench with its own error
+                if on_run:
+                    on_run(run, "resumed" if resume else "trained")
     command = command or " ".join(["layerdescent bench", str(path), "--out", str(out), *(f"--set {o}" for o in overrides)])
     return write_report(Path(out), title=f"Bench {Path(path).name}", note=f"Made by `{command}`.")
 

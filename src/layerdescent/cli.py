@@ -79,7 +79,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from layerdescent.bench import run_bench
 
     out = Path(args.out) if args.out else Path("runs") / f"bench-{Path(args.config).stem}"
-    summary = run_bench(args.config, out, args.set, on_run=lambda run, status: print(f"{run.variant} seed {run.seed}: {status}", flush=True))
+    summary = run_bench(args.config, out, args.set, on_run=lambda run, status: print(f"{run.variant} seed {run.seed}: {status}", flush=True), workers=args.workers)
     print(f"summary: {summary}")
     return 0
 
@@ -158,6 +158,8 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--out", help="output directory")
         if name == "run":
             p.add_argument("--resume", action="store_true", help="continue from the run directory's checkpoint")
+        else:
+            p.add_argument("--workers", type=int, default=1, help="runs trained at once, in processes of one torch thread each")
         p.set_defaults(func=func)
 
     p = sub.add_parser("evaluate", help="test finished runs again, e.g. under another perturbation")
