@@ -186,3 +186,33 @@ def test_re_evaluation_needs_a_finished_run_with_its_checkpoint(tiny, tmp_path):
     (tmp_path / "run" / "checkpoint.pt").unlink()
     with pytest.raises(ld.ConfigError, match="no checkpoint.pt"):
         ld.evaluate_run(tmp_path / "run", tmp_path / "again")
+
+
+def test_early_stopping_ends_after_patience_epochs_and_tests_the_best_validation_model(tiny, tmp_path, monkeypatch):
+    import layerdescent.trainer as trainer_module
+
+    scripted = iter([1.0, 0.5, 0.7, 0.8, 0.9, 1.0])  # last-layer validation loss per epoch: best at epoch 1
+    real = trainer_module.evaluate
+
+    def evaluate(task, model, rows, gammas, *args):
+        records = real(task, model, rows, gammas, *args)
+        if len(rows) == tiny["task"]["validation_size"]:
+            records[0]["layer_loss"][-1] = next(scripted)
+        return records
+
+    monkeypatch.setattr(trainer_module, "evaluate", evaluate)
+    tiny["train"].update(epochs=6, early_stopping=2)
+    results = _train(tiny, tmp_path)
+    assert results["train"]["epochs"] == 4 and results["train"]["best_epoch"] == 1
+    assert len(_log(tmp_path / "run", "epoch")) == 4
+    monkeypatch.setattr(trainer_module, "evaluate", real)
+    assert ld.evaluate_run(tmp_path / "run", tmp_path / "again")["gammas"] == results["gammas"]
+    best = torch.load(tmp_path / "run" / "best.pt", weights_only=False)["model"]
+    last = torch.load(tmp_path / "run" / "checkpoint.pt", weights_only=False)["model"]
+    assert any(not torch.equal(best[k], last[k]) for k in best)
+
+
+def test_early_stopping_without_validation_is_a_config_error(tiny):
+    tiny["train"].update(early_stopping=2, validate=False)
+    with pytest.raises(ld.ConfigError, match="train.early_stopping needs train.validate"):
+        ld.config_from_dict(tiny)

@@ -61,12 +61,15 @@ class TrainConfig:
     log_every: int = 10
     checkpoint_every: int = 0
     validate: bool = True
+    early_stopping: int = 0
     progress: bool = True
     on_nonfinite: Literal["stop", "skip"] = "stop"
 
     def __post_init__(self) -> None:
         for key in ("epochs", "batch_size", "accumulate", "log_every"):
             _require(getattr(self, key) >= 1, f"train.{key}", "must be >= 1")
+        _require(self.early_stopping >= 0, "train.early_stopping", "must be >= 0 (epochs without a better validation loss; 0 is off)")
+        _require(self.validate or not self.early_stopping, "train.early_stopping", "needs train.validate = true: it watches the validation loss")
         for key in ("lr",):
             _require(getattr(self, key) > 0, f"train.{key}", "must be > 0")
         for key in ("weight_decay", "momentum", "grad_clip", "train_gamma", "threads", "checkpoint_every"):

@@ -118,6 +118,11 @@ class Trainer:
     def checkpoint_path(self) -> Path:
         return self.run_dir / "checkpoint.pt"
 
+    @property
+    def best_path(self) -> Path:
+        """The model of the best validation epoch, kept when ``train.early_stopping`` is on."""
+        return self.run_dir / "best.pt"
+
     def setup(self) -> Session:
         """Join the data-parallel world (if any), seed, build splits, model, constraints and solver."""
         train = self.config.train
@@ -153,7 +158,8 @@ class Trainer:
         self._prepare_run_dir(resume, write=world.is_main)
         world.barrier()
 
-        position = {"epoch": 0, "micro": 0, "step": 0}
+        # best_*: the epoch with the lowest last-layer validation loss, for early stopping
+        position: dict[str, Any] = {"epoch": 0, "micro": 0, "step": 0, "best_loss": math.inf, "best_epoch": -1}
         step_times: list[float] = []
         skipped_steps = 0
         metrics_file = self.run_dir / "metrics.jsonl"
@@ -163,7 +169,7 @@ class Trainer:
             solver.load_state_dict(state["solver"])
             problem.load_state_dict(state["problem"])
             set_rng_state(state["rng"][world.rank % len(state["rng"])])  # one state per rank it ran with
-            position, step_times = dict(state["position"]), list(state["step_times"])
+            position, step_times = {**position, **state["position"]}, list(state["step_times"])
             skipped_steps = int(state["skipped_steps"])
             if world.is_main:
                 with metrics_file.open("r+b") as handle:  # drop what was logged after the checkpoint
@@ -201,7 +207,7 @@ class Trainer:
 
         bar = tqdm(total=train.epochs * steps_per_epoch, initial=position["step"], disable=None if train.progress and world.is_main else True, desc=config.name, leave=False)
         try:
-            while position["epoch"] < train.epochs:
+            while position["epoch"] < train.epochs and not _patience_spent(train, position):
                 order = torch.randperm(len(train_set), generator=torch.Generator().manual_seed(config.seed * 100_003 + position["epoch"]))
                 micro_batches = order.split(train.batch_size)
                 while position["micro"] < micro_per_epoch:
@@ -227,6 +233,10 @@ class Trainer:
                 if train.validate:
                     val = evaluate(self.task, model, rows["validation"], [0.0], config.eval.batch_size, config.eval.seed, world)[0]
                     log.write(json.dumps({"event": "epoch", "epoch": position["epoch"], "step": position["step"], "val_loss": val["layer_loss"], "val_metrics": val["metrics"]}) + "\n")
+                    if train.early_stopping and val["layer_loss"][-1] < position["best_loss"]:
+                        position["best_loss"], position["best_epoch"] = val["layer_loss"][-1], position["epoch"]
+                        if world.is_main:  # written before the checkpoint that records it, so a resume finds it
+                            save_checkpoint(self.best_path, {"task": self.task.name, "model": model.state_dict(), "epoch": position["epoch"]})
                 position["epoch"] += 1
                 position["micro"] = 0
                 checkpoint()
@@ -234,6 +244,9 @@ class Trainer:
             bar.close()
             log.close()
 
+        if train.early_stopping:
+            world.barrier()  # rank 0 wrote best.pt
+            model.load_state_dict(load_checkpoint(self.best_path, self.task.name)["model"])
         records = evaluate(self.task, model, rows[config.eval.split], config.eval.gammas, config.eval.batch_size, config.eval.seed, world)
         relaxations = problem.relaxations()
         results = {
@@ -248,7 +261,8 @@ class Trainer:
             "perturbation": self.task.perturbation,
             "train": {
                 "steps": position["step"],
-                "epochs": train.epochs,
+                "epochs": position["epoch"],
+                **({"best_epoch": position["best_epoch"]} if train.early_stopping else {}),
                 "step_time_median": statistics.median(step_times) if step_times else None,
                 "skipped_steps": skipped_steps,
             },
@@ -365,6 +379,11 @@ class Trainer:
             (self.run_dir / "metrics.jsonl").write_text("")  # nothing to continue: start the log over
 
 
+def _patience_spent(train: TrainConfig, position: dict[str, Any]) -> bool:
+    """Whether early stopping has seen ``train.early_stopping`` epochs without a better validation loss."""
+    return bool(train.early_stopping) and position["epoch"] - 1 - position["best_epoch"] >= train.early_stopping
+
+
 def train(config: RunConfig, run_dir: str | Path, resume: bool = False, registry: Registry | None = None) -> dict[str, Any]:
     """Train ``config`` into ``run_dir`` and return its results (see the README for the schema)."""
     return Trainer(config, run_dir, registry).fit(resume=resume)
@@ -390,8 +409,9 @@ def evaluate_run(run_dir: str | Path, out: str | Path, overrides: Sequence[str] 
     config = load_config(run_dir / "config.toml", list(overrides), registry)
     trainer = Trainer(config, out, registry)
     session = trainer.setup()
-    state = load_checkpoint(run_dir / "checkpoint.pt", trainer.task.name)
-    session.model.load_state_dict(state["model"])
+    # The model that was tested: the best validation epoch's when early stopping kept one.
+    model_file = run_dir / ("best.pt" if config.train.early_stopping else "checkpoint.pt")
+    session.model.load_state_dict(load_checkpoint(model_file, trainer.task.name)["model"])
     records = evaluate(trainer.task, session.model, session.rows[config.eval.split], config.eval.gammas, config.eval.batch_size, config.eval.seed, session.world)
     results = {
         **json.loads((run_dir / "results.json").read_text()),
