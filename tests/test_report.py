@@ -139,3 +139,20 @@ def test_summary_pairs_seeds_against_erm_and_bolds_only_intervals_that_exclude_z
     # mse at gamma 0: seeds give 0.5 - 1.0 and 0.5 - 3.0: mean -1.5, and two seeds leave it undecided
     assert row.split("|")[2].strip() == "2" and row.split("|")[3].strip().startswith("-1.5 [")
     assert "**" not in row
+
+
+def test_runs_pair_with_the_erm_run_of_their_own_dataset_and_plot_one_panel_row_each(tmp_path):
+    mse = {("erm", "a"): 1.0, ("primal-dual", "a"): 0.9, ("erm", "b"): 5.0, ("primal-dual", "b"): 4.0}
+    for (solver, dataset), value in mse.items():
+        for seed in (0, 1):
+            run = tmp_path / f"{dataset}-{solver}" / f"seed-{seed}"
+            run.mkdir(parents=True)
+            (run / "config.toml").write_text(f'seed = {seed}\n[task]\nname = "lista"\ndataset = "{dataset}"\n[solver]\nname = "{solver}"\n')
+            result = fake_results(f"{dataset}-{solver}", solver, seed, value + 0.01 * seed, value, 0.002 if solver == "erm" else 0.003)
+            (run / "results.json").write_text(json.dumps(result))
+    groups = summarize(collect(tmp_path))
+    assert groups["b-primal-dual"]["step_time_ratio"] == pytest.approx(1.5)
+    text = write_report(tmp_path).read_text()
+    rows = {line.split("|")[1].strip(): line.split("|")[3].strip("* ") for line in text.split("### mse")[1].split("###")[0].splitlines() if line.startswith("| ")}
+    assert rows["a-primal-dual − a-erm"].startswith("-0.1") and rows["b-primal-dual − b-erm"].startswith("-1 ")
+    assert "b-primal-dual − a-erm" not in rows

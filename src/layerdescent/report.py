@@ -7,9 +7,11 @@ Usage::
     write_report(Path("runs/bench"))          # -> runs/bench/summary.md + *.png
     groups = summarize(collect(Path("runs")))  # {label: per-gamma mean/std over seeds}
 
-Runs are grouped by ``label`` (one variant, several seeds); the group whose solver is
-``erm`` is the baseline for the cost ratio and for paired differences over seeds, and every
-``primal-dual`` group is also compared with every ``penalty`` group.
+Runs are grouped by ``label`` (one variant, several seeds). Groups trained on the same task,
+training and evaluation settings (their ``config.toml`` minus solver, constraints, seed and
+label) share a context: within it, the ``erm`` group is the baseline for the cost ratio and for
+paired differences over seeds, ``primal-dual`` groups are also compared with ``penalty`` ones,
+and a bench over several contexts (datasets, architectures) gets one plot panel per context.
 """
 
 from __future__ import annotations
@@ -33,7 +35,33 @@ def collect(root: Path) -> list[dict]:
     paths = sorted(root.rglob("results.json"))
     if not paths:
         raise LayerdescentError(f"no results.json under {root}: train a run first or point at a run/bench directory")
-    return [{**json.loads(p.read_text()), "run_dir": str(p.parent)} for p in paths]
+    return [{**json.loads(p.read_text()), "run_dir": str(p.parent), "context": _context(p.parent)} for p in paths]
+
+
+def _context(run_dir: Path) -> dict:
+    """What a run was trained and tested on: its recorded config less solver, constraints, seed, label."""
+    from layerdescent.config import read_toml
+
+    config = run_dir / "config.toml"
+    if not config.exists():
+        return {}
+    return {k: v for k, v in read_toml(config).items() if k not in ("solver", "constraints", "seed", "label")}
+
+
+def _context_titles(groups: dict) -> dict[str, str]:
+    """A short name per context: the settings that differ between contexts, e.g. 'dataset=bikes, arch=dust'."""
+    contexts = {g["context_key"]: g["context"] for g in groups.values()}
+    flat = {key: _flat(ctx) for key, ctx in contexts.items()}
+    keys = dict.fromkeys(k for f in flat.values() for k in f)
+    varying = [k for k in keys if len({json.dumps(f.get(k), sort_keys=True) for f in flat.values()}) > 1]
+    return {key: ", ".join(f"{k.rsplit('.', 1)[-1]}={f.get(k)}" for k in varying) for key, f in flat.items()}
+
+
+def _flat(table: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in table.items():
+        out.update(_flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
+    return out
 
 
 def _stats(values) -> dict:
@@ -54,11 +82,22 @@ def paired_difference(a, b, level: float = 0.95) -> dict:
     return {"mean": mean, "low": low, "high": high, "n": n, "distinct": low > 0 or high < 0}
 
 
+def _baseline(groups: dict, label: str) -> str | None:
+    """The first erm group in ``label``'s context."""
+    key = groups[label]["context_key"]
+    return next((other for other, g in groups.items() if g["solver"] == BASELINE_SOLVER and g["context_key"] == key), None)
+
+
 def _comparisons(groups: dict) -> list[tuple[str, str]]:
-    """(label, reference) pairs: everything against erm, and primal-dual against penalty."""
-    by_solver = {solver: [label for label, g in groups.items() if g["solver"] == solver] for solver in (BASELINE_SOLVER, PENALTY_SOLVER)}
-    pairs = [(label, ref) for ref in by_solver[BASELINE_SOLVER][:1] for label in groups if label != ref]
-    pairs += [(label, ref) for ref in by_solver[PENALTY_SOLVER] for label, g in groups.items() if g["solver"] == CONSTRAINED_SOLVER]
+    """(label, reference) pairs in one context: everything against erm, and primal-dual against penalty."""
+    pairs = [(label, ref) for label in groups if (ref := _baseline(groups, label)) not in (None, label)]
+    pairs += [
+        (label, ref)
+        for ref, r in groups.items()
+        if r["solver"] == PENALTY_SOLVER
+        for label, g in groups.items()
+        if g["solver"] == CONSTRAINED_SOLVER and g["context_key"] == r["context_key"]
+    ]
     return pairs
 
 
@@ -114,6 +153,8 @@ def _summarize_group(runs: list[dict]) -> dict:
         "seeds": [r["seed"] for r in runs],
         "run_dirs": [r["run_dir"] for r in runs if "run_dir" in r],
         "num_layers": runs[0]["num_layers"],
+        "context": runs[0].get("context", {}),
+        "context_key": json.dumps(runs[0].get("context", {}), sort_keys=True),
         "gammas": gammas,
         "lambda": lambdas,
         "step_time": float(np.mean(times)) if times else None,
@@ -126,11 +167,10 @@ def summarize(results: list[dict]) -> dict:
     for r in results:
         runs_by_label.setdefault(r["label"], []).append(r)
     groups = {label: _summarize_group(runs) for label, runs in runs_by_label.items()}
-    base = next((g for g in groups.values() if g["solver"] == BASELINE_SOLVER), None)
-    base_time = base["step_time"] if base else None
-    for g in groups.values():
-        ok = g["step_time"] is not None and base_time
-        g["step_time_ratio"] = g["step_time"] / base_time if ok else None
+    for label, g in groups.items():
+        base = _baseline(groups, label)
+        base_time = groups[base]["step_time"] if base else None
+        g["step_time_ratio"] = g["step_time"] / base_time if g["step_time"] is not None and base_time else None
     return groups
 
 
@@ -242,15 +282,20 @@ def _plot(groups: dict, out: Path) -> list[str]:
     plt.close(fig)
 
     metrics = list(dict.fromkeys(m for grp in groups.values() for s in grp["gammas"].values() for m in s["metrics"]))
-    fig, axes = plt.subplots(1, len(metrics), figsize=(5 * len(metrics), 4), squeeze=False)
-    for ax, metric in zip(axes[0], metrics):
-        for label, grp in groups.items():
-            pts = [(g, s["metrics"][metric]) for g, s in grp["gammas"].items() if metric in s["metrics"]]
-            style = "-" if grp["solver"] == CONSTRAINED_SOLVER else "--"
-            ax.errorbar([g for g, _ in pts], [m["mean"] for _, m in pts], yerr=[m["std"] for _, m in pts],
-                        linestyle=style, marker="o", capsize=3, label=label)
-        ax.set(title=metric, xlabel="γ", ylabel=metric)
-        ax.legend()
+    titles = _context_titles(groups)
+    contexts = list(titles)  # one row of panels per context, solid constrained, dashed the rest
+    fig, axes = plt.subplots(len(contexts), len(metrics), figsize=(5 * len(metrics), 4 * len(contexts)), squeeze=False)
+    for row, key in enumerate(contexts):
+        for ax, metric in zip(axes[row], metrics):
+            for label, grp in groups.items():
+                if grp["context_key"] != key:
+                    continue
+                pts = [(g, s["metrics"][metric]) for g, s in grp["gammas"].items() if metric in s["metrics"]]
+                style = "-" if grp["solver"] == CONSTRAINED_SOLVER else "--"
+                ax.errorbar([g for g, _ in pts], [m["mean"] for _, m in pts], yerr=[m["std"] for _, m in pts],
+                            linestyle=style, marker="o", capsize=3, label=label)
+            ax.set(title=f"{titles[key]}: {metric}" if titles[key] else metric, xlabel="γ", ylabel=metric)
+            ax.legend(fontsize="small")
     fig.tight_layout()
     fig.savefig(out / "metric_vs_gamma.png", dpi=120)
     plt.close(fig)
