@@ -10,6 +10,7 @@ import textwrap
 
 import pytest
 
+import layerdescent as ld
 from layerdescent.cli import main
 
 GOOD = """
@@ -200,6 +201,16 @@ def test_bench_grid_crosses_every_variant_with_every_combination(tmp_path):
     run = next(r for r in runs if r.variant == "primal-dual,alpha=0.1,dual_lr=2" and r.seed == 1)
     assert run.config.constraints[0].alpha == 0.1 and run.config.solver.dual_lr == 2.0
     assert run.run_dir == tmp_path / "out" / "primal-dual,alpha=0.1,dual_lr=2" / "seed-1"
+
+
+def test_a_bench_variant_may_run_its_own_seeds(tmp_path):
+    from layerdescent.bench import plan
+
+    bench = textwrap.dedent(GOOD) + '\n[bench]\nseeds = [0, 1, 2]\n[bench.variants.erm]\nsolver.name = "erm"\n[bench.variants.live]\nseeds = [0]\n'
+    runs = plan(write(tmp_path, bench, "seeds.toml"), tmp_path / "out")
+    assert [(r.variant, r.seed) for r in runs] == [("erm", 0), ("erm", 1), ("erm", 2), ("live", 0)]
+    with pytest.raises(ld.ConfigError, match="bench.variants.live.seeds must be a non-empty list"):
+        plan(write(tmp_path, bench.replace("seeds = [0]\n", "seeds = 0\n"), "bad.toml"), tmp_path / "out")
 
 
 def test_bench_grid_typo_names_the_run_and_the_key(tmp_path, capsys):

@@ -1,12 +1,15 @@
 """Run variants x seeds from one file and summarize them against the ERM baseline.
 
-    # benchmarks/lista.toml: a run config plus a [bench] table
+    # a bench file: a run config plus a [bench] table
     [bench]
     seeds = [0, 1, 2]
     [bench.variants.erm]
     solver.name = "erm"
     [bench.variants.primal-dual]
     solver.name = "primal-dual"
+    [bench.variants.live]                        # a variant may run fewer seeds
+    seeds = [0]
+    constraints = [{ kind = "descent", reference = "live" }]
 
     layerdescent bench benchmarks/lista.toml --out benchmarks/results/lista
 
@@ -98,9 +101,13 @@ def plan(path: str | Path, out: str | Path, overrides: list[str] = (), registry:
     for variant, override in variants.items():
         if not isinstance(override, dict):
             raise ConfigError(f"bench.variants.{variant} must be a table of config overrides")
+        override = dict(override)
+        variant_seeds = override.pop("seeds", seeds)  # e.g. one seed for an ablation beside three-seed baselines
+        if not isinstance(variant_seeds, list) or not variant_seeds or not all(isinstance(s, int) and not isinstance(s, bool) for s in variant_seeds):
+            raise ConfigError(f"bench.variants.{variant}.seeds must be a non-empty list of integers")
         for point in itertools.product(*grid.values()):
             name = ",".join([variant, *(f"{key.rsplit('.', 1)[-1]}={_short(value)}" for key, value in zip(grid, point))])
-            for seed in seeds:
+            for seed in variant_seeds:
                 merged = merge(data, {**override, "seed": seed, "label": name})
                 try:
                     for key, value in zip(grid, point):
