@@ -1,13 +1,15 @@
-"""Step time of each solver against erm, in one process, on lista or on the text task.
+"""Step time of each solver against erm, and of erm against a hand-written loop, in one process.
 
     python benchmarks/step_time.py --task lista --out benchmarks/results/lista/step_time.md
     python benchmarks/step_time.py --task text --out benchmarks/results/text/step_time.md
 
 All solvers live in one process, each with its own model, and take turns: a round gives every
 solver, at every thread count, a few steps on the same batches, in an order rotated every round,
-so machine noise and warm-up hit them alike. Each step is the trainer's own ``Trainer.step``. The
-table gives the median step time and, as the ratio, the median over rounds of (solver / erm)
-within a round.
+so machine noise and warm-up hit them alike. Each step is the trainer's own ``Trainer.step``.
+"hand-written loop" is ERM in plain PyTorch on the same model, loss and batches (zero_grad,
+the task's last-layer loss, backward, optimizer step): the floor the framework's erm is held to.
+The table gives the median step time and, as the ratio, the median over rounds of
+(solver / erm) within a round.
 """
 
 from __future__ import annotations
@@ -57,6 +59,22 @@ VARIANTS = {
 }
 
 
+class HandWrittenLoop:
+    """ERM in plain PyTorch on a trainer's task, model and data, without the framework's step."""
+
+    def __init__(self, trainer: Trainer) -> None:
+        session = trainer.setup()
+        train = trainer.config.train
+        self.task, self.model, self.rows, self.gamma = trainer.task, session.model, session.rows["train"], train.train_gamma
+        optimizer = {"adam": torch.optim.Adam, "adamw": torch.optim.AdamW}[train.optimizer]
+        self.optimizer = optimizer(self.model.parameters(), lr=train.lr, weight_decay=train.weight_decay)
+
+    def step(self, idx: torch.Tensor) -> None:
+        self.optimizer.zero_grad()
+        self.task.layer_losses(self.model, self.task.collate(self.rows[idx]), self.gamma).losses[:, -1].mean().backward()
+        self.optimizer.step()
+
+
 def trainer(task: dict, train: dict, solver: dict, out: Path) -> Trainer:
     """A trainer for ``solver`` with a descent constraint on every layer."""
     table = {"task": task, "train": {**train, "progress": False}, "solver": solver, "constraints": [{"kind": "descent", "alpha": 0.05}]}
@@ -66,10 +84,15 @@ def trainer(task: dict, train: dict, solver: dict, out: Path) -> Trainer:
 def measure(task: dict, train: dict, threads: tuple[int, ...], rows: int, rounds: int, steps: int) -> dict[tuple[str, int], tuple[float, float]]:
     """Per (variant, threads): (median step seconds, median over rounds of the ratio to erm at those threads)."""
     with tempfile.TemporaryDirectory() as tmp:
-        runs = {name: trainer(task, train, solver, Path(tmp) / str(i)) for i, (name, solver) in enumerate(VARIANTS.items())}
-        sessions = {name: run.setup() for name, run in runs.items()}
+        steppers = {}
+        for i, (name, solver) in enumerate(VARIANTS.items()):
+            run = trainer(task, train, solver, Path(tmp) / str(i))
+            session = run.setup()
+            steppers[name] = lambda idx, n, run=run, session=session: run.step(session, [idx], n)
+        loop = HandWrittenLoop(trainer(task, train, {"name": "erm"}, Path(tmp) / "loop"))
+        steppers["hand-written loop"] = lambda idx, n: loop.step(idx)
         order = torch.randperm(rows, generator=torch.Generator().manual_seed(0)).split(train["batch_size"])
-        turns = [(name, n) for n in threads for name in VARIANTS]
+        turns = [(name, n) for n in threads for name in steppers]
         per_round: dict[tuple[str, int], list[float]] = {turn: [] for turn in turns}
         for r in range(rounds + 1):
             for name, n in turns[r % len(turns) :] + turns[: r % len(turns)]:
@@ -77,7 +100,7 @@ def measure(task: dict, train: dict, threads: tuple[int, ...], rows: int, rounds
                 times = []
                 for i in range(steps):
                     start = time.perf_counter()
-                    runs[name].step(sessions[name], [order[(r * steps + i) % len(order)]], r * steps + i)
+                    steppers[name](order[(r * steps + i) % len(order)], r * steps + i)
                     times.append(time.perf_counter() - start)
                 if r:  # round 0 warms up
                     per_round[name, n].append(statistics.median(times))
