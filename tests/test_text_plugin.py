@@ -38,6 +38,20 @@ def test_every_hidden_state_gets_a_readout_through_the_chosen_heads(head, heads)
     assert out.losses.shape == (2, 3) and out.preds.shape == (2, 2)
 
 
+def test_any_local_encoder_directory_loads_with_its_own_depth_and_hidden_states(tmp_path):
+    rows = synthetic_rows(50, seed=0)
+    tokenizer = word_tokenizer(rows["text"])
+    tokenizer.save_pretrained(tmp_path)
+    tiny_bert(len(tokenizer), layers=3).save_pretrained(tmp_path)
+    task = tiny_task(model_path=str(tmp_path))
+    model = task.build_model().eval()
+    batch = task.collate({"text": ["the film was great", "dull"], "label": [1, 0]})
+    with torch.no_grad():
+        logits = model(model.embed(batch["input_ids"]), batch["attention_mask"])
+    assert task.num_layers == 3 and logits.shape == (2, 4, 2)
+    assert task.required_assets() == ()
+
+
 def test_mean_pooling_ignores_padding_and_cls_pooling_reads_the_first_token():
     tokenizer = word_tokenizer(["a b c"])
     encoder = tiny_bert(len(tokenizer)).eval()
