@@ -107,7 +107,7 @@ def test_write_report_writes_tables_and_all_plots(bench, tmp_path):
     assert "| primal-dual | 0.5 ± 0 | 2.5 ± 0.7071 |" in text
     assert "| primal-dual | descent | 0.15, 0 |" in text  # final lambda, mean over seeds
     assert "| primal-dual | primal-dual | 6 | 2 |" in text  # step time in ms and ratio to erm
-    for name in ("loss_vs_layer.png", "metric_vs_gamma.png", "lambda.png"):
+    for name in ("loss_vs_layer.png", "metric_vs_gamma.png", "descent_rate.png", "lambda.png"):
         assert (out / name).stat().st_size > 0
         assert f"]({name})" in text
 

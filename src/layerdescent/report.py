@@ -301,6 +301,20 @@ def _plot(groups: dict, out: Path) -> list[str]:
     plt.close(fig)
     images = ["loss_vs_layer.png", "metric_vs_gamma.png"]
 
+    # The share of test samples each layer improves, in distribution: 1 everywhere is strict descent.
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for label, grp in groups.items():
+        s = grp["gammas"].get(gammas[0], {}).get("descent_rate")
+        if s:
+            x = np.arange(1, len(s["mean"]) + 1)
+            ax.errorbar(x, s["mean"], yerr=s["std"], linestyle="-" if grp["solver"] == CONSTRAINED_SOLVER else "--", marker="o", capsize=3, label=label)
+    ax.set(title=f"descent rate (γ={gammas[0]:g})", xlabel="layer k (share of samples with l_k < l_k-1)", ylabel="descent rate", ylim=(0, 1.02))
+    ax.legend(fontsize="small")
+    fig.tight_layout()
+    fig.savefig(out / "descent_rate.png", dpi=120)
+    plt.close(fig)
+    images.append("descent_rate.png")
+
     traces = _lambda_traces(groups)
     if traces:
         fig, axes = plt.subplots(1, len(traces), figsize=(5 * len(traces), 4), squeeze=False)
