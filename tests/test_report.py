@@ -107,7 +107,7 @@ def test_write_report_writes_tables_and_all_plots(bench, tmp_path):
     assert "| primal-dual | 0.5 ± 0 | 2.5 ± 0.7071 |" in text
     assert "| primal-dual | descent | 0.15, 0 |" in text  # final lambda, mean over seeds
     assert "| primal-dual | primal-dual | 6 | 2 |" in text  # step time in ms and ratio to erm
-    for name in ("loss_vs_layer.png", "metric_vs_gamma.png", "descent_rate.png", "lambda.png"):
+    for name in ("loss_vs_layer.png", "metric_vs_gamma.png", "descent_rate.png", "traces.png"):
         assert (out / name).stat().st_size > 0
         assert f"]({name})" in text
 
@@ -156,3 +156,44 @@ def test_runs_pair_with_the_erm_run_of_their_own_dataset_and_plot_one_panel_row_
     rows = {line.split("|")[1].strip(): line.split("|")[3].strip("* ") for line in text.split("### mse")[1].split("###")[0].splitlines() if line.startswith("| ")}
     assert rows["a-primal-dual − a-erm"].startswith("-0.1") and rows["b-primal-dual − b-erm"].startswith("-1 ")
     assert "b-primal-dual − a-erm" not in rows
+
+
+def alpha_sweep(root, alphas: dict[str, float], train_extra: dict[str, str]) -> None:
+    """Primal-dual runs at several alphas (two seeds each), each label's config.toml as a bench writes it."""
+    for label, alpha in alphas.items():
+        for seed in (0, 1):
+            run = root / label / f"seed-{seed}"
+            run.mkdir(parents=True)
+            train = "".join(f"{k} = {v}\n" for k, v in train_extra.get(label, {}).items())
+            (run / "config.toml").write_text(
+                f'seed = {seed}\nlabel = "{label}"\n[task]\nname = "lista"\n[train]\nepochs = 1\n{train}[solver]\nname = "primal-dual"\n'
+                f'[[constraints]]\nkind = "descent"\nalpha = {alpha}\n'
+            )
+            (run / "results.json").write_text(json.dumps(fake_results(label, "primal-dual", seed, 1.0 + alpha, 2.0 + alpha, 0.003)))
+            (run / "metrics.jsonl").write_text(fake_log("primal-dual"))
+
+
+def test_runs_that_differ_only_in_alpha_get_an_ablation_table_and_plot(tmp_path):
+    # One run recorded its train.early_stopping default, the others predate the option: still one sweep.
+    alpha_sweep(tmp_path, {"a0": 0.0, "a1": 0.1, "a2": 0.2}, {"a1": {"early_stopping": 0}})
+    text = write_report(tmp_path).read_text()
+    section = text.split("## Ablation: alpha (primal-dual)")[1].split("\n## ")[0]
+    rows = [line.split("|")[1:4] for line in section.splitlines() if line.startswith("| 0")]
+    assert [[c.strip() for c in row] for row in rows] == [["0", "a0", "2"], ["0.1", "a1", "2"], ["0.2", "a2", "2"]]
+    assert "| 0.1 | a1 | 2 | 1.1 ± 0 | 2.1 ± 0 |" in section  # mse at both gammas
+    assert (tmp_path / "ablation_alpha.png").stat().st_size > 0 and "](ablation_alpha.png)" in text
+
+
+def test_two_values_or_another_changed_setting_make_no_ablation(tmp_path):
+    alpha_sweep(tmp_path, {"a0": 0.0, "a1": 0.1, "a2": 0.2}, {"a2": {"lr": 0.5}})
+    text = write_report(tmp_path).read_text()
+    assert "## Ablation" not in text and not (tmp_path / "ablation_alpha.png").exists()
+
+
+def test_traces_plot_the_multipliers_and_violations_of_constrained_runs_only(bench):
+    from layerdescent.report import _traces
+
+    traces = _traces(summarize(collect(bench)))
+    assert list(traces) == [("primal-dual", "descent")]
+    steps, lam, violation = traces["primal-dual", "descent"]
+    assert steps.tolist() == [10, 20] and lam[:, 0].tolist() == pytest.approx([0.1, 0.2]) and violation.shape == (2, 2)

@@ -12,10 +12,14 @@ training and evaluation settings (their ``config.toml`` minus solver, constraint
 label) share a context: within it, the ``erm`` group is the baseline for the cost ratio and for
 paired differences over seeds, ``primal-dual`` groups are also compared with ``penalty`` ones,
 and a bench over several contexts (datasets, architectures) gets one plot panel per context.
+Labels alike but for one of alpha, dual_lr or depth (``ABLATED``; evaluation settings aside), with
+three or more values, form an ablation: a table and a plot of the metrics against that value.
+Constrained runs also get their multiplier and violation traces over training.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -30,22 +34,33 @@ PENALTY_SOLVER = "penalty"
 
 
 def collect(root: Path) -> list[dict]:
-    """Load every results.json under root, each tagged with the run directory it came from."""
+    """Load every results.json under root, each tagged with the run directory and config it came from."""
     root = Path(root)
     paths = sorted(root.rglob("results.json"))
     if not paths:
         raise LayerdescentError(f"no results.json under {root}: train a run first or point at a run/bench directory")
-    return [{**json.loads(p.read_text()), "run_dir": str(p.parent), "context": _context(p.parent)} for p in paths]
+    results = []
+    for path in paths:
+        config = _config(path.parent)
+        context = {k: v for k, v in config.items() if k not in ("solver", "constraints", "seed", "label")}
+        results.append({**json.loads(path.read_text()), "run_dir": str(path.parent), "config": config, "context": context})
+    return results
 
 
-def _context(run_dir: Path) -> dict:
-    """What a run was trained and tested on: its recorded config less solver, constraints, seed, label."""
-    from layerdescent.config import read_toml
+def _config(run_dir: Path) -> dict:
+    """The run's recorded config.toml as a table, defaults filled in; empty when it has none."""
+    from layerdescent.config import EvalConfig, SolverConfig, TrainConfig, read_toml
 
-    config = run_dir / "config.toml"
-    if not config.exists():
+    path = run_dir / "config.toml"
+    if not path.exists():
         return {}
-    return {k: v for k, v in read_toml(config).items() if k not in ("solver", "constraints", "seed", "label")}
+    config = read_toml(path)
+    # A run recorded before an option existed lacks its key: its default makes it compare equal.
+    for section, cls in (("train", TrainConfig), ("solver", SolverConfig), ("eval", EvalConfig)):
+        defaults = {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(cls()).items() if v is not None}
+        if isinstance(config.get(section, {}), dict):
+            config[section] = {**defaults, **config.get(section, {})}
+    return config
 
 
 def _context_titles(groups: dict) -> dict[str, str]:
@@ -58,8 +73,11 @@ def _context_titles(groups: dict) -> dict[str, str]:
 
 
 def _flat(table: dict, prefix: str = "") -> dict:
+    """Dotted keys for nested tables; a list of tables (constraints) is numbered: constraints.0.alpha."""
     out = {}
     for k, v in table.items():
+        if isinstance(v, list) and v and all(isinstance(x, dict) for x in v):
+            v = {str(i): x for i, x in enumerate(v)}
         out.update(_flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
     return out
 
@@ -99,6 +117,49 @@ def _comparisons(groups: dict) -> list[tuple[str, str]]:
         if g["solver"] == CONSTRAINED_SOLVER and g["context_key"] == r["context_key"]
     ]
     return pairs
+
+
+# Hyperparameters whose sweeps get a table and plot of their own: config key -> name.
+ABLATED = {"constraints.0.alpha": "alpha", "solver.dual_lr": "dual_lr", "task.layers": "depth"}
+
+
+def _ablations(groups: dict) -> dict[str, list[list[str]]]:
+    """Per ablated key, its series: labels alike but for that key (seed and evaluation aside), 3+ values, by value."""
+    found = {}
+    for key in ABLATED:
+        series: dict[str, list[str]] = {}
+        for label, grp in groups.items():
+            if isinstance(grp["config"].get(key), (int, float)):
+                rest = {k: v for k, v in grp["config"].items() if k not in (key, "label", "seed") and not k.startswith("eval.")}
+                series.setdefault(json.dumps(rest, sort_keys=True, default=str), []).append(label)
+        swept = [sorted(labels, key=lambda label: groups[label]["config"][key]) for labels in series.values()]
+        swept = [labels for labels in swept if len({groups[label]["config"][key] for label in labels}) >= 3]
+        if swept:
+            found[key] = swept
+    return found
+
+
+def _shared_gammas(groups: dict, labels: list[str]) -> list[float]:
+    """The gammas every one of ``labels`` was evaluated at."""
+    return sorted(set.intersection(*(set(groups[label]["gammas"]) for label in labels)))
+
+
+def _ablation_tables(groups: dict, metrics: list[str]) -> list[str]:
+    """Markdown: per ablated key, each series' metrics at its shared gammas and its first and last layer's loss."""
+    lines = []
+    for key, swept in _ablations(groups).items():
+        for labels in swept:
+            gammas = _shared_gammas(groups, labels)
+            rows = []
+            for label in labels:
+                grp = groups[label]
+                stats = grp["gammas"][gammas[0]]
+                cells = [_cell(grp["gammas"][g]["metrics"].get(m)) for m in metrics for g in gammas]
+                first, last = _cell(stats["layer_loss"], 0), _cell(stats["layer_loss"], len(stats["layer_loss"]["mean"]) - 1)
+                rows.append([f"{grp['config'][key]:g}", label, str(grp["n"]), *cells, first, last])
+            header = [ABLATED[key], "label", "seeds", *(f"{m} γ={g:g}" for m in metrics for g in gammas), f"l_0 γ={gammas[0]:g}", f"l_L γ={gammas[0]:g}"]
+            lines += [f"## Ablation: {ABLATED[key]} ({groups[labels[0]]['solver']})", ""] + _table(header, rows)
+    return lines
 
 
 def _paired_tables(results: list[dict], groups: dict, metrics: list[str], gammas: list[float]) -> list[str]:
@@ -155,6 +216,7 @@ def _summarize_group(runs: list[dict]) -> dict:
         "num_layers": runs[0]["num_layers"],
         "context": runs[0].get("context", {}),
         "context_key": json.dumps(runs[0].get("context", {}), sort_keys=True),
+        "config": _flat(runs[0].get("config", {})),
         "gammas": gammas,
         "lambda": lambdas,
         "step_time": float(np.mean(times)) if times else None,
@@ -209,7 +271,7 @@ def _markdown(groups: dict, results: list[dict], title: str, images: list[str], 
     gammas = _all_gammas(groups)
     metrics = list(dict.fromkeys(m for grp in groups.values() for s in grp["gammas"].values() for m in s["metrics"]))
     seeds = sorted({r["seed"] for r in results})
-    lines = [f"# {title}", "", *([note, ""] if note else []), f"{len(results)} runs: {len(groups)} variants over seeds {', '.join(map(str, seeds))}.", ""]
+    lines = [f"# {title}", "", *([note, ""] if note else []), f"{len(results)} runs of {len(groups)} variants; seeds {', '.join(map(str, seeds))}.", ""]
 
     lines += ["## Metric at each gamma", ""]
     header = ["label"] + [f"{m} γ={g:g}" for m in metrics for g in gammas]
@@ -223,6 +285,8 @@ def _markdown(groups: dict, results: list[dict], title: str, images: list[str], 
         lines += [f"## Test loss per layer at γ={gamma:g}", ""] + _layer_table(groups, "layer_loss", gamma)
     lines += [f"## Descent rate per layer at γ={gammas[0]:g}", ""] + _layer_table(groups, "descent_rate", gammas[0])
 
+    lines += _ablation_tables(groups, metrics)
+
     constrained = {label: grp for label, grp in groups.items() if grp["solver"] == CONSTRAINED_SOLVER}
     if constrained:
         rows = [[label, name, ", ".join(_fmt(x) for x in lam["mean"])]
@@ -231,14 +295,14 @@ def _markdown(groups: dict, results: list[dict], title: str, images: list[str], 
 
     rows = [[label, grp["solver"], _fmt(grp["step_time"] and grp["step_time"] * 1e3), _fmt(grp["step_time_ratio"])]
             for label, grp in groups.items()]
-    lines += ["## Cost", "", "Each run's median step time. Runs went one after another, so machine load differs between rows;", "`benchmarks/step_time.py` interleaves the solvers in one process for a controlled ratio.", ""]
+    lines += ["## Cost", "", "Each run's median step time. Runs went one after another, so machine load differs between rows;", "`benchmarks/cost.py` interleaves the solvers in one process for a controlled ratio.", ""]
     lines += _table(["label", "solver", "median step (ms)", f"× {BASELINE_SOLVER}"], rows)
     lines += ["## Plots", ""] + [f"![{Path(i).stem}]({i})" for i in images]
     return "\n".join(lines) + "\n"
 
 
-def _lambda_traces(groups: dict) -> dict[tuple[str, str], tuple[np.ndarray, np.ndarray]]:
-    """(steps, lambda[step, entry]) per (label, constraint) from the first seed of each constrained label."""
+def _traces(groups: dict) -> dict[tuple[str, str], tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """(steps, lambda, violation), each [step, entry], per (label, constraint) from the first seed of each constrained label."""
     traces = {}
     for label, grp in groups.items():
         log = Path(grp["run_dirs"][0]) / "metrics.jsonl" if grp["run_dirs"] else None
@@ -248,7 +312,9 @@ def _lambda_traces(groups: dict) -> dict[tuple[str, str], tuple[np.ndarray, np.n
         records = [r for r in records if r.get("event") == "train" and r.get("lambda")]
         for name in records[0]["lambda"] if records else []:
             steps = np.array([r["step"] for r in records])
-            traces[label, name] = (steps, np.array([r["lambda"][name] for r in records]))
+            lam = np.array([r["lambda"][name] for r in records])
+            violation = np.array([r.get("violation", {}).get(name, [np.nan] * lam.shape[1]) for r in records])
+            traces[label, name] = (steps, lam, violation)
     return traces
 
 
@@ -315,19 +381,41 @@ def _plot(groups: dict, out: Path) -> list[str]:
     plt.close(fig)
     images.append("descent_rate.png")
 
-    traces = _lambda_traces(groups)
-    if traces:
-        fig, axes = plt.subplots(1, len(traces), figsize=(5 * len(traces), 4), squeeze=False)
-        for ax, ((label, constraint), (steps, lam)) in zip(axes[0], traces.items()):
+    traces = _traces(groups)
+    if traces:  # one column per constrained label: its multipliers above, its constraint violations below
+        fig, axes = plt.subplots(2, len(traces), figsize=(5 * len(traces), 7), squeeze=False)
+        for col, ((label, constraint), (steps, lam, violation)) in enumerate(traces.items()):
             entries = groups[label]["lambda"].get(constraint, {}).get("labels") or range(lam.shape[1])
             for j, entry in enumerate(entries):
-                ax.plot(steps, lam[:, j], label=str(entry))
-            ax.set(title=f"{label}: {constraint}", xlabel="step", ylabel="λ")
+                axes[0, col].plot(steps, lam[:, j], label=str(entry))
+                axes[1, col].plot(steps, violation[:, j], label=str(entry))
+            axes[1, col].axhline(0.0, color="black", linewidth=0.8)
+            axes[0, col].set(title=f"{label}: {constraint}", xlabel="step", ylabel="λ")
+            axes[1, col].set(xlabel="step", ylabel="violation (> 0: infeasible)")
+            axes[0, col].legend(fontsize="small")
+        fig.tight_layout()
+        fig.savefig(out / "traces.png", dpi=120)
+        plt.close(fig)
+        images.append("traces.png")
+
+    for key, swept in _ablations(groups).items():
+        fig, axes = plt.subplots(1, len(metrics), figsize=(5 * len(metrics), 4), squeeze=False)
+        for ax, metric in zip(axes[0], metrics):
+            for labels in swept:
+                grp = groups[labels[0]]
+                style = "-" if grp["solver"] == CONSTRAINED_SOLVER else "--"
+                shared = _shared_gammas(groups, labels)
+                for gamma in dict.fromkeys([shared[0], shared[-1]]):
+                    points = [(groups[label]["config"][key], groups[label]["gammas"][gamma]["metrics"][metric]) for label in labels]
+                    ax.errorbar([x for x, _ in points], [m["mean"] for _, m in points], yerr=[m["std"] for _, m in points],
+                                linestyle=style, marker="o", capsize=3, label=f"{grp['solver']}, γ={gamma:g}")
+            ax.set(title=f"{metric} vs {ABLATED[key]}", xlabel=ABLATED[key], ylabel=metric)
             ax.legend(fontsize="small")
         fig.tight_layout()
-        fig.savefig(out / "lambda.png", dpi=120)
+        name = f"ablation_{ABLATED[key]}.png"
+        fig.savefig(out / name, dpi=120)
         plt.close(fig)
-        images.append("lambda.png")
+        images.append(name)
     return images
 
 

