@@ -139,6 +139,16 @@ def test_end_to_end_primal_dual_run_on_the_fallback_reports_accuracy_and_f1(tmp_
     assert clean["metrics"]["accuracy"] >= shifted["metrics"]["accuracy"]
 
 
+@pytest.mark.parametrize("rate", [0.0, 0.3])
+def test_train_dropout_sets_every_dropout_layer_of_the_encoder(tmp_path, rate):
+    from layerdescent.trainer import Trainer
+
+    table = {"task": {"name": "text-classification", **TINY}, "train": {"dropout": rate, "progress": False}, "solver": {"name": "erm"}}
+    model = Trainer(ld.config_from_dict(table), tmp_path).setup().model
+    layers = [m for m in model.modules() if isinstance(m, torch.nn.Dropout)]
+    assert layers and all(m.p == rate for m in layers)
+
+
 needs_assets = pytest.mark.skipif(
     not (assets.is_fetched(MINILM) and assets.is_fetched(VADER)),
     reason="MiniLM and the review sentences are not fetched: run `layerdescent assets fetch minilm vader`",

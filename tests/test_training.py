@@ -216,3 +216,12 @@ def test_early_stopping_without_validation_is_a_config_error(tiny):
     tiny["train"].update(early_stopping=2, validate=False)
     with pytest.raises(ld.ConfigError, match="train.early_stopping needs train.validate"):
         ld.config_from_dict(tiny)
+
+
+def test_dropout_on_a_model_without_dropout_layers_is_a_config_error(tiny, tmp_path):
+    tiny["train"]["dropout"] = 0.1
+    with pytest.raises(ld.ConfigError, match="train.dropout = 0.1, but task 'lista' builds a model with no dropout layer"):
+        _train(tiny, tmp_path)
+    tiny["train"]["dropout"] = 1.0
+    with pytest.raises(ld.ConfigError, match=r"train.dropout must be in \[0, 1\)"):
+        ld.config_from_dict(tiny)

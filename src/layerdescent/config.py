@@ -52,6 +52,7 @@ class TrainConfig:
     lr: float = 1e-3
     optimizer: Literal["adam", "adamw", "sgd"] = "adam"
     weight_decay: float = 0.0
+    dropout: Union[float, None] = None  # every dropout layer's rate; unset keeps the model's own
     momentum: float = 0.9
     grad_clip: float = 0.0
     accumulate: int = 1
@@ -72,6 +73,8 @@ class TrainConfig:
         _require(self.validate or not self.early_stopping, "train.early_stopping", "needs train.validate = true: it watches the validation loss")
         for key in ("lr",):
             _require(getattr(self, key) > 0, f"train.{key}", "must be > 0")
+        if self.dropout is not None:
+            _require(0 <= self.dropout < 1, "train.dropout", f"must be in [0, 1), got {self.dropout}")
         for key in ("weight_decay", "momentum", "grad_clip", "train_gamma", "threads", "checkpoint_every"):
             _require(getattr(self, key) >= 0, f"train.{key}", "must be >= 0")
 

@@ -92,6 +92,15 @@ class _Window:
             self.violation[name] = value.clone() if name not in self.violation else self.violation[name] + value
 
 
+def set_dropout(model: torch.nn.Module, rate: float, task: str) -> None:
+    """Give every dropout layer of ``model`` the rate ``train.dropout`` asks for."""
+    layers = [m for m in model.modules() if isinstance(m, torch.nn.modules.dropout._DropoutNd)]
+    if not layers:
+        raise ConfigError(f"train.dropout = {rate:g}, but task {task!r} builds a model with no dropout layer; remove train.dropout")
+    for layer in layers:
+        layer.p = rate
+
+
 @dataclass
 class Session:
     """What a run trains: its splits in memory, model, constraints and solver."""
@@ -138,6 +147,8 @@ class Trainer:
             rows[split] = Rows(splits[split])
             rows[split].check_finite(split)
         model = self.task.build_model().to(device)
+        if train.dropout is not None:
+            set_dropout(model, train.dropout, self.task.name)
         if world.rank:  # the same initial model everywhere, independent perturbations per rank
             seed_everything(self.config.seed + 1_000_003 * world.rank)
         problem = LayerwiseProblem(self.config.constraints, self.task.num_layers)
