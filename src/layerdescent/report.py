@@ -63,7 +63,7 @@ def _config(run_dir: Path) -> dict:
     return config
 
 
-def _context_titles(groups: dict) -> dict[str, str]:
+def context_titles(groups: dict) -> dict[str, str]:
     """A short name per context: the settings that differ between contexts, e.g. 'dataset=bikes, arch=dust'."""
     contexts = {g["context_key"]: g["context"] for g in groups.values()}
     flat = {key: _flat(ctx) for key, ctx in contexts.items()}
@@ -106,7 +106,7 @@ def _baseline(groups: dict, label: str) -> str | None:
     return next((other for other, g in groups.items() if g["solver"] == BASELINE_SOLVER and g["context_key"] == key), None)
 
 
-def _comparisons(groups: dict) -> list[tuple[str, str]]:
+def comparisons(groups: dict) -> list[tuple[str, str]]:
     """(label, reference) pairs in one context: everything against erm, and primal-dual against penalty."""
     pairs = [(label, ref) for label in groups if (ref := _baseline(groups, label)) not in (None, label)]
     pairs += [
@@ -168,7 +168,7 @@ def _paired_tables(results: list[dict], groups: dict, metrics: list[str], gammas
     lines = []
     for metric in metrics:
         rows = []
-        for label, ref in _comparisons(groups):
+        for label, ref in comparisons(groups):
             seeds = sorted(set(groups[label]["seeds"]) & set(groups[ref]["seeds"]))
             cells = []
             for gamma in gammas:
@@ -348,7 +348,7 @@ def _plot(groups: dict, out: Path) -> list[str]:
     plt.close(fig)
 
     metrics = list(dict.fromkeys(m for grp in groups.values() for s in grp["gammas"].values() for m in s["metrics"]))
-    titles = _context_titles(groups)
+    titles = context_titles(groups)
     contexts = list(titles)  # one row of panels per context, solid constrained, dashed the rest
     fig, axes = plt.subplots(len(contexts), len(metrics), figsize=(5 * len(metrics), 4 * len(contexts)), squeeze=False)
     for row, key in enumerate(contexts):
@@ -398,19 +398,20 @@ def _plot(groups: dict, out: Path) -> list[str]:
         plt.close(fig)
         images.append("traces.png")
 
-    for key, swept in _ablations(groups).items():
-        fig, axes = plt.subplots(1, len(metrics), figsize=(5 * len(metrics), 4), squeeze=False)
-        for ax, metric in zip(axes[0], metrics):
-            for labels in swept:
-                grp = groups[labels[0]]
-                style = "-" if grp["solver"] == CONSTRAINED_SOLVER else "--"
-                shared = _shared_gammas(groups, labels)
-                for gamma in dict.fromkeys([shared[0], shared[-1]]):
+    for key, swept in _ablations(groups).items():  # a row per metric, a column per end of the shared gamma grid
+        ends = list(dict.fromkeys(g for labels in swept for g in (_shared_gammas(groups, labels)[0], _shared_gammas(groups, labels)[-1])))
+        fig, axes = plt.subplots(len(metrics), len(ends), figsize=(5 * len(ends), 3.5 * len(metrics)), squeeze=False)
+        for row, metric in enumerate(metrics):
+            for ax, gamma in zip(axes[row], ends):
+                for labels in swept:
+                    if gamma not in _shared_gammas(groups, labels):
+                        continue
+                    grp = groups[labels[0]]
                     points = [(groups[label]["config"][key], groups[label]["gammas"][gamma]["metrics"][metric]) for label in labels]
                     ax.errorbar([x for x, _ in points], [m["mean"] for _, m in points], yerr=[m["std"] for _, m in points],
-                                linestyle=style, marker="o", capsize=3, label=f"{grp['solver']}, γ={gamma:g}")
-            ax.set(title=f"{metric} vs {ABLATED[key]}", xlabel=ABLATED[key], ylabel=metric)
-            ax.legend(fontsize="small")
+                                linestyle="-" if grp["solver"] == CONSTRAINED_SOLVER else "--", marker="o", capsize=3, label=grp["solver"])
+                ax.set(title=f"{metric} at γ={gamma:g}", xlabel=ABLATED[key], ylabel=metric)
+                ax.legend(fontsize="small")
         fig.tight_layout()
         name = f"ablation_{ABLATED[key]}.png"
         fig.savefig(out / name, dpi=120)
