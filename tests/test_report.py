@@ -197,3 +197,16 @@ def test_traces_plot_the_multipliers_and_violations_of_constrained_runs_only(ben
     assert list(traces) == [("primal-dual", "descent")]
     steps, lam, violation = traces["primal-dual", "descent"]
     assert steps.tolist() == [10, 20] and lam[:, 0].tolist() == pytest.approx([0.1, 0.2]) and violation.shape == (2, 2)
+
+
+def test_erm_variants_trained_otherwise_share_the_context_and_pair_with_the_erm_label(tmp_path):
+    for label, gamma, mse in (("erm-clean", 0.0, 2.0), ("erm", 0.1, 1.0), ("primal-dual", 0.1, 0.5)):
+        solver = "primal-dual" if label == "primal-dual" else "erm"
+        for seed in (0, 1):
+            run = tmp_path / label / f"seed-{seed}"
+            run.mkdir(parents=True)
+            (run / "config.toml").write_text(f'seed = {seed}\n[task]\nname = "lista"\n[train]\ntrain_gamma = {gamma}\n[solver]\nname = "{solver}"\n')
+            (run / "results.json").write_text(json.dumps(fake_results(label, solver, seed, mse + 0.01 * seed, mse, 0.002)))
+    text = write_report(tmp_path).read_text()
+    rows = {line.split("|")[1].strip() for line in text.split("### mse")[1].split("###")[0].splitlines() if line.startswith("| ")}
+    assert {"erm-clean − erm", "primal-dual − erm"} <= rows and not any("− erm-clean" in row for row in rows)

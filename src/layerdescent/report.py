@@ -7,10 +7,12 @@ Usage::
     write_report(Path("runs/bench"))          # -> runs/bench/summary.md + *.png
     groups = summarize(collect(Path("runs")))  # {label: per-gamma mean/std over seeds}
 
-Runs are grouped by ``label`` (one variant, several seeds). Groups trained on the same task,
-training and evaluation settings (their ``config.toml`` minus solver, constraints, seed and
-label) share a context: within it, the ``erm`` group is the baseline for the cost ratio and for
-paired differences over seeds, ``primal-dual`` groups are also compared with ``penalty`` ones,
+Runs are grouped by ``label`` (one variant, several seeds). Groups with the same task and
+evaluation settings (their ``config.toml`` less how they were trained: solver, constraints,
+train, seed and label) share a context: within it, the ``erm`` group (the one labelled "erm",
+else the first) is the baseline for the cost ratio and for paired differences over seeds, so
+other erm variants (clean training, dropout) are compared with it too; ``primal-dual`` groups
+are also compared with ``penalty`` ones,
 and a bench over several contexts (datasets, architectures) gets one plot panel per context.
 Labels alike but for one of alpha, dual_lr or depth (``ABLATED``; evaluation settings aside), with
 three or more values, form an ablation: a table and a plot of the metrics against that value.
@@ -29,6 +31,8 @@ from scipy import stats
 from layerdescent.errors import LayerdescentError
 
 BASELINE_SOLVER = "erm"
+# How a model was trained, as opposed to what it is and what it is tested on (its context).
+TRAINING_CHOICES = ("solver", "constraints", "train", "seed", "label")
 CONSTRAINED_SOLVER = "primal-dual"
 PENALTY_SOLVER = "penalty"
 
@@ -42,7 +46,7 @@ def collect(root: Path) -> list[dict]:
     results = []
     for path in paths:
         config = _config(path.parent)
-        context = {k: v for k, v in config.items() if k not in ("solver", "constraints", "seed", "label")}
+        context = {k: v for k, v in config.items() if k not in TRAINING_CHOICES}
         results.append({**json.loads(path.read_text()), "run_dir": str(path.parent), "config": config, "context": context})
     return results
 
@@ -101,9 +105,10 @@ def paired_difference(a, b, level: float = 0.95) -> dict:
 
 
 def _baseline(groups: dict, label: str) -> str | None:
-    """The first erm group in ``label``'s context."""
+    """The erm group of ``label``'s context: the one labelled "erm" if there is one, else the first."""
     key = groups[label]["context_key"]
-    return next((other for other, g in groups.items() if g["solver"] == BASELINE_SOLVER and g["context_key"] == key), None)
+    candidates = [other for other, g in groups.items() if g["solver"] == BASELINE_SOLVER and g["context_key"] == key]
+    return BASELINE_SOLVER if BASELINE_SOLVER in candidates else next(iter(candidates), None)
 
 
 def comparisons(groups: dict) -> list[tuple[str, str]]:
