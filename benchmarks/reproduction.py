@@ -145,7 +145,7 @@ def _cell(d: dict) -> str:
     return f"{bold}{d['mean']:+.3g}{interval}{bold}"
 
 
-def _section(name: str, bench: Bench, pairs: list[Pair], judged: dict[str, tuple[str, str]]) -> list[str]:
+def _section(name: str, bench: Bench, pairs: list[Pair], judged: dict[str, tuple[str, str]], root: Path) -> list[str]:
     command = f"layerdescent bench benchmarks/{bench.config} --out benchmarks/{bench.results}"
     direction = "higher" if bench.higher_is_better else "lower"
     lines = [
@@ -167,24 +167,25 @@ def _section(name: str, bench: Bench, pairs: list[Pair], judged: dict[str, tuple
             f"| {p.label} | {p.context} | {p.descent[0]}/{p.descent[1]} | {p.erm_descent[0]}/{p.erm_descent[1]} | "
             f"{_cell(p.differences[min(p.differences)])} | {upper} |"
         )
-    figures = [f for f in ("metric_vs_gamma.png", "loss_vs_layer.png", "ablation_depth.png") if (ROOT / bench.results / f).exists()]
+    figures = [f for f in ("metric_vs_gamma.png", "loss_vs_layer.png", "ablation_depth.png") if (root / bench.results / f).exists()]
     return lines + [""] + [f"![{Path(f).stem}]({bench.results}/{f})" for f in figures] + [""]
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("benchmarks/REPORT.md"))
+    parser.add_argument("--root", type=Path, default=ROOT, help="the folder holding results/ (default: benchmarks/)")
     args = parser.parse_args()
     summary_rows, sections = [], []
     for name, bench in BENCHES.items():
-        root = ROOT / bench.results
+        root = args.root / bench.results
         pairs = _pairs(root, bench) if any(root.rglob("results.json")) else []
         if not pairs:
             summary_rows.append(f"| {name} | " + " | ".join(["not run"] * len(CLAIMS)) + " |")
             continue
         judged = _judge(pairs)
         summary_rows.append(f"| {name} | " + " | ".join(judged[c][0] for c in CLAIMS) + " |")
-        sections += _section(name, bench, pairs, judged)
+        sections += _section(name, bench, pairs, judged, args.root)
     lines = [
         "# Reproduction report",
         "",
