@@ -19,7 +19,7 @@ first variant) within a round.
 The llm setups compare the logit lens's costs: ``sentiment`` (LoRA, one answer token per
 sample) and ``lens`` (LoRA on plain text, 4 x 128 tokens), each against erm reading only the
 embeddings and the last layer, nearly the cost of no lens at all; the lens reads k random target
-tokens per sequence of every intermediate layer, in chunks (the task's default, k = 16), or every
+tokens per sequence of every intermediate layer, in chunks (the task's default is k = 4), or every
 token with no chunking (the naive readout).
 """
 
@@ -68,7 +68,7 @@ SMALL_TRAIN = {"batch_size": 64, "lr": 0.003}
 VIDEO_TRAIN = {"batch_size": 64, "lr": 1e-3, "train_gamma": 0.13}
 SENTIMENT = {"name": "llm-finetuning", "dataset": "sentiment", "finetune": "lora", "max_length": 64, "train_size": 512}
 LM = {"name": "llm-finetuning", "dataset": "lm", "finetune": "lora", "max_length": 128}
-LAST_ONLY = {"lens_layers": "last-m", "lens_last": 1}
+LAST_ONLY = {"lens_layers": "last-m", "lens_last": 1, "lens_tokens": 16}
 NAIVE = {"lens_tokens": 0, "lens_chunk": 0}
 ERM, PD = {"name": "erm"}, {"name": "primal-dual"}
 LLM_TRAIN = {"lr": 1e-4, "optimizer": "adamw"}
@@ -110,8 +110,8 @@ SETUPS: dict[str, dict[str, Setup]] = {
                 "erm, last layer only": ({**LM, **LAST_ONLY}, ERM),
                 "erm, 4-token lens": ({**LM, "lens_tokens": 4}, ERM),
                 "primal-dual, 4-token lens": ({**LM, "lens_tokens": 4}, PD),
-                "erm, 16-token lens": (LM, ERM),
-                "primal-dual, 16-token lens": (LM, PD),
+                "erm, 16-token lens": ({**LM, "lens_tokens": 16}, ERM),
+                "primal-dual, 16-token lens": ({**LM, "lens_tokens": 16}, PD),
                 "erm, all-token lens": ({**LM, **NAIVE}, ERM),
                 "primal-dual, all-token lens": ({**LM, **NAIVE}, PD),
             },
