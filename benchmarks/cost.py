@@ -9,11 +9,12 @@ A task has one or more setups (a model, batch and thread count). Within a setup 
 lives in the same process with its own model and takes turns: a round gives every variant a few
 steps on the same batches, in an order rotated every round, so machine noise and warm-up hit them
 alike; round 0 warms up. Each step is the trainer's own ``Trainer.step``, with a descent constraint
-(alpha 0.05, detached reference) on every layer. "hand-written loop" is ERM in plain PyTorch on
-the same model, loss and batches (zero_grad, the task's last-layer loss, backward, optimizer
-step): the floor the framework's erm is held to. Peak memory is the rise of the process's resident
-set during a step (Linux: VmHWM, reset before each step after returning freed memory to the
-system). The table gives medians and, as ratios, the median over rounds of (variant / the setup's
+(alpha 0.05, detached reference) on every layer; as in training, erm reads every layer only on
+the first step of each log line where the task can read the last one alone. "hand-written loop"
+is ERM in plain PyTorch on the same model, loss and batches (zero_grad, the task's last-layer
+loss, backward, optimizer step): the floor the framework's erm is held to. Peak memory is the
+rise of the process's resident set during a step (Linux: VmHWM, reset before each step after
+returning freed memory to the system). The table gives medians and, as ratios, the median over rounds of (variant / the setup's
 first variant) within a round.
 
 The llm setups compare the logit lens's costs: ``sentiment`` (LoRA, one answer token per
@@ -160,7 +161,11 @@ class HandWrittenLoop:
 
     def step(self, idx: torch.Tensor) -> None:
         self.optimizer.zero_grad()
-        self.task.layer_losses(self.model, self.task.collate(self.rows[idx]), self.gamma).losses[:, -1].mean().backward()
+        batch = self.task.collate(self.rows[idx])
+        out = self.task.last_layer_losses(self.model, batch, self.gamma)
+        if out is None:
+            out = self.task.layer_losses(self.model, batch, self.gamma)
+        out.losses[:, -1].mean().backward()
         self.optimizer.step()
 
 
@@ -184,7 +189,8 @@ def measure(setup: Setup, rounds: int, steps: int) -> dict[str, tuple[float, flo
             else:
                 session = run.setup()
                 rows = len(session.rows["train"])
-                steppers[name] = lambda idx, n, run=run, session=session: run.step(session, [idx], n)
+                # as in training: a step reads every layer at the start of each log line (erm may skip them otherwise)
+                steppers[name] = lambda idx, n, run=run, session=session: run.step(session, [idx], n, full=n % run.config.train.log_every == 0)
         torch.set_num_threads(setup.threads)
         order = torch.randperm(rows, generator=torch.Generator().manual_seed(0)).split(setup.train["batch_size"])
         names = list(steppers)

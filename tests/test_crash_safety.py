@@ -40,11 +40,11 @@ RUNNER = textwrap.dedent(
 
     if mode == "step":
         original_step = Trainer.step
-        def step(self, *args):
+        def step(self, *args, **kwargs):
             calls["step"] += 1
             if calls["step"] == n:
                 die()
-            return original_step(self, *args)
+            return original_step(self, *args, **kwargs)
         Trainer.step = step
     elif mode == "checkpoint-write":
         original_save = checkpoint.torch.save

@@ -35,8 +35,8 @@ RUNNER = textwrap.dedent(
     history = []
     original = Trainer.step
 
-    def step(self, session, group, n):
-        result = original(self, session, group, n)
+    def step(self, session, group, n, full=True):
+        result = original(self, session, group, n, full)
         history.append(session.problem.multipliers()["descent"].tolist())
         if rank == 0 and n + 1 == kill_at:
             os.kill(os.getpid(), signal.SIGKILL)

@@ -165,6 +165,55 @@ def test_the_lm_head_runs_only_where_a_loss_is_taken():
     assert rows_through_lm_head(lm, lm.build_model(), batch) == 3 * subsampled + targets
 
 
+def test_the_last_layer_alone_is_the_last_column_of_every_layer_and_skips_the_other_lenses():
+    lm = LLMFinetuning(**TINY_LM, tiny_layers=3, lens_tokens=3)
+    model, batch = lm.build_model(), lm_batch(lm)
+    with torch.no_grad():
+        last = lm.last_layer_losses(model, batch).losses
+    assert last.shape == (6, 1)
+    torch.testing.assert_close(last[:, 0], lm.layer_losses(model, batch).losses[:, -1])
+    seen = []
+    handle = model.head.register_forward_hook(lambda module, args, out: seen.append(args[0].shape[0]))
+    with torch.no_grad():
+        lm.last_layer_losses(model, batch)
+    handle.remove()
+    assert sum(seen) == int((batch["targets"] != -100).sum())
+
+
+@pytest.mark.parametrize("solver", ["erm", "primal-dual"])
+def test_erm_reads_every_lens_on_a_log_lines_first_step_only_and_constrained_solvers_on_every_step(tmp_path, solver):
+    table = {
+        "task": {"name": "llm-finetuning", **TINY},
+        "train": {"batch_size": 8, "lr": 0.01, "progress": False},
+        "solver": {"name": solver},
+        "constraints": [{"kind": "descent", "alpha": 0.05}],
+    }
+    trainer = Trainer(ld.config_from_dict(table), tmp_path)
+    session = trainer.setup()
+    idx = torch.arange(8)
+    assert torch.isfinite(trainer.step(session, [idx], 0, full=True)[0]).all()
+    means, _ = trainer.step(session, [idx], 1, full=False)
+    assert torch.isfinite(means[-1])
+    assert bool(torch.isnan(means[:-1]).all()) == (solver == "erm")
+
+
+def test_an_erm_run_logs_every_layer_and_its_violations_from_the_steps_that_read_them(tmp_path):
+    table = {
+        "task": {"name": "llm-finetuning", **TINY},
+        "train": {"epochs": 1, "batch_size": 16, "lr": 0.01, "log_every": 4, "progress": False, "validate": False},
+        "solver": {"name": "erm"},
+        "constraints": [{"kind": "descent", "alpha": 0.05}],
+        "eval": {"gammas": [0.0]},
+    }
+    ld.train(ld.config_from_dict(table), tmp_path / "run")
+    import json
+
+    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    train = [r for r in records if r["event"] == "train"]
+    assert train and all(len(r["loss"]) == 3 and all(math.isfinite(v) for v in r["loss"]) for r in train)
+    assert all(len(r["violation"]["descent"]) == 2 and all(math.isfinite(v) for v in r["violation"]["descent"]) for r in train)
+
+
 def test_lens_layers_choose_the_read_states_and_num_layers_counts_their_transitions():
     assert read_layers(30, "all", 4, 4) == list(range(31))
     assert read_layers(30, "every-k", 4, 4) == [0, 4, 8, 12, 16, 20, 24, 28, 30]

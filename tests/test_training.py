@@ -103,11 +103,11 @@ def test_resume_after_interruption_gives_the_same_final_parameters(tiny, tmp_pat
     original_step = Trainer.step
     calls = {"n": 0}
 
-    def crash_at_step_13(self, *args):
+    def crash_at_step_13(self, *args, **kwargs):
         calls["n"] += 1
         if calls["n"] == 13:
             raise KeyboardInterrupt
-        return original_step(self, *args)
+        return original_step(self, *args, **kwargs)
 
     monkeypatch.setattr(Trainer, "step", crash_at_step_13)
     with pytest.raises(KeyboardInterrupt):

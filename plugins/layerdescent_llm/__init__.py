@@ -253,6 +253,13 @@ class LLMFinetuning(Task):
         return batch
 
     def layer_losses(self, model: nn.Module, batch: dict[str, torch.Tensor], gamma: float = 0.0) -> LayerOutput:
+        return self._read(model, batch, gamma, last_only=False)
+
+    def last_layer_losses(self, model: nn.Module, batch: dict[str, torch.Tensor], gamma: float = 0.0) -> LayerOutput:
+        """The last state's loss alone: erm's training steps skip the lens of the others."""
+        return self._read(model, batch, gamma, last_only=True)
+
+    def _read(self, model: nn.Module, batch: dict[str, torch.Tensor], gamma: float, last_only: bool) -> LayerOutput:
         o = self.options
         ids, mask, content, targets = batch["input_ids"], batch["attention_mask"], batch["content"], batch["targets"]
         if gamma and self.perturbation == "substitute":
@@ -263,7 +270,7 @@ class LLMFinetuning(Task):
             if gamma and self.perturbation == "gaussian":
                 embeds = gaussian_embeddings(embeds, content, gamma)
             states = model(embeds, mask)
-            losses = model.losses(states, targets, o["lens_tokens"], o["lens_chunk"])
+            losses = model.losses(states[-1:] if last_only else states, targets, o["lens_tokens"], o["lens_chunk"])
             if self.is_lm:
                 counts = (targets != -100).sum(1)
                 return LayerOutput(losses, preds=losses[:, -1].detach() * counts, target=counts)

@@ -24,6 +24,7 @@ class Solver:
 
     name = "erm"
     needs_dual = False
+    trains_every_layer = False  # erm's gradient needs the last layer's loss alone
 
     def __init__(self, config: SolverConfig, problem: LayerwiseProblem, primal_optimizer: torch.optim.Optimizer) -> None:
         self.config = config
@@ -59,6 +60,7 @@ class PenaltySolver(Solver):
     """Deep supervision: a fixed convex combination of all layer losses."""
 
     name = "penalty"
+    trains_every_layer = True
 
     def objective(self, means: torch.Tensor) -> torch.Tensor:
         weights = self.config.penalty_weights
@@ -73,6 +75,7 @@ class PrimalDualSolver(Solver):
 
     name = "primal-dual"
     needs_dual = True
+    trains_every_layer = True
 
     def __init__(self, config: SolverConfig, problem: LayerwiseProblem, primal_optimizer: torch.optim.Optimizer) -> None:
         self.config = config

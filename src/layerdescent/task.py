@@ -70,6 +70,14 @@ class Task(abc.ABC):
     def layer_losses(self, model: torch.nn.Module, batch: Any, gamma: float = 0.0) -> LayerOutput:
         """Per-sample loss at every layer for ``batch`` perturbed at level ``gamma``."""
 
+    def last_layer_losses(self, model: torch.nn.Module, batch: Any, gamma: float = 0.0) -> LayerOutput | None:
+        """Per-sample loss of the last layer alone (B x 1) where that costs less than every layer's; None where not.
+
+        erm trains on it between log lines (the first step of each still reads every layer for
+        the log). Override it when reading the other layers is costly, like the logit lens.
+        """
+        return None
+
     def required_assets(self) -> tuple[str, ...]:
         """Names of the fetched assets these options read; ``layerdescent assets fetch`` gets them."""
         return ()

@@ -80,13 +80,20 @@ class _Window:
     def reset(self) -> None:
         """Start a new log line."""
         self.steps = 0
+        self.full = 0  # steps that read every layer, so whose violations are known
         self.feasible = 0
         self.loss: torch.Tensor | None = None
+        self.counts: torch.Tensor | None = None
         self.violation: dict[str, torch.Tensor] = {}
 
     def add(self, means: torch.Tensor, violations: dict[str, torch.Tensor]) -> None:
         self.steps += 1
-        self.loss = means.clone() if self.loss is None else self.loss + means
+        read = ~torch.isnan(means)  # an erm step on the last layer alone leaves the others NaN
+        self.loss = means.nan_to_num() if self.loss is None else self.loss + means.nan_to_num()
+        self.counts = read.float() if self.counts is None else self.counts + read
+        if not bool(read.all()):
+            return
+        self.full += 1
         self.feasible += all(bool((v <= 0).all()) for v in violations.values())
         for name, value in violations.items():
             self.violation[name] = value.clone() if name not in self.violation else self.violation[name] + value
@@ -225,7 +232,8 @@ class Trainer:
                     group = micro_batches[position["micro"] : position["micro"] + train.accumulate]
                     start = time.perf_counter()
                     try:
-                        means, violations = self.step(session, group, position["step"])
+                        # erm reads every layer on a log line's first step only, where the task can read the last alone
+                        means, violations = self.step(session, group, position["step"], full=window.steps == 0)
                     except _SkippedStep as skipped:
                         log.write(json.dumps({"event": "skipped", "epoch": position["epoch"], "step": position["step"], "reason": str(skipped)}) + "\n")
                         skipped_steps += 1
@@ -291,11 +299,13 @@ class Trainer:
             (self.run_dir / "results.json").write_text(json.dumps(results, indent=2) + "\n")
         return results
 
-    def step(self, session: Session, group: Sequence[torch.Tensor], step: int) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    def step(self, session: Session, group: Sequence[torch.Tensor], step: int, full: bool = True) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """One optimizer step over micro-batches of training-row indices; the step's layer means and violations.
 
         Each micro-batch is global: this rank trains on its shard, and the layer means are
         reduced over ranks before anything uses them, so every rank sees the same numbers.
+        ``full = False`` lets erm read the last layer alone where the task offers that
+        (``Task.last_layer_losses``); the other layers' means are then NaN.
         """
         train = self.config.train
         model, solver, problem, labels = session.model, session.solver, session.problem, session.labels
@@ -303,12 +313,16 @@ class Trainer:
         total = sum(len(idx) for idx in group)
         step_means = torch.zeros(len(labels), device=session.device)
         for idx in group:
-            means, micro_mean = self._shard_means(session, idx)
-            problem.start(micro_mean)  # anchors come from the whole first batch, not one shard
-            violations = problem.violations(means)
-            # Every rank must agree on stopping, so the check reads the all-rank numbers.
-            checked = {k: v.detach() for k, v in violations.items()} if session.world.size == 1 else problem.violations(micro_mean)
-            reason = _nonfinite(step, "loss", micro_mean, labels)
+            means, micro_mean, read_all = self._shard_means(session, idx, full)
+            if read_all:
+                problem.start(micro_mean)  # anchors come from the whole first batch, not one shard
+                violations = problem.violations(means)
+                # Every rank must agree on stopping, so the check reads the all-rank numbers.
+                checked = {k: v.detach() for k, v in violations.items()} if session.world.size == 1 else problem.violations(micro_mean)
+                reason = _nonfinite(step, "loss", micro_mean, labels)
+            else:  # erm on the last layer alone: nothing else to check
+                violations, checked = {}, {}
+                reason = _nonfinite(step, "loss", micro_mean[-1:], labels[-1:])
             for name, value in checked.items():
                 reason = reason or _nonfinite(step, f"violation of constraint {name!r}", value, problem.labels[name])
             if reason and train.on_nonfinite == "skip":
@@ -327,7 +341,7 @@ class Trainer:
         dual_means = step_means
         if solver.needs_dual and self.config.solver.scheme == "alternating":
             with torch.no_grad():  # lambda follows the updated model
-                dual_means = sum(self._shard_means(session, idx)[1] * (len(idx) / total) for idx in group)
+                dual_means = sum(self._shard_means(session, idx, full=True)[1] * (len(idx) / total) for idx in group)
         solver.observe(dual_means)
         bound = self.config.solver.max_multiplier
         for name, value in problem.multipliers().items():
@@ -341,30 +355,39 @@ class Trainer:
             violations = problem.violations(step_means)
         return step_means, violations
 
-    def _shard_means(self, session: Session, idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """This rank's layer means on its shard of ``idx`` (differentiable), and the mean over all of ``idx``."""
+    def _shard_means(self, session: Session, idx: torch.Tensor, full: bool) -> tuple[torch.Tensor, torch.Tensor, bool]:
+        """This rank's layer means on its shard of ``idx`` (differentiable), the mean over all of ``idx``, and whether every layer was read."""
         world = session.world
         shard = idx.tensor_split(world.size)[world.rank]
+        width = len(session.labels)
+        last_only = not (full or session.solver.trains_every_layer)
         if len(shard):
             batch = to_device(self.task.collate(session.rows["train"][shard]), session.device)
-            means = self.task.layer_losses(session.model, batch, gamma=self.config.train.train_gamma).layer_means
-        else:
-            means = torch.zeros(len(session.labels), device=session.device)
+            gamma = self.config.train.train_gamma
+            last = self.task.last_layer_losses(session.model, batch, gamma=gamma) if last_only else None
+            if last is None:
+                last_only = False
+                means = self.task.layer_losses(session.model, batch, gamma=gamma).layer_means
+            else:
+                means = torch.cat([torch.full((width - 1,), float("nan"), device=session.device), last.layer_means])
+        else:  # every rank takes the same branch: the task answers the same on every rank
+            last_only = last_only and type(self.task).last_layer_losses is not Task.last_layer_losses
+            means = torch.zeros(width, device=session.device)
         if world.size == 1:
-            return means, means.detach()
-        return means, world.sum(means.detach() * len(shard)) / len(idx)
+            return means, means.detach(), not last_only
+        return means, world.sum(means.detach() * len(shard)) / len(idx), not last_only
 
     def _flush(self, log, window: _Window, position: dict[str, int], problem: LayerwiseProblem) -> None:
         if window.steps == 0:
             return
-        n = window.steps
+        full = max(window.full, 1)
         record: dict[str, Any] = {
             "event": "train",
             "epoch": position["epoch"],
             "step": position["step"],
-            "loss": (window.loss / n).tolist(),
-            "feasible": window.feasible / n,
-            "violation": {k: (v / n).tolist() for k, v in window.violation.items()},
+            "loss": (window.loss / window.counts.clamp(min=1)).tolist(),
+            "feasible": window.feasible / full,
+            "violation": {k: (v / full).tolist() for k, v in window.violation.items()},
         }
         if self.config.solver.name == "primal-dual":
             record["lambda"] = {k: v.tolist() for k, v in problem.multipliers().items()}
