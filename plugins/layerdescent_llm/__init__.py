@@ -92,7 +92,7 @@ class LLMFinetuning(Task):
         "lens_layers": "all",
         "lens_every": 4,
         "lens_last": 4,
-        "lens_tokens": 4,  # a primal-dual step cost ~1.3x erm's at 4, 2.2x at 16 (benchmarks/results/llm/cost.md)
+        "lens_tokens": 4,  # a primal-dual step cost 1.2x erm's at 4, 2.3x at 16 (benchmarks/results/llm/cost.md)
         "lens_chunk": 1024,
         "train_size": 0,
         "validation_size": 0,
