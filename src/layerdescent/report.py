@@ -181,7 +181,7 @@ def _paired_tables(results: list[dict], groups: dict, metrics: list[str], gammas
                 if not seeds or not all((label, *k) in value and (ref, *k) in value for k in keys):
                     cells.append("–")
                     continue
-                d = paired_difference([value[label, *k] for k in keys], [value[ref, *k] for k in keys])
+                d = paired_difference([value[(label, *k)] for k in keys], [value[(ref, *k)] for k in keys])
                 interval = "" if d["low"] is None else f" [{d['low']:+.3g}, {d['high']:+.3g}]"
                 cells.append(f"{'**' if d['distinct'] else ''}{d['mean']:+.3g}{interval}{'**' if d['distinct'] else ''}")
             rows.append([f"{label} − {ref}", str(len(seeds))] + cells)
