@@ -24,7 +24,7 @@ import statistics
 from pathlib import Path
 from typing import NamedTuple
 
-from layerdescent.report import collect, comparisons, context_titles, paired_difference, summarize
+from layerdescent.report import collect, comparisons, context_titles, format_difference, paired_difference, summarize
 
 ROOT = Path(__file__).resolve().parent
 
@@ -139,12 +139,6 @@ def _judge(pairs: list[Pair]) -> dict[str, tuple[str, str]]:
     return judged
 
 
-def _cell(d: dict) -> str:
-    interval = "" if d["low"] is None else f" [{d['low']:+.3g}, {d['high']:+.3g}]"
-    bold = "**" if d["distinct"] else ""
-    return f"{bold}{d['mean']:+.3g}{interval}{bold}"
-
-
 def _section(name: str, bench: Bench, pairs: list[Pair], judged: dict[str, tuple[str, str]], root: Path) -> list[str]:
     command = f"layerdescent bench benchmarks/{bench.config} --out benchmarks/{bench.results}"
     direction = "higher" if bench.higher_is_better else "lower"
@@ -162,10 +156,10 @@ def _section(name: str, bench: Bench, pairs: list[Pair], judged: dict[str, tuple
         "|---|---|---|---|---|---|",
     ]
     for p in pairs:
-        upper = "; ".join(f"γ={g:g}: {_cell(p.differences[g])}" for g in p.upper)
+        upper = "; ".join(f"γ={g:g}: {format_difference(p.differences[g])}" for g in p.upper)
         lines.append(
             f"| {p.label} | {p.context} | {p.descent[0]}/{p.descent[1]} | {p.erm_descent[0]}/{p.erm_descent[1]} | "
-            f"{_cell(p.differences[min(p.differences)])} | {upper} |"
+            f"{format_difference(p.differences[min(p.differences)])} | {upper} |"
         )
     figures = [f for f in ("metric_vs_gamma.png", "loss_vs_layer.png", "ablation_depth.png") if (root / bench.results / f).exists()]
     return lines + [""] + [f"![{Path(f).stem}]({bench.results}/{f})" for f in figures] + [""]

@@ -104,6 +104,13 @@ def paired_difference(a, b, level: float = 0.95) -> dict:
     return {"mean": mean, "low": low, "high": high, "n": n, "distinct": low > 0 or high < 0}
 
 
+def format_difference(d: dict) -> str:
+    """A paired difference as markdown: 'mean [low, high]', bold when the interval excludes 0."""
+    interval = "" if d["low"] is None else f" [{d['low']:+.3g}, {d['high']:+.3g}]"
+    bold = "**" if d["distinct"] else ""
+    return f"{bold}{d['mean']:+.3g}{interval}{bold}"
+
+
 def _baseline(groups: dict, label: str) -> str | None:
     """The erm group of ``label``'s context: the one labelled "erm" if there is one, else the first."""
     key = groups[label]["context_key"]
@@ -181,9 +188,7 @@ def _paired_tables(results: list[dict], groups: dict, metrics: list[str], gammas
                 if not seeds or not all((label, *k) in value and (ref, *k) in value for k in keys):
                     cells.append("–")
                     continue
-                d = paired_difference([value[(label, *k)] for k in keys], [value[(ref, *k)] for k in keys])
-                interval = "" if d["low"] is None else f" [{d['low']:+.3g}, {d['high']:+.3g}]"
-                cells.append(f"{'**' if d['distinct'] else ''}{d['mean']:+.3g}{interval}{'**' if d['distinct'] else ''}")
+                cells.append(format_difference(paired_difference([value[(label, *k)] for k in keys], [value[(ref, *k)] for k in keys])))
             rows.append([f"{label} − {ref}", str(len(seeds))] + cells)
         if rows:
             lines += [f"### {metric}", ""] + _table(["difference", "seeds"] + [f"γ={g:g}" for g in gammas], rows)
@@ -404,12 +409,13 @@ def _plot(groups: dict, out: Path) -> list[str]:
         images.append("traces.png")
 
     for key, swept in _ablations(groups).items():  # a row per metric, a column per end of the shared gamma grid
-        ends = list(dict.fromkeys(g for labels in swept for g in (_shared_gammas(groups, labels)[0], _shared_gammas(groups, labels)[-1])))
+        shared = [_shared_gammas(groups, labels) for labels in swept]
+        ends = list(dict.fromkeys(g for gammas in shared for g in (gammas[0], gammas[-1])))
         fig, axes = plt.subplots(len(metrics), len(ends), figsize=(5 * len(ends), 3.5 * len(metrics)), squeeze=False)
         for row, metric in enumerate(metrics):
             for ax, gamma in zip(axes[row], ends):
-                for labels in swept:
-                    if gamma not in _shared_gammas(groups, labels):
+                for labels, gammas in zip(swept, shared):
+                    if gamma not in gammas:
                         continue
                     grp = groups[labels[0]]
                     points = [(groups[label]["config"][key], groups[label]["gammas"][gamma]["metrics"][metric]) for label in labels]
