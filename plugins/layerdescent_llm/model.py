@@ -7,17 +7,19 @@ import os
 import shutil
 import tempfile
 import warnings
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 from torch.nn import functional as F
-from torch.utils.checkpoint import checkpoint
 
 import layerdescent
 from layerdescent import Asset, require
 from layerdescent.assets import cache_dir, extract
+
+from .cross_entropy import linear_cross_entropy, native_bf16
 
 SMOLLM2 = Asset(
     name="smollm2",
@@ -175,15 +177,17 @@ class LogitLens(nn.Module):
         # hidden_states[-1] is normed too depends on the architecture, so it is never read.
         return [out.last_hidden_state if k == self.num_hidden else out.hidden_states[k] for k in self.read]
 
-    def losses(self, states: list[torch.Tensor], targets: torch.Tensor, tokens: int = 0, chunk: int = 0) -> torch.Tensor:
+    def losses(self, states: list[torch.Tensor], targets: torch.Tensor, tokens: int = 0, chunk: int = 0, inner_bf16: bool = False) -> torch.Tensor:
         """Per-sample next-token cross-entropy of every read state, B x len(read); ``targets`` B x T, -100 where none.
 
         The head sees only positions with a target. The last state is read at every one (exact);
         the others at ``tokens`` random target positions per sequence (all of them if 0 or if
         fewer), so each entry is an unbiased estimate of the sample's mean loss. The same
         positions serve every layer, so layer-to-layer differences carry less sampling noise.
-        Logits are computed ``chunk`` rows at a time (0: at once), recomputed in the backward
-        pass, so full logits for all layers never exist at once.
+        A linear head's logits are formed ``chunk`` vocabulary entries at a time, so they never
+        exist whole (0: at once, through the head module, as a plain readout does).
+        ``inner_bf16`` runs the head's products for all but the last state in bfloat16 when
+        gradients are on and the device multiplies bfloat16 natively: evaluation stays exact.
         """
         batch, length = targets.shape
         valid = targets != -100
@@ -195,26 +199,26 @@ class LogitLens(nn.Module):
         else:
             picked = last
         inner = len(states) - 1
-        rows = states[-1].flatten(0, 1)[last]
-        if inner:  # one norm call for all intermediate rows; the last state is normed already
-            rows = torch.cat([self.final_norm(torch.cat([state.flatten(0, 1)[picked] for state in states[:-1]])), rows])
+        wanted = targets.flatten()
+        # The last state is normed already and is the model's own loss: it keeps the model's precision.
+        ce = self._cross_entropy(states[-1].flatten(0, 1)[last], wanted[last], chunk)
+        if inner:  # one norm call and one head pass for all intermediate rows
+            rows = self.final_norm(torch.cat([state.flatten(0, 1)[picked] for state in states[:-1]]))
+            fast = inner_bf16 and torch.is_grad_enabled() and native_bf16(rows.device)
+            with torch.autocast(rows.device.type, dtype=torch.bfloat16) if fast else nullcontext():
+                ce = torch.cat([self._cross_entropy(rows, wanted[picked].repeat(inner), chunk), ce])
         where = torch.cat([picked.repeat(inner), last])
         columns = torch.cat([torch.arange(inner, device=where.device).repeat_interleave(len(picked)), torch.full_like(last, inner)])
-        wanted = targets.flatten()[where]
-        step = chunk or len(rows)
-        recompute = torch.is_grad_enabled() and step < len(rows)
-        pieces = []
-        for start in range(0, len(rows), step):
-            args = (rows[start : start + step], wanted[start : start + step])
-            pieces.append(checkpoint(self._cross_entropy, *args, use_reentrant=False) if recompute else self._cross_entropy(*args))
-        ce = torch.cat(pieces)
         index = (where // length, columns)
         sums = torch.zeros(batch, len(states), device=ce.device).index_put_(index, ce, accumulate=True)
         counts = torch.zeros(batch, len(states), device=ce.device).index_put_(index, torch.ones_like(ce), accumulate=True)
         return sums / counts.clamp_min(1)
 
-    def _cross_entropy(self, hidden: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        return F.cross_entropy(self.head(hidden).float(), target, reduction="none")
+    def _cross_entropy(self, hidden: torch.Tensor, target: torch.Tensor, chunk: int) -> torch.Tensor:
+        head = self.head
+        if chunk and type(head) is nn.Linear:  # a wrapped head (LoRA on lm_head, say) runs as itself
+            return linear_cross_entropy(hidden, head.weight, target, head.bias, chunk)
+        return F.cross_entropy(head(hidden).float(), target, reduction="none")
 
     def label_logits(self, state: torch.Tensor, positions: torch.Tensor, label_ids: torch.Tensor) -> torch.Tensor:
         """Logits of the label tokens only, at one position per sample of a normed state: B x labels."""
