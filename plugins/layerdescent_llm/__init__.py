@@ -94,7 +94,7 @@ class LLMFinetuning(Task):
         "lens_last": 4,
         "lens_tokens": 4,  # a primal-dual step cost 1.06x erm's at 4, 1.16x at 16, 4.0x at all (benchmarks/results/llm/cost.md)
         "lens_chunk": 1024,
-        # float32 products for 31 readouts cost ~15% of SmolLM2's own on the answer task; bfloat16 ones halve that
+        # float32 products for 31 readouts cost ~16% of SmolLM2's own on the answer task; bfloat16 ones halve that
         "lens_bf16": True,
         "train_size": 0,
         "validation_size": 0,
