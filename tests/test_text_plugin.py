@@ -161,6 +161,31 @@ def test_movie_reviews_have_the_published_counts():
     assert len(rows["label"]) == 10_568 and sum(rows["label"]) == 5_242
 
 
+@pytest.mark.skipif(not assets.is_fetched(VADER), reason="the vader archive is not fetched: run `layerdescent assets fetch vader`")
+def test_the_three_rated_domains_have_the_archive_counts_without_zeros_or_training_sentences():
+    task = TextClassification(model_path="tiny")
+    sizes = {}
+    for name in ("amazon", "tweets", "nyt"):
+        domain = task.domain_dataset(name)
+        sizes[name] = (len(domain), sum(domain["label"]))
+        assert not set(domain["text"]) & set(task.build_datasets()["train"]["text"])
+    # The archive's non-zero ratings (3,708 / 4,200 / 5,190 sentences, 98 / 4 / 244 rated exactly 0);
+    # one Amazon sentence is also a movie review and is dropped.
+    assert sizes == {"amazon": (3_609, 2_128), "tweets": (4_196, 2_897), "nyt": (4_946, 2_204)}
+
+
+def test_a_domain_sentence_that_is_in_the_task_data_is_dropped_case_and_spacing_aside(monkeypatch):
+    from layerdescent_text import data
+
+    monkeypatch.setattr(data, "rated_rows", lambda member: {"text": ["A  fine film", "new words"], "label": [1, 0]})
+    assert data.domain_rows("amazon", exclude=["a fine FILM"]) == {"text": ["new words"], "label": [0]}
+
+
+def test_topic_data_offers_no_sentiment_domains():
+    assert TextClassification(model_path="tiny", dataset="20newsgroups").domains == ()
+    assert TextClassification(model_path="tiny", dataset="synthetic").domains == ("amazon", "tweets", "nyt")
+
+
 @needs_assets
 def test_minilm_loads_offline_with_its_six_layers_and_hidden_states():
     task = TextClassification()

@@ -204,6 +204,7 @@ def test_early_stopping_ends_after_patience_epochs_and_tests_the_best_validation
     tiny["train"].update(epochs=6, early_stopping=2)
     results = _train(tiny, tmp_path)
     assert results["train"]["epochs"] == 4 and results["train"]["best_epoch"] == 1
+    assert results["train"]["best_val_loss"][-1] == 0.5 and len(results["train"]["best_val_loss"]) == 5  # the tested epoch's, every layer
     assert len(_log(tmp_path / "run", "epoch")) == 4
     monkeypatch.setattr(trainer_module, "evaluate", real)
     assert ld.evaluate_run(tmp_path / "run", tmp_path / "again")["gammas"] == results["gammas"]

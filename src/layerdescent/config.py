@@ -107,17 +107,21 @@ class SolverConfig:
 
 @dataclass(frozen=True)
 class EvalConfig:
-    """The perturbation grid and split the final evaluation runs on."""
+    """The perturbation grid, split and extra domains the final evaluation runs on."""
 
     gammas: tuple[float, ...] = (0.0,)
     split: Literal["test", "validation"] = "test"
     batch_size: int = 256
     seed: int = 1234
+    domains: tuple[str, ...] = ()  # the task's other evaluation sets (``Task.domains``), each at every gamma
+    domain_samples: int = 0  # at most this many rows per domain, a fixed random subset; 0 keeps all
 
     def __post_init__(self) -> None:
         _require(len(self.gammas) > 0, "eval.gammas", "must hold at least one level")
         _require(all(g >= 0 for g in self.gammas), "eval.gammas", "must all be >= 0")
         _require(self.batch_size >= 1, "eval.batch_size", "must be >= 1")
+        _require(self.domain_samples >= 0, "eval.domain_samples", "must be >= 0 (0 keeps every row)")
+        _require(len(set(self.domains)) == len(self.domains), "eval.domains", "names a domain twice")
 
 
 @dataclass(frozen=True)
@@ -284,7 +288,12 @@ def config_from_dict(data: dict[str, Any], registry: Registry | None = None) -> 
         eval=build_dataclass(EvalConfig, data.get("eval", {}), "eval"),
         constraints=_build_constraints(data.get("constraints", []), registry),
     )
-    num_layers = registry.task(config.task.name)(**config.task.options).num_layers
+    task = registry.task(config.task.name)(**config.task.options)
+    num_layers = task.num_layers
+    for name in config.eval.domains:
+        if name not in task.domains:
+            offered = f"it offers: {', '.join(task.domains)}" if task.domains else "it offers none with these options"
+            raise ConfigError(f"eval.domains: {name!r} is not a domain of task {task.name!r}{closest(name, task.domains)} ({offered})")
     weights = config.solver.penalty_weights
     if weights is not None and len(weights) != num_layers + 1:
         raise ConfigError(f"solver.penalty_weights has {len(weights)} entries; it needs one per layer 0..{num_layers}")

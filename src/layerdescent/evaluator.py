@@ -7,9 +7,10 @@ from typing import Any, Iterable
 import datasets
 import torch
 
+from layerdescent.config import EvalConfig
 from layerdescent.data import Rows
 from layerdescent.distributed import World, to_device
-from layerdescent.errors import DataError
+from layerdescent.errors import DataError, LayerdescentError
 from layerdescent.task import Task
 
 
@@ -72,3 +73,29 @@ def evaluate(
     finally:
         model.train(was_training)
     return records
+
+
+def domain_rows(task: Task, name: str, samples: int = 0, seed: int = 1234) -> Rows:
+    """Domain ``name`` of ``task`` in memory: at most ``samples`` rows (a fixed random subset; 0 keeps all)."""
+    dataset = task.domain_dataset(name)
+    if not isinstance(dataset, datasets.Dataset):
+        raise LayerdescentError(f"task {task.name!r}: domain_dataset({name!r}) returned {type(dataset).__name__}, not a datasets.Dataset")
+    if len(dataset) == 0:
+        raise DataError(f"task {task.name!r} built an empty domain {name!r}; check its data options")
+    if samples and len(dataset) > samples:
+        keep = torch.randperm(len(dataset), generator=torch.Generator().manual_seed(seed))[:samples]
+        dataset = dataset.select(sorted(keep.tolist()))
+    rows = Rows(dataset)
+    rows.check_finite(f"domain {name}")
+    return rows
+
+
+def evaluate_all(task: Task, model: torch.nn.Module, rows: Rows, config: EvalConfig, world: World | None = None) -> dict[str, Any]:
+    """The final evaluation as ``results.json`` records it: ``gammas`` on ``rows``, plus ``domains`` when the config names any."""
+    out: dict[str, Any] = {"gammas": evaluate(task, model, rows, config.gammas, config.batch_size, config.seed, world)}
+    if config.domains:
+        out["domains"] = {
+            name: evaluate(task, model, domain_rows(task, name, config.domain_samples, config.seed), config.gammas, config.batch_size, config.seed, world)
+            for name in config.domains
+        }
+    return out

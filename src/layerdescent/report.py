@@ -111,22 +111,41 @@ def format_difference(d: dict) -> str:
     return f"{bold}{d['mean']:+.3g}{interval}{bold}"
 
 
-def _baseline(groups: dict, label: str) -> str | None:
-    """The erm group of ``label``'s context: the one labelled "erm" if there is one, else the first."""
+def _nearest(groups: dict, label: str, candidates: list[str], preferred: str) -> str | None:
+    """Of ``candidates``, the group trained most like ``label``, the one labelled ``preferred`` on a tie.
+
+    "Most like it" counts the config keys (solver, constraints and seed aside) that differ, so a
+    bench over training regimes (say ``train.train_gamma``) pairs each run with its own regime.
+    """
+    config = groups[label]["config"]
+
+    def distance(other: str) -> tuple[int, bool]:
+        theirs = groups[other]["config"]
+        keys = {k for k in {*config, *theirs} if not k.startswith(("solver.", "constraints.", "seed", "label"))}
+        return sum(config.get(k) != theirs.get(k) for k in keys), other != preferred
+
+    return min(candidates, key=distance, default=None)
+
+
+def _in_context(groups: dict, label: str, solver: str) -> list[str]:
     key = groups[label]["context_key"]
-    candidates = [other for other, g in groups.items() if g["solver"] == BASELINE_SOLVER and g["context_key"] == key]
-    return BASELINE_SOLVER if BASELINE_SOLVER in candidates else next(iter(candidates), None)
+    return [other for other, g in groups.items() if g["solver"] == solver and g["context_key"] == key]
+
+
+def _baseline(groups: dict, label: str) -> str | None:
+    """The erm group ``label`` is compared with: of its context's groups labelled "erm" (or "erm,..." in a grid), else of all its erm groups, the nearest."""
+    candidates = _in_context(groups, label, BASELINE_SOLVER)
+    main = [c for c in candidates if c.split(",")[0] == BASELINE_SOLVER]
+    return _nearest(groups, label, main or candidates, BASELINE_SOLVER)
 
 
 def comparisons(groups: dict) -> list[tuple[str, str]]:
-    """(label, reference) pairs in one context: everything against erm, and primal-dual against penalty."""
+    """(label, reference) pairs in one context: everything against its erm, and primal-dual against its penalty."""
     pairs = [(label, ref) for label in groups if (ref := _baseline(groups, label)) not in (None, label)]
     pairs += [
         (label, ref)
-        for ref, r in groups.items()
-        if r["solver"] == PENALTY_SOLVER
         for label, g in groups.items()
-        if g["solver"] == CONSTRAINED_SOLVER and g["context_key"] == r["context_key"]
+        if g["solver"] == CONSTRAINED_SOLVER and (ref := _nearest(groups, label, _in_context(groups, label, PENALTY_SOLVER), PENALTY_SOLVER)) is not None
     ]
     return pairs
 
@@ -174,7 +193,7 @@ def _ablation_tables(groups: dict, metrics: list[str]) -> list[str]:
     return lines
 
 
-def _paired_tables(results: list[dict], groups: dict, metrics: list[str], gammas: list[float]) -> list[str]:
+def _paired_tables(results: list[dict], groups: dict, metrics: list[str], gammas: list[float], where: str = "") -> list[str]:
     """Markdown: per metric, label - reference at every gamma over the seeds both have."""
     value = {(r["label"], r["seed"], float(g["gamma"]), m): v for r in results for g in r["gammas"] for m, v in g["metrics"].items()}
     lines = []
@@ -195,7 +214,7 @@ def _paired_tables(results: list[dict], groups: dict, metrics: list[str], gammas
     if not lines:
         return []
     note = "Mean over paired seeds with its 95% t interval; **bold**: the interval excludes 0. One seed gives no interval."
-    return ["## Paired differences over seeds", "", note, "", *lines]
+    return [f"## Paired differences over seeds{where}", "", note, "", *lines]
 
 
 def _summarize_group(runs: list[dict]) -> dict:
@@ -231,6 +250,15 @@ def _summarize_group(runs: list[dict]) -> dict:
         "lambda": lambdas,
         "step_time": float(np.mean(times)) if times else None,
     }
+
+
+def domain_results(results: list[dict]) -> dict[str, list[dict]]:
+    """Per evaluation domain (``eval.domains``), each run's results with that domain's records as its ``gammas``."""
+    views: dict[str, list[dict]] = {}
+    for r in results:
+        for name, records in r.get("domains", {}).items():
+            views.setdefault(name, []).append({**r, "gammas": records})
+    return views
 
 
 def summarize(results: list[dict]) -> dict:
@@ -277,23 +305,30 @@ def _layer_table(groups: dict, key: str, gamma: float) -> list[str]:
     return _table(["label"] + names, rows)
 
 
+def _metric_tables(groups: dict, results: list[dict], metrics: list[str], gammas: list[float], where: str = "") -> list[str]:
+    """Markdown: every label's metrics at every gamma, then the paired differences, on the test split or ``where``."""
+    header = ["label"] + [f"{m} γ={g:g}" for m in metrics for g in gammas]
+    rows = [[label] + [_cell(grp["gammas"].get(g, {}).get("metrics", {}).get(m)) for m in metrics for g in gammas]
+            for label, grp in groups.items()]
+    return [f"## Metric at each gamma{where}", "", *_table(header, rows), *_paired_tables(results, groups, metrics, gammas, where)]
+
+
 def _markdown(groups: dict, results: list[dict], title: str, images: list[str], note: str = "") -> str:
     gammas = _all_gammas(groups)
     metrics = list(dict.fromkeys(m for grp in groups.values() for s in grp["gammas"].values() for m in s["metrics"]))
     seeds = sorted({r["seed"] for r in results})
     lines = [f"# {title}", "", *([note, ""] if note else []), f"{len(results)} runs of {len(groups)} variants; seeds {', '.join(map(str, seeds))}.", ""]
 
-    lines += ["## Metric at each gamma", ""]
-    header = ["label"] + [f"{m} γ={g:g}" for m in metrics for g in gammas]
-    rows = [[label] + [_cell(grp["gammas"].get(g, {}).get("metrics", {}).get(m)) for m in metrics for g in gammas]
-            for label, grp in groups.items()]
-    lines += _table(header, rows)
-
-    lines += _paired_tables(results, groups, metrics, gammas)
-
+    lines += _metric_tables(groups, results, metrics, gammas)
     for gamma in dict.fromkeys([gammas[0], gammas[-1]]):
         lines += [f"## Test loss per layer at γ={gamma:g}", ""] + _layer_table(groups, "layer_loss", gamma)
     lines += [f"## Descent rate per layer at γ={gammas[0]:g}", ""] + _layer_table(groups, "descent_rate", gammas[0])
+
+    for name, view in domain_results(results).items():
+        where = f" on domain {name}"
+        domain_groups = summarize(view)
+        lines += _metric_tables(domain_groups, view, metrics, _all_gammas(domain_groups), where)
+        lines += [f"## Loss per layer at γ={gammas[0]:g}{where}", ""] + _layer_table(domain_groups, "layer_loss", gammas[0])
 
     lines += _ablation_tables(groups, metrics)
 
@@ -328,8 +363,8 @@ def _traces(groups: dict) -> dict[tuple[str, str], tuple[np.ndarray, np.ndarray,
     return traces
 
 
-def _plot(groups: dict, out: Path) -> list[str]:
-    """Write the PNGs and return their file names."""
+def _plot(groups: dict, out: Path, domains: dict[str, dict] | None = None) -> list[str]:
+    """Write the PNGs and return their file names; ``domains`` maps each evaluation domain to its groups."""
     import matplotlib
 
     matplotlib.use("Agg")  # here, not at import, so importing the module leaves a user's backend alone
@@ -376,6 +411,26 @@ def _plot(groups: dict, out: Path) -> list[str]:
     fig.savefig(out / "metric_vs_gamma.png", dpi=120)
     plt.close(fig)
     images = ["loss_vs_layer.png", "metric_vs_gamma.png"]
+
+    if domains:  # a column per evaluation set (the test split first), a row per context and metric
+        panels = {"test": groups, **domains}
+        rows = [(key, metric) for key in contexts for metric in metrics]
+        fig, axes = plt.subplots(len(rows), len(panels), figsize=(4.5 * len(panels), 3.5 * len(rows)), squeeze=False)
+        for row, (key, metric) in enumerate(rows):
+            for ax, (where, panel) in zip(axes[row], panels.items()):
+                for label, grp in panel.items():
+                    if grp["context_key"] != key:
+                        continue
+                    pts = [(g, st["metrics"][metric]) for g, st in grp["gammas"].items() if metric in st["metrics"]]
+                    ax.errorbar([g for g, _ in pts], [m["mean"] for _, m in pts], yerr=[m["std"] for _, m in pts],
+                                linestyle="-" if grp["solver"] == CONSTRAINED_SOLVER else "--", marker="o", capsize=3, label=label)
+                prefix = f"{titles[key]}, " if titles[key] else ""
+                ax.set(title=f"{prefix}{where}: {metric}", xlabel="γ", ylabel=metric)
+                ax.legend(fontsize="small")
+        fig.tight_layout()
+        fig.savefig(out / "metric_vs_gamma_domains.png", dpi=120)
+        plt.close(fig)
+        images.append("metric_vs_gamma_domains.png")
 
     # The share of test samples each layer improves, in distribution: 1 everywhere is strict descent.
     fig, ax = plt.subplots(figsize=(6, 4))
@@ -438,7 +493,7 @@ def write_report(root: Path, out: Path | None = None, title: str | None = None, 
     results = collect(root)
     groups = summarize(results)
     out.mkdir(parents=True, exist_ok=True)
-    images = _plot(groups, out)
+    images = _plot(groups, out, {name: summarize(view) for name, view in domain_results(results).items()})
     summary = out / "summary.md"
     summary.write_text(_markdown(groups, results, title or f"layerdescent report: {root.name}", images, note))
     return summary

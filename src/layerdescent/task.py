@@ -44,6 +44,9 @@ class Task(abc.ABC):
     name: ClassVar[str]
     options: ClassVar[dict[str, Any]] = {}
     perturbations: ClassVar[tuple[str, ...]] = ("gaussian",)
+    # Extra evaluation sets that share the task's labels (a real distribution shift), by name;
+    # ``eval.domains`` picks among them and ``domain_dataset`` builds one.
+    domains: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, **options: Any) -> None:
         self.options = {**type(self).options, **options}
@@ -77,6 +80,10 @@ class Task(abc.ABC):
         the log). Override it when reading the other layers is costly, like the logit lens.
         """
         return None
+
+    def domain_dataset(self, name: str) -> datasets.Dataset:
+        """The evaluation set of domain ``name`` (one of ``domains``), with the test split's columns and labels."""
+        raise NotImplementedError(f"task {self.name!r} lists domain {name!r} but does not implement domain_dataset")
 
     def required_assets(self) -> tuple[str, ...]:
         """Names of the fetched assets these options read; ``layerdescent assets fetch`` gets them."""

@@ -30,7 +30,7 @@ from layerdescent.config import RunConfig, TrainConfig, load_config
 from layerdescent.data import Rows
 from layerdescent.distributed import World, init_world, to_device
 from layerdescent.errors import ConfigError, DataError, DivergenceError
-from layerdescent.evaluator import evaluate
+from layerdescent.evaluator import evaluate, evaluate_all
 from layerdescent.problem import LayerwiseProblem
 from layerdescent.registry import Registry, get_registry
 from layerdescent.solvers import Solver, build_solver
@@ -254,6 +254,7 @@ class Trainer:
                     log.write(json.dumps({"event": "epoch", "epoch": position["epoch"], "step": position["step"], "val_loss": val["layer_loss"], "val_metrics": val["metrics"]}) + "\n")
                     if train.early_stopping and val["layer_loss"][-1] < position["best_loss"]:
                         position["best_loss"], position["best_epoch"] = val["layer_loss"][-1], position["epoch"]
+                        position["best_val_loss"] = val["layer_loss"]  # every layer's, for tuning and the reports
                         if world.is_main:  # written before the checkpoint that records it, so a resume finds it
                             save_checkpoint(self.best_path, {"task": self.task.name, "model": model.state_dict(), "epoch": position["epoch"]})
                 position["epoch"] += 1
@@ -266,7 +267,7 @@ class Trainer:
         if train.early_stopping:
             world.barrier()  # rank 0 wrote best.pt
             model.load_state_dict(load_checkpoint(self.best_path, self.task.name)["model"])
-        records = evaluate(self.task, model, rows[config.eval.split], config.eval.gammas, config.eval.batch_size, config.eval.seed, world)
+        evaluation = evaluate_all(self.task, model, rows[config.eval.split], config.eval, world)
         relaxations = problem.relaxations()
         results = {
             "schema": RESULTS_SCHEMA,
@@ -281,7 +282,7 @@ class Trainer:
             "train": {
                 "steps": position["step"],
                 "epochs": position["epoch"],
-                **({"best_epoch": position["best_epoch"]} if train.early_stopping else {}),
+                **({"best_epoch": position["best_epoch"], "best_val_loss": position.get("best_val_loss")} if train.early_stopping else {}),
                 "step_time_median": statistics.median(step_times) if step_times else None,
                 "skipped_steps": skipped_steps,
             },
@@ -293,7 +294,7 @@ class Trainer:
                 }
                 for name, value in problem.multipliers().items()
             },
-            "gammas": records,
+            **evaluation,
         }
         if world.is_main:
             (self.run_dir / "results.json").write_text(json.dumps(results, indent=2) + "\n")
@@ -446,13 +447,13 @@ def evaluate_run(run_dir: str | Path, out: str | Path, overrides: Sequence[str] 
     # The model that was tested: the best validation epoch's when early stopping kept one.
     model_file = run_dir / ("best.pt" if config.train.early_stopping else "checkpoint.pt")
     session.model.load_state_dict(load_checkpoint(model_file, trainer.task.name)["model"])
-    records = evaluate(trainer.task, session.model, session.rows[config.eval.split], config.eval.gammas, config.eval.batch_size, config.eval.seed, session.world)
+    evaluation = evaluate_all(trainer.task, session.model, session.rows[config.eval.split], config.eval, session.world)
     results = {
-        **json.loads((run_dir / "results.json").read_text()),
+        **{k: v for k, v in json.loads((run_dir / "results.json").read_text()).items() if k != "domains"},
         "split": config.eval.split,
         "perturbation": trainer.task.perturbation,
         "evaluated_from": str(run_dir),
-        "gammas": records,
+        **evaluation,
     }
     if session.world.is_main:
         out.mkdir(parents=True, exist_ok=True)
