@@ -18,8 +18,8 @@ from layerdescent_llm import LLMFinetuning, TokenPerplexity  # noqa: E402
 from layerdescent_llm import model as lens_model  # noqa: E402
 from layerdescent_llm.cross_entropy import linear_cross_entropy  # noqa: E402
 from layerdescent_llm.data import PROMPT  # noqa: E402
-from layerdescent_llm.model import GGUF_MEMBER, SMOLLM2, load_causal_lm, load_gguf, read_layers, save_converted, smollm2_dir  # noqa: E402
-from layerdescent_text.data import ORANGE_TEXT  # noqa: E402
+from layerdescent_llm.model import read_layers  # noqa: E402
+from layerdescent_language import GGUF_MEMBER, ORANGE_TEXT, SMOLLM2, load_causal_lm, load_gguf, save_converted, smollm2_dir  # noqa: E402
 
 TINY = {"model_path": "tiny", "dataset": "synthetic", "synthetic_size": 200}
 TINY_LM = {"model_path": "tiny", "dataset": "synthetic-lm", "synthetic_size": 200, "max_length": 12}

@@ -10,8 +10,8 @@ pytest.importorskip("transformers", reason="the text plugin needs the 'text' ext
 import layerdescent as ld  # noqa: E402
 from layerdescent import assets  # noqa: E402
 from layerdescent_text import MINILM, TextClassification  # noqa: E402
-from layerdescent_text.data import ORANGE_TEXT, VADER, parse_tab, split, synthetic_rows  # noqa: E402
-from layerdescent_text.model import LayerwiseClassifier, gaussian_embeddings, substitute_tokens, tiny_bert, word_tokenizer  # noqa: E402
+from layerdescent_language import ORANGE_TEXT, VADER, gaussian_embeddings, parse_tab, split, substitute_tokens, synthetic_rows, word_tokenizer  # noqa: E402
+from layerdescent_text.model import LayerwiseClassifier, tiny_bert  # noqa: E402
 
 TINY = {"model_path": "tiny", "dataset": "synthetic", "synthetic_size": 300}
 
@@ -175,7 +175,7 @@ def test_the_three_rated_domains_have_the_archive_counts_without_zeros_or_traini
 
 
 def test_a_domain_sentence_that_is_in_the_task_data_is_dropped_case_and_spacing_aside(monkeypatch):
-    from layerdescent_text import data
+    from layerdescent_language import corpora as data
 
     monkeypatch.setattr(data, "rated_rows", lambda member: {"text": ["A  fine film", "new words"], "label": [1, 0]})
     assert data.domain_rows("amazon", exclude=["a fine FILM"]) == {"text": ["new words"], "label": [0]}

@@ -47,10 +47,24 @@ from torch import nn
 import layerdescent
 from layerdescent import LayerOutput, Task
 
-from layerdescent_llm.data import LABEL_WORDS, PROMPT, grimm_tales, split_documents, subsample, token_windows
-from layerdescent_llm.model import SMOLLM2, LogitLens, add_lora, load_causal_lm, load_tokenizer, read_layers, smollm2_dir, tiny_llama
-from layerdescent_text.data import ORANGE_TEXT, VADER, movie_review_rows, split, synthetic_rows
-from layerdescent_text.model import gaussian_embeddings, substitute_tokens, word_tokenizer
+from layerdescent_language import (
+    ORANGE_TEXT,
+    SMOLLM2,
+    VADER,
+    gaussian_embeddings,
+    grimm_tales,
+    load_causal_lm,
+    load_tokenizer,
+    movie_review_rows,
+    smollm2_dir,
+    split,
+    substitute_tokens,
+    synthetic_rows,
+    tiny_llama,
+    word_tokenizer,
+)
+from layerdescent_llm.data import LABEL_WORDS, PROMPT, split_documents, subsample, token_windows
+from layerdescent_llm.model import LogitLens, add_lora, read_layers
 
 DATASETS = ("sentiment", "lm", "synthetic", "synthetic-lm")
 LM_DATASETS = ("lm", "synthetic-lm")
@@ -289,9 +303,3 @@ class LLMFinetuning(Task):
 def register_tasks(register) -> None:
     """Make ``llm-finetuning`` available to configs."""
     register(LLMFinetuning)
-
-
-@layerdescent.hookimpl
-def register_assets(register) -> None:
-    """SmolLM2, fetched with ``layerdescent assets fetch smollm2``; the text plugin registers the review and tale data."""
-    register(SMOLLM2)

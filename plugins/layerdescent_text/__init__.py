@@ -40,16 +40,20 @@ import layerdescent
 from layerdescent import Asset, LayerOutput, Task
 from layerdescent.assets import extract
 
-from layerdescent_text.data import ORANGE_TEXT, RATED_DOMAINS, VADER, domain_rows, movie_review_rows, newsgroups_rows, split, synthetic_rows
-from layerdescent_text.model import (
-    LayerwiseClassifier,
+from layerdescent_language import (
+    ORANGE_TEXT,
+    RATED_DOMAINS,
+    VADER,
+    domain_rows,
     gaussian_embeddings,
-    load_encoder,
-    load_tokenizer,
+    movie_review_rows,
+    newsgroups_rows,
+    split,
     substitute_tokens,
-    tiny_bert,
+    synthetic_rows,
     word_tokenizer,
 )
+from layerdescent_text.model import LayerwiseClassifier, load_encoder, load_tokenizer, tiny_bert
 
 MINILM = Asset(
     name="minilm",
@@ -180,7 +184,5 @@ def register_tasks(register) -> None:
 
 @layerdescent.hookimpl
 def register_assets(register) -> None:
-    """The encoder, the review sentences and 20 Newsgroups, fetched with ``layerdescent assets fetch``."""
+    """The MiniLM encoder, fetched with ``layerdescent assets fetch minilm``; the data comes from layerdescent_language."""
     register(MINILM)
-    register(VADER)
-    register(ORANGE_TEXT)

