@@ -139,6 +139,59 @@ def test_end_to_end_primal_dual_run_on_the_fallback_reports_accuracy_and_f1(tmp_
     assert clean["metrics"]["accuracy"] >= shifted["metrics"]["accuracy"]
 
 
+def test_a_causal_lm_backbone_reads_every_layer_through_its_final_norm_and_pools_the_last_real_token():
+    task = tiny_task(model_path="tiny-llama", pooling="last")
+    model = task.build_model().eval()
+    batch = task.collate({"text": ["the film was great", "dull"], "label": [1, 0]})
+    with torch.no_grad():
+        logits = model(model.embed(batch["input_ids"]), batch["attention_mask"])
+        out = model.encoder(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], output_hidden_states=True, use_cache=False)
+    assert task.causal and task.num_layers == 2 and logits.shape == (2, 3, 2)
+    last = batch["attention_mask"].sum(1) - 1  # "dull" is padded on the right: its last real token is its second
+    assert last.tolist() == [5, 2]
+    for k, state in enumerate([*out.hidden_states[:-1], out.last_hidden_state]):
+        normed = model.encoder.norm(state) if k < 2 else state
+        expected = model.heads[0](normed[torch.arange(2), last])
+        assert torch.allclose(logits[:, k], expected, atol=1e-6)
+
+
+def test_lora_on_a_causal_backbone_trains_the_adapters_and_heads_and_saves_only_them(tmp_path):
+    task = tiny_task(model_path="tiny-llama", finetune="lora", lora_rank=2)
+    model = task.build_model()
+    trainable = {name for name, p in model.named_parameters() if p.requires_grad}
+    assert trainable and all("lora_" in name or name.startswith("heads.") for name in trainable)
+    assert set(model.state_dict()) == trainable
+    torch.manual_seed(1)
+    again = task.build_model()
+    again.load_state_dict(model.state_dict())  # the rebuilt frozen base plus the saved adapters
+    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), again.state_dict().values()))
+
+
+def test_cls_pooling_on_a_causal_lm_is_a_config_error():
+    with pytest.raises(ld.ConfigError, match="causal LM"):
+        tiny_task(model_path="tiny-llama", pooling="cls")
+
+
+def test_train_size_keeps_a_fixed_subset_of_the_training_split_and_every_test_sentence():
+    full, small = tiny_task().build_datasets(), tiny_task(train_size=50).build_datasets()
+    assert len(small["train"]) == 50 and set(small["train"]["text"]) <= set(full["train"]["text"])
+    assert small["test"]["text"] == full["test"]["text"]
+
+
+def test_end_to_end_run_on_a_tiny_llama_backbone_with_lora(tmp_path):
+    config = ld.config_from_dict(
+        {
+            "task": {"name": "text-classification", **TINY, "model_path": "tiny-llama", "pooling": "last", "finetune": "lora"},
+            "train": {"epochs": 1, "batch_size": 32, "lr": 0.003, "progress": False},
+            "constraints": [{"kind": "descent", "alpha": 0.05}],
+            "eval": {"gammas": [0.0]},
+        }
+    )
+    results = ld.train(config, tmp_path / "run")
+    assert results["num_layers"] == 2 and len(results["gammas"][0]["layer_loss"]) == 3
+    assert ld.evaluate_run(tmp_path / "run", tmp_path / "again")["gammas"] == results["gammas"]
+
+
 @pytest.mark.parametrize("rate", [0.0, 0.3])
 def test_train_dropout_sets_every_dropout_layer_of_the_encoder(tmp_path, rate):
     from layerdescent.trainer import Trainer

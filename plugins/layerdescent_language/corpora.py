@@ -150,3 +150,10 @@ def split(rows: dict[str, list], seed: int, validation: float = 0.1, test: float
         return datasets.Dataset.from_dict({k: [v[i] for i in indices] for k, v in rows.items()})
 
     return {"train": take(train_index), "validation": take(val_index), "test": take(test_index)}
+
+
+def subsample(dataset: datasets.Dataset, size: int, seed: int) -> datasets.Dataset:
+    """``size`` rows drawn by ``seed`` (all of them if ``size`` is 0 or not smaller)."""
+    if not size or size >= len(dataset):
+        return dataset
+    return dataset.shuffle(seed=seed).select(range(size))

