@@ -74,6 +74,7 @@ LM = {"name": "llm-finetuning", "dataset": "lm", "finetune": "lora", "max_length
 LAST_ONLY = {"lens_layers": "last-m", "lens_last": 1, "lens_tokens": 16}
 FLOAT32 = {"lens_bf16": False}
 NAIVE = {"lens_tokens": 0, "lens_chunk": 0, **FLOAT32}
+LABELS = {"lens_vocab": "labels"}
 ERM, PD = {"name": "erm"}, {"name": "primal-dual"}
 LLM_TRAIN = {"lr": 1e-4, "optimizer": "adamw"}
 
@@ -107,6 +108,15 @@ SETUPS: dict[str, dict[str, Setup]] = {
                 "primal-dual, float32 lens": ({**SENTIMENT, **FLOAT32}, PD),
                 "primal-dual, naive lens": ({**SENTIMENT, **NAIVE}, PD),
                 HAND_WRITTEN: (SENTIMENT, ERM),
+            },
+        ),
+        "sentiment, label lens, LoRA, batch 8": Setup(
+            {**LLM_TRAIN, "batch_size": 8},
+            1,
+            {
+                "erm": ({**SENTIMENT, **LABELS}, ERM),
+                "primal-dual": ({**SENTIMENT, **LABELS}, PD),
+                "primal-dual, whole-vocabulary lens": (SENTIMENT, PD),
             },
         ),
         "lens, LoRA, 4 x 128 tokens": Setup(
@@ -231,8 +241,10 @@ def main() -> None:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--steps", type=int, default=3, help="steps per variant per round")
+    parser.add_argument("--setup", default="", help="only the setups whose name contains this")
     args = parser.parse_args()
     command = f"python benchmarks/cost.py --task {args.task} --out {args.out} --rounds {args.rounds} --steps {args.steps}"
+    command += f" --setup '{args.setup}'" if args.setup else ""
     lines = [
         f"# Step cost on {args.task}",
         "",
@@ -243,6 +255,8 @@ def main() -> None:
         "|---|---|---|---|---|---|---|",
     ]
     for label, setup in SETUPS[args.task].items():
+        if args.setup not in label:
+            continue
         for name, (secs, ratio, peak, peak_ratio) in measure(setup, args.rounds, args.steps).items():
             lines.append(f"| {label} | {setup.threads} | {name} | {secs * 1e3:.1f} | {ratio:.3f} | {peak:.1f} | {peak_ratio:.2f} |")
             print(lines[-1], flush=True)

@@ -43,7 +43,7 @@ BENCHES = {
     "text classification (MiniLM, movie reviews, Gaussian embedding noise)": Bench("results/text", "text.toml", "accuracy", True),
     "video denoising (3 videos x 3 architectures, Gaussian noise)": Bench("results/video", "video.toml", "rmse", False),
     "video denoising by depth (DUST on vtest, trained clean)": Bench("results/video_depth", "video_depth.toml", "rmse", False),
-    "LLM finetuning (SmolLM2-135M, LoRA, sentiment, Gaussian embedding noise)": Bench("results/llm", "llm.toml", "accuracy", True),
+    "LLM finetuning (SmolLM2-135M, LoRA, 64 steps, whole-vocabulary lens, Gaussian embedding noise)": Bench("results/llm_vocab64", "llm_vocab64.toml", "accuracy", True),
 }
 CLAIMS = ("monotone layerwise descent", "graceful degradation", "in-distribution parity", "deeper constrained models gain more")
 

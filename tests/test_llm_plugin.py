@@ -104,6 +104,47 @@ def test_intermediate_layers_go_through_the_final_norm_and_the_lm_head():
             torch.testing.assert_close(losses[:, k], expected, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("finetune", ["full", "lora"])
+def test_the_label_lens_is_the_cross_entropy_of_whole_logits_restricted_to_the_label_words(finetune):
+    torch.manual_seed(0)
+    task = tiny_task(lens_vocab="labels", finetune=finetune)
+    model = task.build_model()
+    randomize_final_norm(model)
+    batch = task.collate(REVIEWS)
+    out = task.layer_losses(model, batch)
+    ours = torch.autograd.grad(out.losses.sum(), [p for p in model.parameters() if p.requires_grad])
+    states = model.lm.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], output_hidden_states=True).hidden_states
+    last = batch["attention_mask"].sum(1) - 1
+    expected = []
+    for k in range(3):
+        state = model.lm.model.norm(states[k]) if k < 2 else model.lm.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).last_hidden_state
+        logits = model.lm.lm_head(state)[torch.arange(2), last]  # the whole vocabulary at the answer position
+        expected.append(torch.nn.functional.cross_entropy(logits[:, task.label_ids], batch["label"], reduction="none"))
+    expected = torch.stack(expected, dim=1)
+    theirs = torch.autograd.grad(expected.sum(), [p for p in model.parameters() if p.requires_grad])
+    torch.testing.assert_close(out.losses, expected, rtol=1e-5, atol=1e-6)
+    for a, b in zip(ours, theirs):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+    assert out.layer_preds.shape == (2, 3, 2) and torch.equal(out.layer_preds[:, -1], out.preds)
+
+
+def test_the_label_lens_needs_label_words():
+    with pytest.raises(ld.ConfigError, match="lens_vocab = 'labels' needs label words"):
+        LLMFinetuning(**TINY_LM, lens_vocab="labels")
+
+
+def test_every_layers_accuracy_is_read_from_the_label_logits_whatever_the_lens(tmp_path):
+    config = ld.config_from_dict({"task": {"name": "llm-finetuning", **TINY}, "solver": {"name": "erm"}, "train": {"epochs": 1, "progress": False, "batch_size": 32}})
+    results = ld.train(config, tmp_path / "run")
+    record = results["gammas"][0]
+    assert len(record["layer_metrics"]["accuracy"]) == 3
+    assert record["layer_metrics"]["accuracy"][-1] == record["metrics"]["accuracy"]
+
+
+def test_sentiment_offers_the_rated_domains_and_language_modelling_none():
+    assert tiny_task().domains == ("amazon", "tweets", "nyt") and LLMFinetuning(**TINY_LM).domains == ()
+
+
 def test_subsampled_intermediate_losses_are_unbiased_and_exact_when_the_tokens_cover_the_sequence():
     torch.manual_seed(0)
     task = LLMFinetuning(**TINY_LM, lens_tokens=0)

@@ -15,6 +15,10 @@ the j-th read state, not transformer layer j, and a descent constraint on it com
 read states. The LM head runs only where a loss is taken; intermediate states are read at
 ``lens_tokens`` random target positions per sequence (an unbiased estimate; the last state is
 always read at every target), in chunks of ``lens_chunk`` rows (see ``LogitLens.losses``).
+For sentiment, ``lens_vocab = "labels"`` restricts every layer's cross-entropy to the two label
+words' logits (the verbalizer view, two rows of the head), where each layer starts near ln 2
+instead of tens of nats; either way each layer's accuracy is read from those two logits
+(``layer_metrics`` in results.json).
 
 Data: ``sentiment``, the movie-review sentences of the vaderSentiment sdist as an instruction,
 "Review: <text>\\nSentiment:", whose target is the one next token " positive" or " negative"
@@ -43,14 +47,17 @@ import datasets
 import torch
 import torchmetrics
 from torch import nn
+from torch.nn import functional as F
 
 import layerdescent
 from layerdescent import LayerOutput, Task
 from layerdescent_language import (
     ORANGE_TEXT,
+    RATED_DOMAINS,
     SMOLLM2,
     VADER,
     add_lora,
+    domain_rows,
     gaussian_embeddings,
     grimm_tales,
     load_causal_lm,
@@ -111,6 +118,8 @@ class LLMFinetuning(Task):
         "lens_chunk": 1024,
         # float32 products for 31 readouts cost ~16% of SmolLM2's own on the answer task; bfloat16 ones halve that
         "lens_bf16": True,
+        # "all": next-token cross-entropy over the whole vocabulary; "labels": over the label words only (sentiment)
+        "lens_vocab": "all",
         "train_size": 0,
         "validation_size": 0,
         "test_size": 0,
@@ -122,7 +131,9 @@ class LLMFinetuning(Task):
     def __init__(self, **options: Any) -> None:
         super().__init__(**options)
         o = self.options
-        self.check_choices(dataset=DATASETS, finetune=("lora", "full"), lens_layers=("all", "every-k", "last-m"))
+        self.check_choices(dataset=DATASETS, finetune=("lora", "full"), lens_layers=("all", "every-k", "last-m"), lens_vocab=("all", "labels"))
+        if o["lens_vocab"] == "labels" and self.is_lm:
+            raise layerdescent.ConfigError(f"task.lens_vocab = 'labels' needs label words; dataset {o['dataset']!r} is language modelling (use 'all')")
         lowest = {"max_length": 8, "lora_rank": 1, "lora_alpha": 1, "lens_every": 1, "lens_last": 1, "tiny_layers": 1, "synthetic_size": 20}
         for key, low in lowest.items():
             if o[key] < low:
@@ -147,6 +158,14 @@ class LLMFinetuning(Task):
         model = () if self.options["model_path"] else (SMOLLM2.name,)
         data = {"sentiment": (VADER.name,), "lm": (ORANGE_TEXT.name,)}.get(self.options["dataset"], ())
         return model + data
+
+    @property
+    def domains(self) -> tuple[str, ...]:
+        """The other rated sentiment sets of the vader archive, for the sentiment datasets."""
+        return () if self.is_lm else tuple(RATED_DOMAINS)
+
+    def domain_dataset(self, name: str) -> datasets.Dataset:
+        return datasets.Dataset.from_dict(domain_rows(name, exclude=self.rows["text"]))
 
     @cached_property
     def rows(self) -> dict[str, list]:
@@ -287,12 +306,18 @@ class LLMFinetuning(Task):
             if gamma and self.perturbation == "gaussian":
                 embeds = gaussian_embeddings(embeds, content, gamma)
             states = model(embeds, mask)
-            losses = model.losses(states[-1:] if last_only else states, targets, o["lens_tokens"], o["lens_chunk"], o["lens_bf16"])
+            read = states[-1:] if last_only else states
             if self.is_lm:
+                losses = model.losses(read, targets, o["lens_tokens"], o["lens_chunk"], o["lens_bf16"])
                 counts = (targets != -100).sum(1)
                 return LayerOutput(losses, preds=losses[:, -1].detach() * counts, target=counts)
-            labels = model.label_logits(states[-1], mask.sum(1) - 1, self.label_ids.to(ids.device))
-        return LayerOutput(losses, preds=labels.detach(), target=batch["label"])
+            # The two label words' logits at the answer position, for every read state.
+            labels = model.label_logits(read, mask.sum(1) - 1, self.label_ids.to(ids.device))
+            if o["lens_vocab"] == "labels":
+                losses = F.cross_entropy(labels.flatten(0, 1), batch["label"].repeat_interleave(len(read)), reduction="none").view(len(ids), len(read))
+            else:
+                losses = model.losses(read, targets, o["lens_tokens"], o["lens_chunk"], o["lens_bf16"])
+        return LayerOutput(losses, preds=labels[:, -1].detach(), target=batch["label"], layer_preds=None if last_only else labels.detach())
 
     def metrics(self) -> torchmetrics.MetricCollection:
         if self.is_lm:

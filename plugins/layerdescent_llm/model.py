@@ -99,8 +99,15 @@ class LogitLens(AdaptersOnlyState, nn.Module):
             return linear_cross_entropy(hidden, head.weight, target, head.bias, chunk)
         return F.cross_entropy(head(hidden).float(), target, reduction="none")
 
-    def label_logits(self, state: torch.Tensor, positions: torch.Tensor, label_ids: torch.Tensor) -> torch.Tensor:
-        """Logits of the label tokens only, at one position per sample of a normed state: B x labels."""
-        hidden = state[torch.arange(len(positions), device=state.device), positions]
+    def label_logits(self, states: list[torch.Tensor], positions: torch.Tensor, label_ids: torch.Tensor) -> torch.Tensor:
+        """Logits of the label tokens only, at one position per sample of every read state: B x len(states) x labels.
+
+        The intermediate states go through the final norm first; the last is normed already.
+        Two rows of the head make this the label-restricted lens (the verbalizer view).
+        """
+        rows = torch.arange(len(positions), device=positions.device)
+        hidden = torch.stack([state[rows, positions] for state in states], dim=1)  # B x S x H
+        if len(states) > 1:
+            hidden = torch.cat([self.final_norm(hidden[:, :-1]), hidden[:, -1:]], dim=1)
         bias = self.head.bias[label_ids] if getattr(self.head, "bias", None) is not None else None
         return F.linear(hidden, self.head.weight[label_ids], bias).float()

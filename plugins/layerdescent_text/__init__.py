@@ -205,7 +205,7 @@ class TextClassification(Task):
         logits = model(embeds, mask)  # B x (L + 1) x classes
         layers = logits.shape[1]
         losses = F.cross_entropy(logits.flatten(0, 1), labels.repeat_interleave(layers), reduction="none").view(-1, layers)
-        return LayerOutput(losses, preds=logits[:, -1], target=labels)
+        return LayerOutput(losses, preds=logits[:, -1], target=labels, layer_preds=logits.detach())
 
     def metrics(self) -> torchmetrics.MetricCollection:
         classes = self.num_labels

@@ -26,6 +26,8 @@ def evaluate(
 ) -> list[dict[str, Any]]:
     """One record per gamma: ``layer_loss`` (L+1), ``descent_rate`` (L), ``metrics``, ``samples``.
 
+    A task whose outputs carry ``layer_preds`` also gets ``layer_metrics``: each metric at every layer.
+
     Batch k draws its perturbations from a torch RNG seeded with (``seed``, k), so the numbers
     depend neither on what ran before nor on how many ranks share the batches (rank r takes
     batches r, r + size, ...; sums are reduced over ranks), and the caller's RNG is left as it was.
@@ -43,6 +45,7 @@ def evaluate(
     try:
         for gamma in gammas:
             metrics = task.metrics().to(device)
+            per_layer = None  # one metric collection per layer, made when a batch brings layer_preds
             loss_sum = torch.zeros(layers, dtype=torch.float64, device=device)
             descents = torch.zeros(layers - 1, dtype=torch.float64, device=device)
             count = torch.zeros((), dtype=torch.float64, device=device)
@@ -59,17 +62,25 @@ def evaluate(
                 count += losses.shape[0]
                 if out.preds is not None:
                     metrics.update(out.preds, out.target)
+                if out.layer_preds is not None:
+                    per_layer = per_layer or [task.metrics().to(device) for _ in range(layers)]
+                    for k, layer_metrics in enumerate(per_layer):
+                        layer_metrics.update(out.layer_preds[:, k], out.target)
             loss_sum, descents, count = world.sum(loss_sum), world.sum(descents), world.sum(count)
             computed = metrics.compute() if len(metrics) else {}  # torchmetrics reduces over ranks itself
-            records.append(
-                {
-                    "gamma": float(gamma),
-                    "layer_loss": (loss_sum / count).tolist(),
-                    "descent_rate": (descents / count).tolist(),
-                    "metrics": {name: float(value) for name, value in computed.items()},
-                    "samples": int(count.item()),
-                }
-            )
+            record = {
+                "gamma": float(gamma),
+                "layer_loss": (loss_sum / count).tolist(),
+                "descent_rate": (descents / count).tolist(),
+                "metrics": {name: float(value) for name, value in computed.items()},
+                "samples": int(count.item()),
+            }
+            if world.size > 1 and bool(world.sum(torch.tensor(float(per_layer is not None), device=device)) > 0):
+                per_layer = per_layer or [task.metrics().to(device) for _ in range(layers)]  # every rank joins the metrics' reduction
+            if per_layer and len(per_layer[0]):
+                layer_values = [m.compute() for m in per_layer]
+                record["layer_metrics"] = {name: [float(v[name]) for v in layer_values] for name in layer_values[0]}
+            records.append(record)
     finally:
         model.train(was_training)
     return records

@@ -230,6 +230,9 @@ def _summarize_group(runs: list[dict]) -> dict:
             "metrics": {m: _stats([r["metrics"][m] for r in rows]) for m in rows[0]["metrics"]},
             "layer_loss": _stats([r["layer_loss"] for r in rows]),
             "descent_rate": _stats([r["descent_rate"] for r in rows]),
+            # each metric at every layer, where the task reads one per layer (and every seed has it)
+            "layer_metrics": {m: _stats([r["layer_metrics"][m] for r in rows]) for m in rows[0].get("layer_metrics", {})
+                              if all(m in r.get("layer_metrics", {}) for r in rows)},
         }
     times = [r["train"].get("step_time_median") for r in runs]
     times = [t for t in times if t is not None]
@@ -295,11 +298,13 @@ def _all_gammas(groups: dict) -> list[float]:
     return sorted({g for grp in groups.values() for g in grp["gammas"]})
 
 
-def _layer_table(groups: dict, key: str, gamma: float) -> list[str]:
-    width = max(grp["num_layers"] for grp in groups.values()) + (key == "layer_loss")
+def _layer_table(groups: dict, key: str | tuple[str, str], gamma: float) -> list[str]:
+    """Markdown: a per-layer stat (``key``, or ``("layer_metrics", metric)``) of every label at ``gamma``."""
+    width = max(grp["num_layers"] for grp in groups.values()) + (key != "descent_rate")
     rows = []
     for label, grp in groups.items():
-        stats = grp["gammas"].get(gamma, {}).get(key)
+        record = grp["gammas"].get(gamma, {})
+        stats = record.get(key[0], {}).get(key[1]) if isinstance(key, tuple) else record.get(key)
         rows.append([label] + [_cell(stats, i) if stats and i < len(stats["mean"]) else "–" for i in range(width)])
     names = [f"l{i + 1}<l{i}" if key == "descent_rate" else f"l{i}" for i in range(width)]
     return _table(["label"] + names, rows)
@@ -323,6 +328,8 @@ def _markdown(groups: dict, results: list[dict], title: str, images: list[str], 
     for gamma in dict.fromkeys([gammas[0], gammas[-1]]):
         lines += [f"## Test loss per layer at γ={gamma:g}", ""] + _layer_table(groups, "layer_loss", gamma)
     lines += [f"## Descent rate per layer at γ={gammas[0]:g}", ""] + _layer_table(groups, "descent_rate", gammas[0])
+    for metric in dict.fromkeys(m for grp in groups.values() for st in grp["gammas"].values() for m in st["layer_metrics"]):
+        lines += [f"## {metric} per layer at γ={gammas[0]:g}", ""] + _layer_table(groups, ("layer_metrics", metric), gammas[0])
 
     for name, view in domain_results(results).items():
         where = f" on domain {name}"

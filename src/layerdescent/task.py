@@ -21,6 +21,9 @@ class LayerOutput:
     preds: Any = None
     target: Any = None
     extras: dict[str, Any] = field(default_factory=dict)
+    # B x (L + 1) x ...: every layer's prediction, read like ``preds``; evaluation then records
+    # each metric at every layer (results.json ``layer_metrics``), e.g. where the answer becomes right.
+    layer_preds: Any = None
 
     def __post_init__(self) -> None:
         if self.losses.dim() != 2:
