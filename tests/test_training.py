@@ -226,3 +226,11 @@ def test_dropout_on_a_model_without_dropout_layers_is_a_config_error(tiny, tmp_p
     tiny["train"]["dropout"] = 1.0
     with pytest.raises(ld.ConfigError, match=r"train.dropout must be in \[0, 1\)"):
         ld.config_from_dict(tiny)
+
+
+def test_validation_runs_at_validation_gamma(tiny, tmp_path):
+    tiny["train"]["epochs"] = 1
+    clean = _log(_train(tiny, tmp_path, "clean") and tmp_path / "clean", "epoch")[0]["val_loss"]
+    tiny["train"]["validation_gamma"] = 1.0
+    noisy = _log(_train(tiny, tmp_path, "noisy") and tmp_path / "noisy", "epoch")[0]["val_loss"]
+    assert noisy[-1] > clean[-1] and noisy[0] > clean[0]  # the same model, tested on noisier inputs

@@ -62,6 +62,7 @@ class TrainConfig:
     log_every: int = 10
     checkpoint_every: int = 0
     validate: bool = True
+    validation_gamma: float = 0.0  # the perturbation level of that validation (e.g. train_gamma, to select at the training noise)
     early_stopping: int = 0
     progress: bool = True
     on_nonfinite: Literal["stop", "skip"] = "stop"
@@ -75,7 +76,7 @@ class TrainConfig:
             _require(getattr(self, key) > 0, f"train.{key}", "must be > 0")
         if self.dropout is not None:
             _require(0 <= self.dropout < 1, "train.dropout", f"must be in [0, 1), got {self.dropout}")
-        for key in ("weight_decay", "momentum", "grad_clip", "train_gamma", "threads", "checkpoint_every"):
+        for key in ("weight_decay", "momentum", "grad_clip", "train_gamma", "validation_gamma", "threads", "checkpoint_every"):
             _require(getattr(self, key) >= 0, f"train.{key}", "must be >= 0")
 
 

@@ -250,7 +250,7 @@ class Trainer:
                 solver.end_epoch()
                 self._flush(log, window, position, problem)
                 if train.validate:
-                    val = evaluate(self.task, model, rows["validation"], [0.0], config.eval.batch_size, config.eval.seed, world)[0]
+                    val = evaluate(self.task, model, rows["validation"], [train.validation_gamma], config.eval.batch_size, config.eval.seed, world)[0]
                     log.write(json.dumps({"event": "epoch", "epoch": position["epoch"], "step": position["step"], "val_loss": val["layer_loss"], "val_metrics": val["metrics"]}) + "\n")
                     if train.early_stopping and val["layer_loss"][-1] < position["best_loss"]:
                         position["best_loss"], position["best_epoch"] = val["layer_loss"][-1], position["epoch"]
