@@ -1,0 +1,197 @@
+"""The paper's figures, in its layouts, from a bench's committed results.
+
+    python benchmarks/figures.py text_paper --root benchmarks/results/text_paper     # Figures 1, 4, 5
+    python benchmarks/figures.py video_paper --root benchmarks/results/video_paper   # Figure 2 (+ cross-video)
+    python benchmarks/figures.py video_depth --root benchmarks/results/video_depth   # Figure 3
+
+Each writes PNGs into ``--root`` (or ``--out``) and prints their names. Constrained runs are drawn
+solid, the others dashed, as in the paper; bands and error bars are the std over seeds, and none
+is drawn for one seed.
+
+- Figure 1: test loss per layer (in distribution) beside the metric against gamma, per regime.
+- Figure 4: the metric against gamma, one panel per evaluation set (the test split and each domain).
+- Figure 5: the alpha sweep: per-layer validation loss of the tested epoch beside the metric
+  against gamma, one line per alpha.
+- Figure 2: RMSE against gamma, rows architectures, columns videos.
+- Figure 3: RMSE against depth at the larger gammas, one line per solver.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+from pathlib import Path
+
+import numpy as np
+
+from layerdescent.report import collect, domain_results, summarize
+
+CONSTRAINED = "primal-dual"
+STYLE = {"erm": "--", "penalty": ":"}
+
+
+def _plt():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _line(ax, x, mean, std, label, solver, n) -> None:
+    """One series: solid when constrained, with its seed spread unless it has one seed."""
+    x, mean, std = np.asarray(x, dtype=float), np.asarray(mean, dtype=float), np.asarray(std, dtype=float)
+    line = ax.plot(x, mean, linestyle="-" if solver == CONSTRAINED else STYLE.get(solver, "--"), marker="o", markersize=3, label=label)[0]
+    if n > 1:
+        ax.fill_between(x, mean - std, mean + std, alpha=0.15, color=line.get_color())
+
+
+def _metric_vs_gamma(ax, groups: dict, labels: list[str], metric: str) -> None:
+    for label in labels:
+        grp = groups[label]
+        points = [(g, s["metrics"][metric]) for g, s in sorted(grp["gammas"].items()) if metric in s["metrics"]]
+        _line(ax, [g for g, _ in points], [m["mean"] for _, m in points], [m["std"] for _, m in points], label, grp["solver"], grp["n"])
+    ax.set(xlabel="γ", ylabel=metric)
+
+
+def _integer_ticks(ax) -> None:
+    from matplotlib.ticker import MaxNLocator
+
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+
+
+def _save(fig, out: Path, name: str) -> str:
+    for ax in fig.axes:
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize="x-small", loc="best")
+    fig.tight_layout()
+    fig.savefig(out / name, dpi=120)
+    _plt().close(fig)
+    return name
+
+
+def regimes(groups: dict) -> dict[str, list[str]]:
+    """Labels by training regime: the ``train_gamma=X`` part of their name ('' when they have none)."""
+    found: dict[str, list[str]] = {}
+    for label in groups:
+        match = re.search(r"train_gamma=([0-9.]+)", label)
+        found.setdefault(match.group(1) if match else "", []).append(label)
+    return found
+
+
+def main_labels(labels: list[str]) -> list[str]:
+    """The main comparison of a regime: its erm, penalty, primal-dual and live variants, no sweeps."""
+    return [label for label in labels if label.split(",")[0] in ("erm", "penalty", "primal-dual", "live", "erm-clean")]
+
+
+def figure_1(groups: dict, metric: str, out: Path) -> list[str]:
+    """Per regime: the test loss at every layer (gamma 0) beside the metric against gamma."""
+    plt, names = _plt(), []
+    for regime, labels in regimes(groups).items():
+        labels = main_labels(labels) or labels
+        fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
+        for label in labels:
+            grp = groups[label]
+            stats = grp["gammas"][min(grp["gammas"])]["layer_loss"]
+            _line(left, range(len(stats["mean"])), stats["mean"], stats["std"], label, grp["solver"], grp["n"])
+        left.set(xlabel="layer", ylabel="test loss", title=f"loss per layer, γ=0{f' (trained at γ={regime})' if regime else ''}")
+        _integer_ticks(left)
+        _metric_vs_gamma(right, groups, labels, metric)
+        right.set(title=f"{metric} against γ")
+        names.append(_save(fig, out, f"figure1{'_train_gamma=' + regime if regime else ''}.png"))
+    return names
+
+
+def figure_4(groups: dict, domains: dict[str, dict], metric: str, out: Path) -> list[str]:
+    """The metric against gamma, a panel per evaluation set (test first), a row per regime."""
+    plt = _plt()
+    panels = {"test": groups, **domains}
+    rows = regimes(groups)
+    fig, axes = plt.subplots(len(rows), len(panels), figsize=(4.5 * len(panels), 3.5 * len(rows)), squeeze=False)
+    for row, (regime, labels) in enumerate(rows.items()):
+        labels = main_labels(labels) or labels
+        for ax, (where, panel) in zip(axes[row], panels.items()):
+            _metric_vs_gamma(ax, panel, [label for label in labels if label in panel], metric)
+            ax.set(title=f"{where}{f', trained at γ={regime}' if regime else ''}")
+    return [_save(fig, out, "figure4.png")]
+
+
+def figure_5(groups: dict, results: list[dict], metric: str, out: Path) -> list[str]:
+    """The alpha sweep of each regime: per-layer validation loss (tested epoch) beside the metric against gamma."""
+    plt, names = _plt(), []
+    for regime, labels in regimes(groups).items():
+        swept = {}
+        for label in labels:
+            grp = groups[label]
+            if grp["solver"] == CONSTRAINED and grp["config"].get("constraints.0.reference", "detached") == "detached":
+                swept.setdefault(grp["config"].get("constraints.0.alpha"), label)
+        if len(swept) < 3:
+            continue
+        ordered = [swept[a] for a in sorted(swept)]
+        fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
+        for label in ordered:
+            val = [r["train"]["best_val_loss"] for r in results if r["label"] == label and r["train"].get("best_val_loss")]
+            if val:
+                _line(left, range(len(val[0])), np.mean(val, axis=0), np.std(val, axis=0, ddof=1) if len(val) > 1 else 0 * np.mean(val, axis=0),
+                      f"α={groups[label]['config']['constraints.0.alpha']:g}", CONSTRAINED, len(val))
+        left.set(xlabel="layer", ylabel="validation loss", title=f"α sweep{f' (trained at γ={regime})' if regime else ''}")
+        _integer_ticks(left)
+        _metric_vs_gamma(right, groups, ordered, metric)
+        for line, label in zip(right.get_lines(), ordered):
+            line.set_label(f"α={groups[label]['config']['constraints.0.alpha']:g}")
+        names.append(_save(fig, out, f"figure5{'_train_gamma=' + regime if regime else ''}.png"))
+    return names
+
+
+def figure_2(groups: dict, metric: str, out: Path, name: str = "figure2.png") -> list[str]:
+    """The metric against gamma, rows architectures, columns videos."""
+    plt = _plt()
+    archs = sorted({g["config"].get("task.arch") for g in groups.values()})
+    videos = list(dict.fromkeys(g["config"].get("task.dataset") for g in groups.values()))
+    fig, axes = plt.subplots(len(archs), len(videos), figsize=(4.5 * len(videos), 3.3 * len(archs)), squeeze=False)
+    for i, arch in enumerate(archs):
+        for j, video in enumerate(videos):
+            labels = [label for label, g in groups.items() if g["config"].get("task.arch") == arch and g["config"].get("task.dataset") == video]
+            _metric_vs_gamma(axes[i, j], groups, labels, metric)
+            axes[i, j].set(title=f"{arch} on {video}")
+    return [_save(fig, out, name)]
+
+
+def figure_3(groups: dict, metric: str, out: Path, gammas: int = 2) -> list[str]:
+    """The metric against depth at the ``gammas`` largest noise levels, one line per solver."""
+    plt = _plt()
+    levels = sorted({g for grp in groups.values() for g in grp["gammas"]})[-gammas:]
+    fig, axes = plt.subplots(1, len(levels), figsize=(5 * len(levels), 4), squeeze=False)
+    for ax, gamma in zip(axes[0], levels):
+        for solver in dict.fromkeys(g["solver"] for g in groups.values()):
+            points = sorted((g["config"]["task.layers"], g["gammas"][gamma]["metrics"][metric], g["n"]) for g in groups.values()
+                            if g["solver"] == solver and gamma in g["gammas"])
+            _line(ax, [p[0] for p in points], [p[1]["mean"] for p in points], [p[1]["std"] for p in points], solver, solver, min(p[2] for p in points))
+        ax.set(xlabel="depth (layers)", ylabel=metric, title=f"{metric} at γ={gamma:g} (trained clean)")
+        _integer_ticks(ax)
+    return [_save(fig, out, "figure3.png")]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("bench", choices=("text_paper", "text_deep", "video_paper", "video_depth"))
+    parser.add_argument("--root", type=Path, required=True)
+    parser.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args()
+    out = args.out or args.root
+    out.mkdir(parents=True, exist_ok=True)
+    results = collect(args.root)
+    groups = summarize(results)
+    domains = {name: summarize(view) for name, view in domain_results(results).items()}
+    if args.bench.startswith("text"):
+        names = figure_1(groups, "accuracy", out) + figure_4(groups, domains, "accuracy", out) + figure_5(groups, results, "accuracy", out)
+    elif args.bench == "video_paper":
+        names = figure_2(groups, "rmse", out) + [n for name, d in domains.items() for n in figure_2(d, "rmse", out, f"figure2_domain={name}.png")]
+    else:
+        names = figure_3(groups, "rmse", out)
+    print("\n".join(names))
+
+
+if __name__ == "__main__":
+    main()
