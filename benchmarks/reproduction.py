@@ -14,7 +14,9 @@ claims of "A Constrained Optimization Perspective of Unrolled Transformers" by f
   largest gamma grows with depth and is distinguishable at the deepest.
 
 A claim holds for a task when it holds for every pair, partly when for some, and does not when for
-none. A bench that has not been run is listed as such.
+none. A bench that has not been run is listed as such. A bench over training regimes (its labels
+carry ``train_gamma=X``) is judged once per regime, and a bench with evaluation domains once more
+on each domain (its records on that domain in place of the test split's), by the same rules.
 """
 
 from __future__ import annotations
@@ -24,7 +26,9 @@ import statistics
 from pathlib import Path
 from typing import NamedTuple
 
-from layerdescent.report import collect, comparisons, context_titles, format_difference, paired_difference, summarize
+import re
+
+from layerdescent.report import collect, comparisons, context_titles, domain_results, format_difference, paired_difference, summarize
 
 ROOT = Path(__file__).resolve().parent
 
@@ -36,6 +40,7 @@ class Bench(NamedTuple):
     config: str
     metric: str
     higher_is_better: bool
+    regime: str = ""  # a regex whose group in a label names its training regime; "" for none
 
 
 BENCHES = {
@@ -44,6 +49,11 @@ BENCHES = {
     "video denoising (3 videos x 3 architectures, Gaussian noise)": Bench("results/video", "video.toml", "rmse", False),
     "video denoising by depth (DUST on vtest, trained clean)": Bench("results/video_depth", "video_depth.toml", "rmse", False),
     "LLM finetuning (SmolLM2-135M, LoRA, 64 steps, whole-vocabulary lens, Gaussian embedding noise)": Bench("results/llm_vocab64", "llm_vocab64.toml", "accuracy", True),
+    "text classification in the paper's regimes (MiniLM, best validation epoch)": Bench("results/text_paper", "text_paper.toml", "accuracy", True, r"train_gamma=([0-9.]+)"),
+    "text classification with a deep encoder (SmolLM2-135M, 30 layers, LoRA)": Bench("results/text_deep", "text_deep.toml", "accuracy", True),
+    "video denoising, constraints that bind (vtest, alpha x reference)": Bench("results/video_bind", "video_bind.toml", "rmse", False),
+    "video denoising at the chosen setting (3 videos x 3 architectures)": Bench("results/video_paper", "video_paper.toml", "rmse", False),
+    "LLM finetuning (SmolLM2-135M, LoRA, 512 steps, label lens)": Bench("results/llm", "llm.toml", "accuracy", True),
 }
 CLAIMS = ("monotone layerwise descent", "graceful degradation", "in-distribution parity", "deeper constrained models gain more")
 
@@ -64,8 +74,19 @@ def _falls(layer_loss: list[float]) -> tuple[int, int]:
     return sum(b < a for a, b in zip(layer_loss, layer_loss[1:])), len(layer_loss) - 1
 
 
-def _pairs(root: Path, bench: Bench) -> list[Pair]:
-    results = collect(root)
+def views(results: list[dict], bench: Bench) -> dict[str, list[dict]]:
+    """The results judged separately: per training regime (runs of none join every regime), then per domain."""
+    sets = {"": results, **{f"domain {name}": view for name, view in domain_results(results).items()}}
+    out = {}
+    for where, subset in sets.items():
+        regimes = {m.group(1) for r in subset if bench.regime and (m := re.search(bench.regime, r["label"]))}
+        for regime in sorted(regimes) or [""]:
+            chosen = [r for r in subset if not regime or (m := re.search(bench.regime, r["label"])) is None or m.group(1) == regime]
+            out[", ".join(filter(None, [f"trained at {regime}" if regime else "", where]))] = chosen
+    return out
+
+
+def _pairs(results: list[dict], bench: Bench) -> list[Pair]:
     groups = summarize(results)
     titles = context_titles(groups)
     value = {(r["label"], r["seed"], float(g["gamma"])): g["metrics"][bench.metric] for r in results for g in r["gammas"]}
@@ -173,13 +194,17 @@ def main() -> None:
     summary_rows, sections = [], []
     for name, bench in BENCHES.items():
         root = args.root / bench.results
-        pairs = _pairs(root, bench) if any(root.rglob("results.json")) else []
-        if not pairs:
+        judged_any = False
+        for where, results in (views(collect(root), bench) if any(root.rglob("results.json")) else {}).items():
+            pairs = _pairs(results, bench)
+            if not pairs:
+                continue
+            judged_any, title = True, f"{name} [{where}]" if where else name
+            judged = _judge(pairs)
+            summary_rows.append(f"| {title} | " + " | ".join(judged[c][0] for c in CLAIMS) + " |")
+            sections += _section(title, bench, pairs, judged, args.root)
+        if not judged_any:
             summary_rows.append(f"| {name} | " + " | ".join(["not run"] * len(CLAIMS)) + " |")
-            continue
-        judged = _judge(pairs)
-        summary_rows.append(f"| {name} | " + " | ".join(judged[c][0] for c in CLAIMS) + " |")
-        sections += _section(name, bench, pairs, judged, args.root)
     lines = [
         "# Reproduction report",
         "",
