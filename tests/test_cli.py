@@ -229,3 +229,23 @@ def test_bench_with_two_workers_trains_the_same_runs_as_one(tmp_path, capsys):
     for seed in (0, 1):
         one, two = (json.loads((tmp_path / d / "erm" / f"seed-{seed}" / "results.json").read_text()) for d in ("one", "two"))
         assert one["gammas"] == two["gammas"]
+
+
+def test_quick_commands_import_neither_torch_nor_the_data_libraries():
+    # `--help`, `--version`, `list` and `plugins` answer at once only if nothing heavy is imported
+    code = textwrap.dedent(
+        """
+        import contextlib, io, sys
+        from layerdescent.cli import main
+        with contextlib.redirect_stdout(io.StringIO()):
+            for argv in (["--help"], ["--version"], ["list"], ["plugins"], ["plugins", "--json"]):
+                try:
+                    main(argv)
+                except SystemExit:
+                    pass
+        heavy = ("torch", "torchmetrics", "datasets", "transformers", "scipy", "sklearn", "matplotlib", "numpy")
+        print(sorted(m for m in heavy if m in sys.modules))
+        """
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert proc.stdout.strip().splitlines()[-1] == "[]", proc.stdout

@@ -7,12 +7,13 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any
-
-from torch import nn
+from typing import TYPE_CHECKING, Any
 
 from layerdescent import Asset, require
 from layerdescent.assets import cache_dir, extract
+
+if TYPE_CHECKING:
+    from torch import nn
 
 SMOLLM2 = Asset(
     name="smollm2",

@@ -28,32 +28,21 @@ snippets), ``tweets`` and ``nyt`` (New York Times editorial snippets).
 from __future__ import annotations
 
 from functools import cached_property
-from typing import Any
-
-import datasets
-import torch
-import torchmetrics
-from torch import nn
-from torch.nn import functional as F
+from typing import TYPE_CHECKING, Any
 
 import layerdescent
 from layerdescent import Asset, LayerOutput, Task
 from layerdescent.assets import extract
 
-from layerdescent_language import (
-    ORANGE_TEXT,
-    RATED_DOMAINS,
-    VADER,
-    domain_rows,
-    gaussian_embeddings,
-    movie_review_rows,
-    newsgroups_rows,
-    split,
-    substitute_tokens,
-    synthetic_rows,
-    word_tokenizer,
-)
-from layerdescent_text.model import LayerwiseClassifier, load_encoder, load_tokenizer, tiny_bert
+from layerdescent_language import ORANGE_TEXT, RATED_DOMAINS, VADER, domain_rows, movie_review_rows, newsgroups_rows, split, synthetic_rows
+
+# torch, transformers, datasets and the model module load inside the methods that use them:
+# registering the task (`layerdescent list`) must not pay for them.
+if TYPE_CHECKING:
+    import datasets
+    import torch
+    import torchmetrics
+    from torch import nn
 
 MINILM = Asset(
     name="minilm",
@@ -99,6 +88,8 @@ class TextClassification(Task):
         return tuple(RATED_DOMAINS) if self.options["dataset"] != "20newsgroups" else ()
 
     def domain_dataset(self, name: str) -> datasets.Dataset:
+        import datasets
+
         return datasets.Dataset.from_dict(domain_rows(name, exclude=self.rows["text"]))
 
     @cached_property
@@ -117,6 +108,9 @@ class TextClassification(Task):
 
     @cached_property
     def _tokenizer_and_config(self) -> tuple[Any, Any]:
+        from layerdescent_language import word_tokenizer
+        from layerdescent_text.model import load_tokenizer
+
         if self.options["model_path"] == "tiny":
             return word_tokenizer(self.rows["text"]), None
         return load_tokenizer(self.model_path)
@@ -128,6 +122,8 @@ class TextClassification(Task):
 
     @cached_property
     def _special_ids(self) -> torch.Tensor:
+        import torch
+
         return torch.tensor(self.tokenizer.all_special_ids)
 
     @property
@@ -140,6 +136,8 @@ class TextClassification(Task):
         return len(set(self.rows["label"]))
 
     def build_model(self) -> nn.Module:
+        from layerdescent_text.model import LayerwiseClassifier, load_encoder, tiny_bert
+
         if self.options["model_path"] == "tiny":
             encoder = tiny_bert(len(self.tokenizer), self.options["tiny_layers"])
         else:
@@ -150,10 +148,17 @@ class TextClassification(Task):
         return split(self.rows, self.options["data_seed"])
 
     def collate(self, rows: dict[str, Any]) -> dict[str, torch.Tensor]:
+        import torch
+
         encoded = self.tokenizer(list(rows["text"]), padding=True, truncation=True, max_length=self.options["max_length"], return_tensors="pt")
         return {"input_ids": encoded["input_ids"], "attention_mask": encoded["attention_mask"], "label": torch.as_tensor(rows["label"])}
 
     def layer_losses(self, model: nn.Module, batch: dict[str, torch.Tensor], gamma: float = 0.0) -> LayerOutput:
+        import torch
+        from torch.nn import functional as F
+
+        from layerdescent_language import gaussian_embeddings, substitute_tokens
+
         ids, mask, labels = batch["input_ids"], batch["attention_mask"], batch["label"]
         real = mask.bool() & ~torch.isin(ids, self._special_ids.to(ids.device))
         if gamma and self.perturbation == "substitute":
@@ -167,6 +172,8 @@ class TextClassification(Task):
         return LayerOutput(losses, preds=logits[:, -1], target=labels)
 
     def metrics(self) -> torchmetrics.MetricCollection:
+        import torchmetrics
+
         classes = self.num_labels
         return torchmetrics.MetricCollection(
             {

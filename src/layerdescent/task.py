@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import abc
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
-
-import datasets
-import torch
-import torchmetrics
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from layerdescent.errors import ConfigError
+
+if TYPE_CHECKING:  # torch and friends load when a task is used, not when a plugin registers it
+    import datasets
+    import torch
+    import torchmetrics
 
 
 @dataclass
@@ -97,4 +98,6 @@ class Task(abc.ABC):
 
     def metrics(self) -> torchmetrics.MetricCollection:
         """Task metrics, updated with ``LayerOutput.preds`` and ``.target``; none by default."""
+        import torchmetrics
+
         return torchmetrics.MetricCollection({})
