@@ -39,6 +39,11 @@ class SparseCoding(Task):
 
     name = "lista"
     perturbations = ("gaussian", "impulse")
+    perturbation_titles = {
+        "gaussian": "Gaussian measurement noise, std = γ × RMS(y)",
+        "impulse": "impulse noise: each measurement set to ±3 RMS(y) with probability γ",
+    }
+    gamma_ranges = {"impulse": (0.0, 1.0)}
     domains = ("denser", "noisier")
     options = {
         "layers": 8,

@@ -62,6 +62,11 @@ class LLMFinetuning(Task):
 
     name = "llm-finetuning"
     perturbations = ("gaussian", "substitute")
+    perturbation_titles = {
+        "gaussian": "Gaussian embedding noise on the review, std = γ × RMS of the token embeddings",
+        "substitute": "token substitution: each review token random with probability γ",
+    }
+    gamma_ranges = {"substitute": (0.0, 1.0)}
     options = {
         "model_path": "",
         "dataset": "sentiment",

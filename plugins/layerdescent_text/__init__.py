@@ -60,6 +60,11 @@ class TextClassification(Task):
 
     name = "text-classification"
     perturbations = ("gaussian", "substitute")
+    perturbation_titles = {
+        "gaussian": "Gaussian embedding noise, std = γ × RMS of the word embeddings",
+        "substitute": "token substitution: each token random with probability γ",
+    }
+    gamma_ranges = {"substitute": (0.0, 1.0)}
     options = {
         "model_path": "",
         "dataset": "movie-reviews",

@@ -56,6 +56,11 @@ class VideoDenoising(Task):
 
     name = "video-denoising"
     perturbations = ("gaussian", "salt-pepper")
+    perturbation_titles = {
+        "gaussian": "Gaussian pixel noise, std = γ (intensities in [0, 1])",
+        "salt-pepper": "salt-and-pepper: each pixel 0 or 1 with probability γ",
+    }
+    gamma_ranges = {"salt-pepper": (0.0, 1.0)}
     options = {
         "arch": "dust",
         "dataset": "vtest",
