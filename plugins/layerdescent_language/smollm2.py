@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from layerdescent import Asset, require
+from layerdescent.optional import quiet_transformers
 from layerdescent.assets import cache_dir, extract
 
 if TYPE_CHECKING:
@@ -30,7 +31,7 @@ PURPOSE = "a causal LM (SmolLM2 or a local directory)"
 
 
 def _transformers() -> Any:
-    return require("transformers", extra="llm", purpose=PURPOSE)
+    return quiet_transformers(require("transformers", extra="llm", purpose=PURPOSE))  # no "Loading weights" bars
 
 
 def load_gguf(path: Path) -> tuple[nn.Module, Any]:

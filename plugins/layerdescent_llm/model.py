@@ -12,6 +12,7 @@ from torch.nn import functional as F
 
 import layerdescent
 from layerdescent import require
+from layerdescent.optional import quiet_transformers
 
 from .cross_entropy import linear_cross_entropy, native_bf16
 
@@ -21,7 +22,7 @@ PURPOSE = "task llm-finetuning"
 
 
 def _transformers() -> Any:
-    return require("transformers", extra="llm", purpose=PURPOSE)
+    return quiet_transformers(require("transformers", extra="llm", purpose=PURPOSE))  # no "Loading weights" bars
 
 
 def add_lora(lm: nn.Module, rank: int, alpha: int, targets: list[str]) -> nn.Module:
