@@ -309,3 +309,14 @@ def test_quick_commands_import_neither_torch_nor_the_data_libraries():
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert proc.stdout.strip().splitlines()[-1] == "[]", proc.stdout
+
+
+def test_gammas_outside_the_perturbations_range_are_refused_for_runs_and_re_evaluations(tmp_path, capsys):
+    path = write(tmp_path, GOOD)
+    assert main(["run", str(path), "--out", str(tmp_path / "r"), "--set", "task.perturbation=impulse", "--set", "eval.gammas=[0, 0.5, 2]"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "eval.gammas: 2 outside [0, 1], the range of task 'lista''s 'impulse' perturbation" in err, err
+    assert main(["run", str(path), "--out", str(tmp_path / "r"), "--set", "eval.gammas=[0, 2]"]) == 0  # gaussian: any gamma
+    capsys.readouterr()
+    assert main(["evaluate", str(tmp_path / "r"), "--out", str(tmp_path / "e"), "--set", "task.perturbation=impulse"]) == 2
+    assert "probability γ" in capsys.readouterr().err and not (tmp_path / "e").exists()
