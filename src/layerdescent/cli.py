@@ -33,7 +33,8 @@ DEMOS = {
         "layerdescent-demo",
         "ERM and primal-dual descent constraints each fine-tune MiniLM-L6 (22.7M parameters) for one epoch on 8,454 "
         "movie-review sentences (265 steps of 32), both at once on one thread each, then test on 1,057 sentences at 4 "
-        "embedding-noise levels; about 10 minutes on a quiet 2-CPU machine, more when other work shares the CPUs. "
+        "embedding-noise levels; aimed at 10 minutes on a quiet 2-CPU machine, longer when other work shares the CPUs "
+        "(progress lines say how long is left). "
         "A checkpoint every 40 steps: run the same command again to continue an interrupted demo",
     ),
     "lista": Demo(
