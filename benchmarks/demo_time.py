@@ -3,12 +3,14 @@
     python benchmarks/demo_time.py --out benchmarks/results/demo_time.md            # both
     python benchmarks/demo_time.py --cli-only --out /tmp/cli.md                      # start times only
     python benchmarks/demo_time.py --task lista --out /tmp/demo_lista.md             # the lista demo
+    # a short proxy of the text demo: real MiniLM, 800 synthetic sentences (25 steps a run)
+    python benchmarks/demo_time.py --compare-workers --set task.dataset=synthetic --set task.synthetic_size=1000
 
 Each CLI command runs ``--repeat`` times in a fresh process (the console script, as a user types
 it); the table gives the median wall time and peak memory. The demo runs once, into a fresh
 folder, with its assets already fetched (fetching is excluded), first with the demo's own
-settings and then, with ``--compare-workers``, one solver after the other, so the two can be
-compared on the same machine. Write down the load the numbers were taken under: they are only
+settings or, with ``--compare-workers``, with ``--workers 2`` (the solvers at once, one thread
+each) and then ``--workers 1`` (one after the other), so the two can be compared under the same load. Write down the load the numbers were taken under: they are only
 comparable with numbers taken under the same load.
 """
 
@@ -56,18 +58,19 @@ def cli_start(repeat: int) -> list[str]:
     return ["| command | median s | min s | max s | peak MB |", "|---|---|---|---|---|", *rows]
 
 
-def demo_time(task: str, workers: list[int]) -> list[str]:
+def demo_time(task: str, workers: list[int], overrides: list[str]) -> list[str]:
     """Markdown rows: the demo's wall time from start to printed table, per --set demo.workers value."""
     rows = []
     for n in workers:
         out = Path(tempfile.mkdtemp(prefix=f"demo-{task}-"))
-        argv = [sys.executable, "-m", "layerdescent.cli", "demo", "--task", task, "--out", str(out / "demo")]
+        argv = [sys.executable, "-m", "layerdescent.cli", "demo", "--task", task, "--out", str(out / "demo"), *(a for o in overrides for a in ("--set", o))]
         if n:
             argv += ["--workers", str(n)]
         wall, peak, rc = _timed(argv, quiet=False)
         if rc:
             raise SystemExit(f"the demo failed with exit status {rc}")
-        rows.append(f"| {task} | {n or 'default'} | {wall / 60:.1f} | {peak:.0f} |")
+        what = f"{task} ({', '.join(overrides)})" if overrides else task
+        rows.append(f"| {what} | {n or 'default'} | {wall / 60:.2f} | {peak:.0f} |")
         shutil.rmtree(out, ignore_errors=True)
     return ["| demo | workers | wall minutes | peak MB (largest process) |", "|---|---|---|---|", *rows]
 
@@ -79,6 +82,7 @@ def main() -> None:
     parser.add_argument("--cli-only", action="store_true", help="time the quick commands only")
     parser.add_argument("--repeat", type=int, default=5, help="runs of each quick command")
     parser.add_argument("--compare-workers", action="store_true", help="also time the demo with --workers 1")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="passed to the demo, e.g. task.dataset=synthetic for a short proxy")
     args = parser.parse_args()
 
     load = os.getloadavg()
@@ -94,7 +98,7 @@ def main() -> None:
         *cli_start(args.repeat),
     ]
     if not args.cli_only:
-        lines += ["", "## Demo", "", *demo_time(args.task, [0, 1] if args.compare_workers else [0])]
+        lines += ["", "## Demo", "", *demo_time(args.task, [2, 1] if args.compare_workers else [0], args.set)]
     load = os.getloadavg()
     lines += ["", f"Load average when it ended: {load[0]:.2f} / {load[1]:.2f} / {load[2]:.2f}.", ""]
     text = "\n".join(lines)
