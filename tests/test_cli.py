@@ -150,22 +150,82 @@ def test_bench_runs_variants_by_seeds_and_resumes_without_rerunning(tmp_path, ca
     assert capsys.readouterr().out.count(": done") == 4
 
 
+# The text demo's configuration in miniature: the tiny random BERT on synthetic sentences, nothing to fetch.
+TEXT_DEMO_SMALL = [
+    a for o in ("task.model_path=tiny", "task.dataset=synthetic", "task.synthetic_size=200", "train.threads=1", "eval.batch_size=64", "train.checkpoint_every=2")
+    for a in ("--set", o)
+]
+LISTA_DEMO_SMALL = [a for o in ("train.epochs=1", "task.train_size=128", "task.test_size=64", "bench.seeds=[0]") for a in ("--set", o)]
+
+
 def test_lista_demo_runs_erm_against_primal_dual_and_prints_the_table(tmp_path, capsys):
-    small = ["--set", "train.epochs=1", "--set", "task.train_size=128", "--set", "task.test_size=64", "--set", "bench.seeds=[0]"]
-    assert main(["demo", "--task", "lista", "--out", str(tmp_path / "demo"), *small]) == 0
+    assert main(["demo", "--task", "lista", "--out", str(tmp_path / "demo"), *LISTA_DEMO_SMALL]) == 0
     out = capsys.readouterr().out
     assert "| erm |" in out and "| primal-dual |" in out
     assert (tmp_path / "demo" / "metric_vs_gamma.png").exists()
 
 
-def test_text_demo_says_how_long_it_takes_and_fetches_only_what_its_task_reads(tmp_path, monkeypatch, capsys):
+def test_text_demo_says_what_it_does_and_fetches_only_what_its_task_reads(tmp_path, monkeypatch, capsys):
     pytest.importorskip("transformers")
     monkeypatch.setenv("LAYERDESCENT_CACHE", str(tmp_path / "empty-cache"))  # a fetch would fail here: no hub, no wheel
-    fallback = ["task.model_path=tiny", "task.dataset=synthetic", "task.synthetic_size=200", "train.threads=1", "eval.batch_size=64"]
-    assert main(["demo", "--out", str(tmp_path / "demo"), *(a for o in fallback for a in ("--set", o))]) == 0
+    assert main(["demo", "--task", "text", "--out", str(tmp_path / "demo"), "--workers", "1", *TEXT_DEMO_SMALL]) == 0
     out = capsys.readouterr().out
-    assert "under 15" in out.splitlines()[0] and "fetching" not in out
+    first = out.splitlines()[0]
+    assert first.startswith("layerdescent demo --task text-classification:") and "265 steps" in first and "fetching" not in out
     assert "| primal-dual |" in out and (tmp_path / "demo" / "loss_vs_layer.png").exists()
+    assert "erm seed 0: trained" in out and "primal-dual seed 0: trained" in out
+
+
+def test_an_interrupted_demo_continues_mid_epoch_and_ends_as_an_uninterrupted_one(tmp_path, monkeypatch, capsys):
+    pytest.importorskip("transformers")
+    from layerdescent.checkpoint import load_checkpoint
+    from layerdescent.trainer import Trainer
+
+    monkeypatch.setenv("LAYERDESCENT_CACHE", str(tmp_path / "empty-cache"))
+    step, calls = Trainer.step, []
+
+    def interrupted(self, session, group, index, full=True):
+        if self.config.solver.name == "primal-dual":
+            calls.append(index)
+            if len(calls) == 4:  # after the checkpoint at step 2, in the middle of the only epoch
+                raise KeyboardInterrupt
+        return step(self, session, group, index, full)
+
+    monkeypatch.setattr(Trainer, "step", interrupted)
+    demo = ["demo", "--out", str(tmp_path / "demo"), "--workers", "1", *TEXT_DEMO_SMALL]
+    assert main(demo) == 130
+    assert "the same command again" in capsys.readouterr().err
+    position = load_checkpoint(tmp_path / "demo" / "primal-dual" / "seed-0" / "checkpoint.pt", "text-classification")["position"]
+    assert (position["epoch"], position["step"]) == (0, 2)  # mid-epoch: the epoch has 5 steps
+
+    monkeypatch.setattr(Trainer, "step", step)
+    assert main(demo) == 0
+    out = capsys.readouterr().out
+    assert "erm seed 0: done" in out and "primal-dual seed 0: resumed" in out
+    assert main(["demo", "--out", str(tmp_path / "straight"), "--workers", "1", *TEXT_DEMO_SMALL]) == 0
+    resumed, straight = (json.loads((tmp_path / d / "primal-dual" / "seed-0" / "results.json").read_text()) for d in ("demo", "straight"))
+    assert resumed["gammas"] == straight["gammas"] and resumed["train"]["steps"] == 5
+
+
+def test_the_two_demos_keep_their_own_folders_and_summaries(tmp_path, monkeypatch, capsys):
+    pytest.importorskip("transformers")
+    monkeypatch.setenv("LAYERDESCENT_CACHE", str(tmp_path / "empty-cache"))
+    monkeypatch.chdir(tmp_path)
+    assert main(["demo", "--workers", "1", *TEXT_DEMO_SMALL]) == 0  # README order: the main demo, then lista
+    assert main(["demo", "--task", "lista", *LISTA_DEMO_SMALL]) == 0
+    capsys.readouterr()
+    text, lista = tmp_path / "layerdescent-demo", tmp_path / "layerdescent-demo-lista"
+    for folder, task, metric in ((text, "text-classification", "accuracy"), (lista, "lista", "mse")):
+        results = [json.loads(p.read_text()) for p in folder.rglob("results.json")]
+        assert {r["task"] for r in results} == {task} and {r["solver"] for r in results} == {"erm", "primal-dual"}
+        summary = (folder / "summary.md").read_text()
+        assert f"| {metric} γ=0 " in summary or f"{metric} γ=0 |" in summary
+        assert "tasks**" not in summary
+    # pointed at the other demo's folder, a demo refuses before training anything
+    before = sorted(p.stat().st_mtime_ns for p in text.rglob("*") if p.is_file())
+    assert main(["demo", "--task", "lista", "--out", str(text), *LISTA_DEMO_SMALL]) == 2
+    assert "holds a run of task 'text-classification'" in capsys.readouterr().err
+    assert sorted(p.stat().st_mtime_ns for p in text.rglob("*") if p.is_file()) == before
 
 
 def test_assets_list_shows_each_declared_asset_and_whether_it_is_fetched(tmp_path, monkeypatch, capsys):
@@ -229,3 +289,34 @@ def test_bench_with_two_workers_trains_the_same_runs_as_one(tmp_path, capsys):
     for seed in (0, 1):
         one, two = (json.loads((tmp_path / d / "erm" / f"seed-{seed}" / "results.json").read_text()) for d in ("one", "two"))
         assert one["gammas"] == two["gammas"]
+
+
+def test_quick_commands_import_neither_torch_nor_the_data_libraries():
+    # `--help`, `--version`, `list` and `plugins` answer at once only if nothing heavy is imported
+    code = textwrap.dedent(
+        """
+        import contextlib, io, sys
+        from layerdescent.cli import main
+        with contextlib.redirect_stdout(io.StringIO()):
+            for argv in (["--help"], ["--version"], ["list"], ["plugins"], ["plugins", "--json"]):
+                try:
+                    main(argv)
+                except SystemExit:
+                    pass
+        heavy = ("torch", "torchmetrics", "datasets", "transformers", "scipy", "sklearn", "matplotlib", "numpy")
+        print(sorted(m for m in heavy if m in sys.modules))
+        """
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert proc.stdout.strip().splitlines()[-1] == "[]", proc.stdout
+
+
+def test_gammas_outside_the_perturbations_range_are_refused_for_runs_and_re_evaluations(tmp_path, capsys):
+    path = write(tmp_path, GOOD)
+    assert main(["run", str(path), "--out", str(tmp_path / "r"), "--set", "task.perturbation=impulse", "--set", "eval.gammas=[0, 0.5, 2]"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "eval.gammas: 2 outside [0, 1], the range of task 'lista''s 'impulse' perturbation" in err, err
+    assert main(["run", str(path), "--out", str(tmp_path / "r"), "--set", "eval.gammas=[0, 2]"]) == 0  # gaussian: any gamma
+    capsys.readouterr()
+    assert main(["evaluate", str(tmp_path / "r"), "--out", str(tmp_path / "e"), "--set", "task.perturbation=impulse"]) == 2
+    assert "probability γ" in capsys.readouterr().err and not (tmp_path / "e").exists()

@@ -69,4 +69,4 @@ def test_the_summary_has_a_table_of_each_metric_per_layer(tmp_path):
                                                       "split": "test", "train": {"steps": 1, "epochs": 1}, "constraints": {}, "gammas": [record]}))
     text = write_report(tmp_path).read_text()
     table = text.split("## accuracy per layer at γ=0")[1].split("\n## ")[0]
-    assert "| erm | 0.5 ± 0 | 0.75 ± 0.07071 | 0.9 ± 0 |" in table
+    assert "| erm | 0.5 ± 0 | 0.75 ± 0.07 | 0.9 ± 0 |" in table

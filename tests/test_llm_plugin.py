@@ -14,7 +14,8 @@ pytest.importorskip("peft", reason="the llm plugin's LoRA needs the 'llm' extra:
 import layerdescent as ld  # noqa: E402
 from layerdescent import assets  # noqa: E402
 from layerdescent.trainer import Trainer  # noqa: E402
-from layerdescent_llm import LLMFinetuning, TokenPerplexity  # noqa: E402
+from layerdescent_llm import LLMFinetuning  # noqa: E402
+from layerdescent_llm.metrics import TokenPerplexity  # noqa: E402
 from layerdescent_llm import model as lens_model  # noqa: E402
 from layerdescent_llm.cross_entropy import linear_cross_entropy  # noqa: E402
 from layerdescent_llm.data import PROMPT  # noqa: E402

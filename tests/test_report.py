@@ -81,7 +81,7 @@ def test_summarize_gives_mean_and_sample_std_over_seeds(bench):
 
 def test_summarize_reports_zero_std_for_a_single_seed(bench):
     groups = summarize([r for r in collect(bench) if r["seed"] == 0])
-    assert groups["erm"]["gammas"][0.0]["metrics"]["mse"] == {"mean": 1.0, "std": 0.0}
+    assert groups["erm"]["gammas"][0.0]["metrics"]["mse"] == {"mean": 1.0, "std": 0.0, "n": 1}
 
 
 def test_summarize_gives_step_time_ratio_to_erm(bench):
@@ -103,8 +103,8 @@ def test_write_report_writes_tables_and_all_plots(bench, tmp_path):
     text = summary.read_text()
     assert text.startswith("# Fake bench")
     assert "4 runs" in text
-    assert "| erm | 2 ± 1.414 | 5 ± 1.414 |" in text  # mse at gamma 0 and 1
-    assert "| primal-dual | 0.5 ± 0 | 2.5 ± 0.7071 |" in text
+    assert "| erm | 2.0 ± 1.4 | 5.0 ± 1.4 |" in text  # mse at gamma 0 and 1, to the precision the spread supports
+    assert "| primal-dual | 0.5 ± 0 | 2.5 ± 0.7 |" in text
     assert "| primal-dual | descent | 0.15, 0 |" in text  # final lambda, mean over seeds
     assert "| primal-dual | primal-dual | 6 | 2 |" in text  # step time in ms and ratio to erm
     for name in ("loss_vs_layer.png", "metric_vs_gamma.png", "descent_rate.png", "traces.png"):
@@ -136,8 +136,8 @@ def test_summary_pairs_seeds_against_erm_and_bolds_only_intervals_that_exclude_z
     text = write_report(bench).read_text()
     section = text.split("## Paired differences over seeds")[1].split("\n## ")[0]
     row = next(line for line in section.splitlines() if line.startswith("| primal-dual − erm"))
-    # mse at gamma 0: seeds give 0.5 - 1.0 and 0.5 - 3.0: mean -1.5, and two seeds leave it undecided
-    assert row.split("|")[2].strip() == "2" and row.split("|")[3].strip().startswith("-1.5 [")
+    # mse at gamma 0: seeds give 0.5 - 1.0 and 0.5 - 3.0: mean -1.5 within +-12.7, so no decimal, and undecided
+    assert row.split("|")[2].strip() == "2" and row.split("|")[3].strip() == "-2 [-14, +11]"
     assert "**" not in row
 
 
@@ -154,7 +154,7 @@ def test_runs_pair_with_the_erm_run_of_their_own_dataset_and_plot_one_panel_row_
     assert groups["b-primal-dual"]["step_time_ratio"] == pytest.approx(1.5)
     text = write_report(tmp_path).read_text()
     rows = {line.split("|")[1].strip(): line.split("|")[3].strip("* ") for line in text.split("### mse")[1].split("###")[0].splitlines() if line.startswith("| ")}
-    assert rows["a-primal-dual − a-erm"].startswith("-0.1") and rows["b-primal-dual − b-erm"].startswith("-1 ")
+    assert rows["a-primal-dual − a-erm"].startswith("-0.1") and rows["b-primal-dual − b-erm"].startswith("-1.0 ")
     assert "b-primal-dual − a-erm" not in rows
 
 
@@ -263,3 +263,89 @@ def test_reproduction_report_judges_each_training_regime_and_each_domain_on_its_
     assert rows[f"{name} [trained at 0.8]"][1] == "holds"  # graceful degradation: better at gamma 1 in every seed
     assert rows[f"{name} [trained at 0.2]"][1] == "does not hold"
     assert rows[f"{name} [trained at 0.8, domain amazon]"][1] == "does not hold"
+
+
+def no_metric_run(root, label: str, solver: str, seed: int, task: str = "refine") -> None:
+    """A finished run of a task that reports no metrics, as the README's plugin example writes it."""
+    run = root / label / f"seed-{seed}"
+    run.mkdir(parents=True)
+    (run / "config.toml").write_text(f'seed = {seed}\n[task]\nname = "{task}"\n[solver]\nname = "{solver}"\n')
+    result = fake_results(label, solver, seed, 1.0, 2.0, 0.002)
+    result["task"] = task
+    for g in result["gammas"]:
+        g["metrics"] = {}
+    (run / "results.json").write_text(json.dumps(result))
+    (run / "metrics.jsonl").write_text(fake_log(solver))
+
+
+def test_a_task_without_metrics_gets_layer_tables_and_plots_but_no_metric_sections(tmp_path):
+    for solver in ("erm", "primal-dual"):
+        no_metric_run(tmp_path, solver, solver, 0)
+    text = write_report(tmp_path).read_text()
+    assert "reports no metrics" in text and "## Metric at each gamma" not in text
+    assert "## Test loss per layer at γ=0" in text and "| erm | 2 | 1.5 | 1 |" in text
+    assert (tmp_path / "loss_vs_layer.png").exists() and not (tmp_path / "metric_vs_gamma.png").exists()
+
+
+def test_runs_of_two_tasks_sharing_a_label_are_told_apart_and_never_compared(tmp_path, bench):
+    for solver in ("erm", "primal-dual"):
+        no_metric_run(tmp_path / "bench", f"refine-{solver}", solver, 0)
+    for path in (tmp_path / "bench").rglob("results.json"):  # the refine runs reuse lista's labels
+        data = json.loads(path.read_text())
+        data["label"] = data["solver"]
+        path.write_text(json.dumps(data))
+    text = write_report(bench).read_text()
+    assert "**These runs come from 2 tasks**: lista (4 runs), refine (2 runs)" in text
+    assert "| lista: erm | 2.0 ± 1.4 |" in text and "| refine: erm | 2 | 1.5 | 1 |" in text
+    assert "lista: primal-dual − lista: erm" in text and "refine: primal-dual − lista: erm" not in text
+
+
+def test_one_seed_shows_means_alone_and_says_n_is_1(bench):
+    for path in bench.rglob("results.json"):
+        if '"seed": 1' in path.read_text():
+            path.unlink()
+    text = write_report(bench).read_text()
+    assert "2 runs of 2 variants; seed 0. One seed per variant (n = 1)" in text
+    assert "| erm | 1 | 4 |" in text and "±" not in text.split("## Final multipliers")[0]
+
+
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        ('{"label": "erm", "task"', "is not valid JSON"),
+        (b"\x80\x81\xff\x00binary", "is not text"),
+        ("[1, 2, 3]", "holds a JSON list"),
+        ('{"label": "erm"}', "lacks 'task', 'solver'"),
+        ('{"label": "erm", "task": "lista", "solver": "erm", "seed": 0, "num_layers": 2, "gammas": [{"gamma": 0}]}', "every gamma record needs"),
+    ],
+    ids=["truncated", "binary", "list", "missing-keys", "bad-gamma-record"],
+)
+def test_a_damaged_results_json_is_one_line_naming_the_file_with_exit_2(bench, capsys, content, message):
+    from layerdescent.cli import main
+
+    path = bench / "erm-s0" / "results.json"
+    path.write_bytes(content if isinstance(content, bytes) else content.encode())
+    assert main(["report", str(bench)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and message in err and str(path) in err, err
+
+
+def test_a_damaged_metrics_line_or_an_out_that_is_a_file_is_one_line_with_exit_2(bench, tmp_path, capsys):
+    from layerdescent.cli import main
+
+    log = bench / "primal-dual-s0" / "metrics.jsonl"
+    log.write_text(log.read_text() + '{"event": "train", "st\n')
+    assert main(["report", str(bench)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"{log}:4 is not valid JSON" in err, err
+    log.write_text(fake_log("primal-dual"))
+    afile = tmp_path / "afile"
+    afile.write_text("")
+    assert main(["report", str(bench), "--out", str(afile)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "is a file, not a directory" in err, err
+
+
+def test_the_cost_section_says_how_the_runs_shared_the_machine(bench):
+    assert "Runs went 2 at a time (`--workers 2`" in write_report(bench, workers=2).read_text()
+    assert "Runs went one after another" in write_report(bench, workers=1).read_text()

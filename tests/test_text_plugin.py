@@ -52,6 +52,16 @@ def test_any_local_encoder_directory_loads_with_its_own_depth_and_hidden_states(
     assert task.required_assets() == ()
 
 
+def test_loading_a_local_encoder_prints_no_progress_bar_or_advice(tmp_path, capfd):
+    tokenizer = word_tokenizer(synthetic_rows(50, seed=0)["text"])
+    tokenizer.save_pretrained(tmp_path)
+    tiny_bert(len(tokenizer), layers=2).save_pretrained(tmp_path)
+    capfd.readouterr()
+    tiny_task(model_path=str(tmp_path)).build_model()  # transformers would print "Loading weights ...: 100%"
+    captured = capfd.readouterr()
+    assert captured.out == "" and captured.err == "", captured
+
+
 def test_mean_pooling_ignores_padding_and_cls_pooling_reads_the_first_token():
     tokenizer = word_tokenizer(["a b c"])
     encoder = tiny_bert(len(tokenizer)).eval()

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import random
-
-import datasets
-from sklearn.model_selection import train_test_split
+from typing import TYPE_CHECKING
 
 import layerdescent
 from layerdescent import Asset
 from layerdescent.assets import extract, extract_from_file
+
+if TYPE_CHECKING:  # datasets and scikit-learn load when a split is made, not when the assets register
+    import datasets
 
 VADER = Asset(
     name="vader",
@@ -134,6 +135,9 @@ def split(rows: dict[str, list], seed: int, validation: float = 0.1, test: float
     Rows with a ``split`` column keep their official test set; validation then comes out of the
     official training set.
     """
+    import datasets
+    from sklearn.model_selection import train_test_split
+
     index = list(range(len(rows["label"])))
     if "split" in rows:
         rest = [i for i in index if rows["split"][i] != "test"]

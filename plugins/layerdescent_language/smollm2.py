@@ -7,12 +7,14 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any
-
-from torch import nn
+from typing import TYPE_CHECKING, Any
 
 from layerdescent import Asset, require
+from layerdescent.optional import quiet_transformers
 from layerdescent.assets import cache_dir, extract
+
+if TYPE_CHECKING:
+    from torch import nn
 
 SMOLLM2 = Asset(
     name="smollm2",
@@ -29,7 +31,7 @@ PURPOSE = "a causal LM (SmolLM2 or a local directory)"
 
 
 def _transformers() -> Any:
-    return require("transformers", extra="llm", purpose=PURPOSE)
+    return quiet_transformers(require("transformers", extra="llm", purpose=PURPOSE))  # no "Loading weights" bars
 
 
 def load_gguf(path: Path) -> tuple[nn.Module, Any]:

@@ -20,51 +20,18 @@ the non-zeros) and ``noisier`` measurements (ten times the noise), each ``test_s
 
 from __future__ import annotations
 
-from typing import Any
-
-import datasets
-import torch
-import torchmetrics
-from torch import nn
-from torchmetrics.audio import SignalNoiseRatio
+from typing import TYPE_CHECKING, Any
 
 import layerdescent
 from layerdescent import LayerOutput, Task
 
-
-def soft_threshold(v: torch.Tensor, threshold: torch.Tensor) -> torch.Tensor:
-    """The proximal operator of the l1 norm."""
-    return torch.sign(v) * torch.relu(v.abs() - threshold)
-
-
-class LISTA(nn.Module):
-    """Unrolled ISTA returning the estimate of every layer, B x (L + 1) x code_dim."""
-
-    def __init__(self, A: torch.Tensor, layers: int, tied: bool = False, x0: str = "linear", weights: str = "random", threshold: float = 0.1) -> None:
-        super().__init__()
-        measure_dim, code_dim = A.shape
-        c = torch.linalg.matrix_norm(A, ord=2) ** 2
-        copies = 1 if tied else layers
-        if weights == "ista":
-            w1 = (A.T / c).repeat(copies, 1, 1)
-            w2 = (torch.eye(code_dim) - A.T @ A / c).repeat(copies, 1, 1)
-        else:
-            w1 = torch.randn(copies, code_dim, measure_dim) / measure_dim**0.5
-            w2 = torch.randn(copies, code_dim, code_dim) / code_dim
-        self.layers = layers
-        self.x0 = nn.Parameter(A.T / c) if x0 == "linear" else None
-        self.w1 = nn.Parameter(w1)
-        self.w2 = nn.Parameter(w2)
-        self.theta = nn.Parameter(torch.full((layers,), threshold / c.item()))
-
-    def forward(self, y: torch.Tensor) -> torch.Tensor:
-        x = y @ self.x0.T if self.x0 is not None else y.new_zeros(y.shape[0], self.w2.shape[-1])
-        estimates = [x]
-        for k in range(self.layers):
-            i = min(k, self.w1.shape[0] - 1)
-            x = soft_threshold(y @ self.w1[i].T + x @ self.w2[i].T, self.theta[k])
-            estimates.append(x)
-        return torch.stack(estimates, dim=1)
+# torch, datasets and torchmetrics load inside the methods that use them: registering the task
+# (`layerdescent list`) must not pay for them. The network itself is in layerdescent_lista.model.
+if TYPE_CHECKING:
+    import datasets
+    import torch
+    import torchmetrics
+    from torch import nn
 
 
 class SparseCoding(Task):
@@ -72,6 +39,11 @@ class SparseCoding(Task):
 
     name = "lista"
     perturbations = ("gaussian", "impulse")
+    perturbation_titles = {
+        "gaussian": "Gaussian measurement noise, std = γ × RMS(y)",
+        "impulse": "impulse noise: each measurement set to ±3 RMS(y) with probability γ",
+    }
+    gamma_ranges = {"impulse": (0.0, 1.0)}
     domains = ("denser", "noisier")
     options = {
         "layers": 8,
@@ -97,6 +69,8 @@ class SparseCoding(Task):
                 raise layerdescent.ConfigError(f"task.{key} must be >= 1, got {o[key]}")
         if o["sparsity"] > o["code_dim"]:
             raise layerdescent.ConfigError("task.sparsity cannot exceed task.code_dim")
+        import torch
+
         generator = torch.Generator().manual_seed(o["data_seed"])
         A = torch.randn(o["measure_dim"], o["code_dim"], generator=generator)
         self.dictionary = A / A.norm(dim=0, keepdim=True)
@@ -107,10 +81,15 @@ class SparseCoding(Task):
         return self.options["layers"]
 
     def build_model(self) -> nn.Module:
+        from layerdescent_lista.model import LISTA
+
         return LISTA(self.dictionary, self.num_layers, self.options["tied"], self.options["x0"], self.options["weights"])
 
     def _samples(self, n: int, sparsity: int, noise: float, generator: torch.Generator) -> datasets.Dataset:
         """``n`` sparse codes with ``sparsity`` non-zeros and their measurements at ``noise``."""
+        import datasets
+        import torch
+
         code_dim = self.options["code_dim"]
         support = torch.rand(n, code_dim, generator=generator).argsort(dim=1)[:, :sparsity]
         x = torch.zeros(n, code_dim).scatter_(1, support, torch.randn(n, sparsity, generator=generator))
@@ -118,11 +97,15 @@ class SparseCoding(Task):
         return datasets.Dataset.from_dict({"y": y.numpy(), "x": x.numpy()}).with_format("torch")
 
     def build_datasets(self) -> dict[str, datasets.Dataset]:
+        import torch
+
         o = self.options
         generator = torch.Generator().manual_seed(o["data_seed"] + 1)
         return {split: self._samples(o[f"{split}_size"], o["sparsity"], o["noise"], generator) for split in ("train", "validation", "test")}
 
     def domain_dataset(self, name: str) -> datasets.Dataset:
+        import torch
+
         o = self.options
         generator = torch.Generator().manual_seed(o["data_seed"] + 2 + self.domains.index(name))
         if name == "denser":
@@ -136,6 +119,8 @@ class SparseCoding(Task):
         """Measurements at perturbation level ``gamma``."""
         if gamma == 0:
             return y
+        import torch
+
         rms = y.pow(2).mean().sqrt()
         if self.perturbation == "impulse":
             hit = torch.rand_like(y) < gamma
@@ -148,6 +133,9 @@ class SparseCoding(Task):
         return LayerOutput(losses, preds=estimates[:, -1].contiguous(), target=batch["x"])
 
     def metrics(self) -> torchmetrics.MetricCollection:
+        import torchmetrics
+        from torchmetrics.audio import SignalNoiseRatio
+
         return torchmetrics.MetricCollection({"mse": torchmetrics.MeanSquaredError(), "snr_db": SignalNoiseRatio()})
 
 

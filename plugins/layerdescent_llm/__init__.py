@@ -41,24 +41,17 @@ from __future__ import annotations
 from contextlib import nullcontext
 from functools import cached_property
 from pathlib import Path
-from typing import Any
-
-import datasets
-import torch
-import torchmetrics
-from torch import nn
-from torch.nn import functional as F
+from typing import TYPE_CHECKING, Any
 
 import layerdescent
 from layerdescent import LayerOutput, Task
+
 from layerdescent_language import (
     ORANGE_TEXT,
     RATED_DOMAINS,
     SMOLLM2,
     VADER,
-    add_lora,
     domain_rows,
-    gaussian_embeddings,
     grimm_tales,
     load_causal_lm,
     load_tokenizer,
@@ -66,35 +59,21 @@ from layerdescent_language import (
     smollm2_dir,
     split,
     subsample,
-    substitute_tokens,
     synthetic_rows,
     tiny_llama,
-    word_tokenizer,
 )
 from layerdescent_llm.data import LABEL_WORDS, PROMPT, split_documents, token_windows
-from layerdescent_llm.model import LogitLens, read_layers
+
+# torch, torchmetrics, the lens model and the token perturbations load inside the methods that
+# use them: registering the task (`layerdescent list`) must not pay for them.
+if TYPE_CHECKING:
+    import datasets
+    import torch
+    import torchmetrics
+    from torch import nn
 
 DATASETS = ("sentiment", "lm", "synthetic", "synthetic-lm")
 LM_DATASETS = ("lm", "synthetic-lm")
-
-
-class TokenPerplexity(torchmetrics.Metric):
-    """exp of the mean next-token loss over all target tokens, fed per-sample loss sums and token counts."""
-
-    higher_is_better = False
-    full_state_update = False
-
-    def __init__(self, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self.add_state("nll", torch.tensor(0.0, dtype=torch.float64), dist_reduce_fx="sum")
-        self.add_state("tokens", torch.tensor(0.0, dtype=torch.float64), dist_reduce_fx="sum")
-
-    def update(self, nll_sums: torch.Tensor, counts: torch.Tensor) -> None:
-        self.nll += nll_sums.double().sum()
-        self.tokens += counts.double().sum()
-
-    def compute(self) -> torch.Tensor:
-        return torch.exp(self.nll / self.tokens)
 
 
 class LLMFinetuning(Task):
@@ -102,6 +81,11 @@ class LLMFinetuning(Task):
 
     name = "llm-finetuning"
     perturbations = ("gaussian", "substitute")
+    perturbation_titles = {
+        "gaussian": "Gaussian embedding noise on the review, std = γ × RMS of the token embeddings",
+        "substitute": "token substitution: each review token random with probability γ",
+    }
+    gamma_ranges = {"substitute": (0.0, 1.0)}
     options = {
         "model_path": "",
         "dataset": "sentiment",
@@ -191,6 +175,8 @@ class LLMFinetuning(Task):
 
     @cached_property
     def _tokenizer_and_config(self) -> tuple[Any, Any]:
+        from layerdescent_language import word_tokenizer
+
         if self.options["model_path"] == "tiny":
             return word_tokenizer(list(self.rows["text"]) + [" ".join(PROMPT + LABEL_WORDS)]), None
         return load_tokenizer(self.model_path)
@@ -209,6 +195,8 @@ class LLMFinetuning(Task):
     @cached_property
     def read(self) -> list[int]:
         """The hidden states read, 0 (embeddings) first and the last one last."""
+        from layerdescent_llm.model import read_layers
+
         o, hidden = self.options, self.num_hidden
         for key in ("lens_every", "lens_last"):
             if o["lens_layers"] == {"lens_every": "every-k", "lens_last": "last-m"}[key] and o[key] > hidden:
@@ -235,6 +223,8 @@ class LLMFinetuning(Task):
     @cached_property
     def label_ids(self) -> torch.Tensor:
         """The first token of " negative" and of " positive", the two answers."""
+        import torch
+
         ids = [ids[0] for ids in self._encode(list(LABEL_WORDS))]
         if ids[0] == ids[1]:
             raise layerdescent.DataError(f"the tokenizer starts {LABEL_WORDS[0]!r} and {LABEL_WORDS[1]!r} with the same token; they cannot be told apart")
@@ -246,6 +236,9 @@ class LLMFinetuning(Task):
         return next((i for i in (tok.pad_token_id, tok.eos_token_id) if i is not None), 0)
 
     def build_model(self) -> nn.Module:
+        from layerdescent_language import add_lora
+        from layerdescent_llm.model import LogitLens
+
         o = self.options
         lm = tiny_llama(len(self.tokenizer), o["tiny_layers"]) if o["model_path"] == "tiny" else load_causal_lm(self.model_path)
         if o["finetune"] == "lora":
@@ -262,6 +255,8 @@ class LLMFinetuning(Task):
         return {name: subsample(part, o[f"{name}_size"], o["data_seed"]) for name, part in parts.items()}
 
     def collate(self, rows: dict[str, Any]) -> dict[str, torch.Tensor]:
+        import torch
+
         if self.is_lm:
             sequences = [list(ids) for ids in rows["input_ids"]]
             content = [[True] * len(ids) for ids in sequences]
@@ -296,6 +291,11 @@ class LLMFinetuning(Task):
         return self._read(model, batch, gamma, last_only=True)
 
     def _read(self, model: nn.Module, batch: dict[str, torch.Tensor], gamma: float, last_only: bool) -> LayerOutput:
+        import torch
+        from torch.nn import functional as F
+
+        from layerdescent_language import gaussian_embeddings, substitute_tokens
+
         o = self.options
         ids, mask, content, targets = batch["input_ids"], batch["attention_mask"], batch["content"], batch["targets"]
         if gamma and self.perturbation == "substitute":
@@ -320,6 +320,10 @@ class LLMFinetuning(Task):
         return LayerOutput(losses, preds=labels[:, -1].detach(), target=batch["label"], layer_preds=None if last_only else labels.detach())
 
     def metrics(self) -> torchmetrics.MetricCollection:
+        import torchmetrics
+
+        from layerdescent_llm.metrics import TokenPerplexity
+
         if self.is_lm:
             return torchmetrics.MetricCollection({"perplexity": TokenPerplexity()})
         return torchmetrics.MetricCollection({"accuracy": torchmetrics.classification.MulticlassAccuracy(num_classes=2, average="micro")})

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import random
-from typing import Any
-
-import datasets
+from typing import TYPE_CHECKING, Any
 
 import layerdescent
+
+if TYPE_CHECKING:  # datasets loads when windows are cut, not when the task registers
+    import datasets
 
 PROMPT = ("Review:", "\nSentiment:")  # before and after the review text
 LABEL_WORDS = (" negative", " positive")  # label 0, label 1
@@ -26,6 +27,8 @@ def split_documents(documents: list[str], seed: int, validation: float = 0.1, te
 
 def token_windows(tokenizer: Any, documents: list[str], length: int) -> datasets.Dataset:
     """Each document's tokens cut into windows of ``length``; a shorter tail is kept if it has a next token to predict."""
+    import datasets
+
     windows = []
     for ids in tokenizer(documents, add_special_tokens=False)["input_ids"]:
         windows += [ids[i : i + length] for i in range(0, len(ids), length) if len(ids[i : i + length]) >= 2]

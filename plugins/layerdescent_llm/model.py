@@ -12,6 +12,7 @@ from layerdescent_language import AdaptersOnlyState, final_norm_name
 
 from .cross_entropy import linear_cross_entropy, native_bf16
 
+
 def read_layers(num_hidden: int, which: str, every: int, last: int) -> list[int]:
     """The hidden states read, 0 = embeddings < ... < ``num_hidden``: all, every ``every``-th, or the last ``last``."""
     if which == "every-k":

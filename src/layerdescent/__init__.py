@@ -1,15 +1,14 @@
 """Train neural networks whose every layer must lower the loss, on Cooper's primal-dual solver."""
 
+from importlib import import_module
 from importlib.metadata import PackageNotFoundError, version
+from typing import TYPE_CHECKING, Any
 
 try:
     __version__ = version("layerdescent")
 except PackageNotFoundError:  # running from a source tree that is not installed
     __version__ = "0+unknown"
 
-from layerdescent.assets import Asset
-from layerdescent.config import RunConfig, config_from_dict, load_config
-from layerdescent.constraints import Bound, ConstraintSpec, Descent
 from layerdescent.errors import (
     AssetError,
     CheckpointError,
@@ -19,12 +18,51 @@ from layerdescent.errors import (
     LayerdescentError,
     PluginError,
 )
-from layerdescent.evaluator import evaluate
 from layerdescent.hookspecs import hookimpl
 from layerdescent.optional import require
-from layerdescent.registry import Registry, get_registry
-from layerdescent.task import LayerOutput, Task
-from layerdescent.trainer import evaluate_run, train
+
+# The rest of the public names load on first use (PEP 562): importing the package, the CLI or a
+# plugin must not import torch, so that `layerdescent --help`, `list` and `plugins` answer at once.
+_LAZY = {
+    "Asset": "layerdescent.assets",
+    "RunConfig": "layerdescent.config",
+    "config_from_dict": "layerdescent.config",
+    "load_config": "layerdescent.config",
+    "Bound": "layerdescent.constraints",
+    "ConstraintSpec": "layerdescent.constraints",
+    "Descent": "layerdescent.constraints",
+    "evaluate": "layerdescent.evaluator",
+    "Registry": "layerdescent.registry",
+    "get_registry": "layerdescent.registry",
+    "LayerOutput": "layerdescent.task",
+    "Task": "layerdescent.task",
+    "evaluate_run": "layerdescent.trainer",
+    "train": "layerdescent.trainer",
+}
+
+if TYPE_CHECKING:  # what static tools see; at run time __getattr__ imports them
+    from layerdescent.assets import Asset
+    from layerdescent.config import RunConfig, config_from_dict, load_config
+    from layerdescent.constraints import Bound, ConstraintSpec, Descent
+    from layerdescent.evaluator import evaluate
+    from layerdescent.registry import Registry, get_registry
+    from layerdescent.task import LayerOutput, Task
+    from layerdescent.trainer import evaluate_run, train
+
+
+def __getattr__(name: str) -> Any:
+    """Import a public name's module the first time the name is used."""
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'layerdescent' has no attribute {name!r}")
+    value = getattr(import_module(module), name)
+    globals()[name] = value  # later lookups skip __getattr__
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY})
+
 
 __all__ = [
     "Asset",

@@ -119,6 +119,24 @@ def plan(path: str | Path, out: str | Path, overrides: list[str] = (), registry:
     return runs
 
 
+def _check_same_task(run: BenchRun) -> None:
+    """Refuse a run directory that already records a run of another task or solver (say, another demo's)."""
+    recorded = run.run_dir / "config.toml"
+    if not recorded.exists():
+        return
+    try:
+        table = read_toml(recorded)
+    except ConfigError:
+        raise ConfigError(f"{recorded} is damaged; move {run.run_dir} away or choose another --out") from None
+    theirs = (table.get("task", {}).get("name"), table.get("solver", {}).get("name"))
+    ours = (run.config.task.name, run.config.solver.name)
+    if theirs != ours:
+        raise ConfigError(
+            f"{run.run_dir} holds a run of task {theirs[0]!r} with solver {theirs[1]!r}, not {ours[0]!r} with {ours[1]!r}: "
+            "choose another --out (nothing was trained)"
+        )
+
+
 def _train_one(run: BenchRun, resume: bool) -> None:
     """A worker process's job: one run on one torch thread."""
     config = dataclasses.replace(run.config, train=dataclasses.replace(run.config.train, threads=1))
@@ -142,7 +160,10 @@ def run_bench(
     if workers < 1:
         raise ConfigError(f"--workers must be at least 1, got {workers}")
     pending = []
-    for run in plan(path, out, overrides, registry):
+    runs = plan(path, out, overrides, registry)
+    for run in runs:
+        _check_same_task(run)  # before anything trains: a folder of another task's runs is never mixed in
+    for run in runs:
         if (run.run_dir / "results.json").exists():
             if on_run:
                 on_run(run, "done")
@@ -161,7 +182,7 @@ def run_bench(
                 if on_run:
                     on_run(run, "resumed" if resume else "trained")
     command = command or " ".join(["layerdescent bench", str(path), "--out", str(out), *(f"--set {o}" for o in overrides)])
-    return write_report(Path(out), title=f"Bench {Path(path).name}", note=f"Made by `{command}`.")
+    return write_report(Path(out), title=f"Bench {Path(path).name}", note=f"Made by `{command}`.", workers=workers)
 
 
 def evaluate_bench(

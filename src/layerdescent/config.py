@@ -290,6 +290,8 @@ def config_from_dict(data: dict[str, Any], registry: Registry | None = None) -> 
         constraints=_build_constraints(data.get("constraints", []), registry),
     )
     task = registry.task(config.task.name)(**config.task.options)
+    task.check_gammas(config.eval.gammas, "eval.gammas")
+    task.check_gammas([config.train.train_gamma], "train.train_gamma")
     num_layers = task.num_layers
     for name in config.eval.domains:
         if name not in task.domains:

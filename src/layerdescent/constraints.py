@@ -14,12 +14,13 @@ from __future__ import annotations
 
 import abc
 from dataclasses import dataclass
-from typing import ClassVar, Literal
-
-import torch
+from typing import TYPE_CHECKING, ClassVar, Literal
 
 from layerdescent.errors import ConfigError
 from layerdescent.hookspecs import hookimpl
+
+if TYPE_CHECKING:  # the registry loads the kinds without torch; their methods run in training
+    import torch
 
 REFERENCES = ("live", "detached", "anchored")
 
@@ -104,10 +105,14 @@ class Descent(ConstraintSpec):
     def initial_state(self, means: torch.Tensor) -> dict[str, torch.Tensor]:
         if self.reference != "anchored":
             return {}
+        import torch
+
         value = means[0].detach() if self.anchor is None else torch.tensor(float(self.anchor))
         return {"anchor": value.clone().to(means.dtype)}
 
     def violation(self, means: torch.Tensor, state: dict[str, torch.Tensor]) -> torch.Tensor:
+        import torch
+
         # A detached reference makes l_{k-1} a target: the gradient cannot lower the
         # violation by raising the previous layer's loss (the `live` form can be gamed).
         previous = means.detach() if self.reference == "detached" else means

@@ -16,3 +16,13 @@ def require(module: str, extra: str, purpose: str = "") -> ModuleType:
         missing = getattr(exc, "name", None) or module
         who = purpose or "this feature"
         raise PluginError(f"{who} needs the optional dependency {missing!r}; install it with: pip install 'layerdescent[{extra}]'") from None
+
+
+def quiet_transformers(transformers: ModuleType) -> ModuleType:
+    """``transformers`` with its progress bars and advice off ("Loading weights 103/103" on every run, even piped).
+
+    Errors still show; what is silenced is what a user of a run can neither act on nor needs.
+    """
+    transformers.utils.logging.disable_progress_bar()
+    transformers.utils.logging.set_verbosity_error()
+    return transformers

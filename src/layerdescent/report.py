@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from pathlib import Path
 
 import numpy as np
@@ -40,6 +41,8 @@ PENALTY_SOLVER = "penalty"
 def collect(root: Path) -> list[dict]:
     """Load every results.json under root, each tagged with the run directory and config it came from."""
     root = Path(root)
+    if not root.is_dir():
+        raise LayerdescentError(f"{root} is not a directory: point at a run or bench directory")
     paths = sorted(root.rglob("results.json"))
     if not paths:
         raise LayerdescentError(f"no results.json under {root}: train a run first or point at a run/bench directory")
@@ -47,8 +50,44 @@ def collect(root: Path) -> list[dict]:
     for path in paths:
         config = _config(path.parent)
         context = {k: v for k, v in config.items() if k not in TRAINING_CHOICES}
-        results.append({**json.loads(path.read_text()), "run_dir": str(path.parent), "config": config, "context": context})
+        results.append({**read_results(path), "run_dir": str(path.parent), "config": config, "context": context})
+    if len({r["task"] for r in results}) > 1:  # runs of two tasks never share a row, even with the same label
+        for r in results:
+            r["label"] = f"{r['task']}: {r['label']}"
     return results
+
+
+# What a summary reads from each results.json, and of each gamma record.
+RESULT_KEYS = ("label", "task", "solver", "seed", "num_layers", "gammas")
+GAMMA_KEYS = ("gamma", "layer_loss", "descent_rate")
+
+
+def read_results(path: Path) -> dict:
+    """One results.json, checked for what a summary reads; LayerdescentError naming the file if it is damaged."""
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError:
+        raise LayerdescentError(f"{path} is not text (a binary or damaged file); re-run or re-evaluate that run") from None
+    except json.JSONDecodeError as exc:
+        raise LayerdescentError(f"{path} is not valid JSON ({exc.msg} at line {exc.lineno}; truncated?); re-run or re-evaluate that run") from None
+    except OSError as exc:
+        raise LayerdescentError(f"cannot read {path}: {exc.strerror or exc}") from None
+    if not isinstance(data, dict):
+        raise LayerdescentError(f"{path} holds a JSON {type(data).__name__}, not a results object; re-run or re-evaluate that run")
+    missing = [k for k in RESULT_KEYS if k not in data]
+    if missing:
+        raise LayerdescentError(f"{path} lacks {', '.join(map(repr, missing))}; it is not a layerdescent results.json (or is damaged)")
+    records = [data["gammas"], *(data.get("domains") or {}).values()]
+    for record in (r for rs in records for r in (rs if isinstance(rs, list) else [None])):
+        if not isinstance(record, dict) or any(k not in record for k in GAMMA_KEYS) or not isinstance(record.get("metrics", {}), dict):
+            raise LayerdescentError(f"{path}: every gamma record needs {', '.join(GAMMA_KEYS)} and a metrics table; the file is damaged")
+    if not data["gammas"]:
+        raise LayerdescentError(f"{path} records no gamma; re-run or re-evaluate that run")
+    data.setdefault("train", {})
+    for record in (r for rs in records for r in rs):
+        record.setdefault("metrics", {})
+    return data
 
 
 def _config(run_dir: Path) -> dict:
@@ -87,10 +126,10 @@ def _flat(table: dict, prefix: str = "") -> dict:
 
 
 def _stats(values) -> dict:
-    """Mean and sample std over seeds, elementwise; std is 0 for a single seed."""
+    """Mean and sample std over seeds, elementwise, and the number of seeds n; std is 0 for a single seed."""
     a = np.asarray(values, dtype=float)
     std = a.std(axis=0, ddof=1) if len(a) > 1 else np.zeros_like(a[0])
-    return {"mean": a.mean(axis=0).tolist(), "std": std.tolist()}
+    return {"mean": a.mean(axis=0).tolist(), "std": std.tolist(), "n": len(a)}
 
 
 def paired_difference(a, b, level: float = 0.95) -> dict:
@@ -104,11 +143,53 @@ def paired_difference(a, b, level: float = 0.95) -> dict:
     return {"mean": mean, "low": low, "high": high, "n": n, "distinct": low > 0 or high < 0}
 
 
+def _last_digit(spread: float, mean: float = 0.0, max_digits: int = 4) -> int:
+    """The decimal exponent of the last digit worth printing: two significant digits of the spread
+    when they start with 1 to 3, else one, but never past ``max_digits`` significant digits of the mean."""
+    lead = math.floor(math.log10(spread))
+    digits = 2 if spread / 10.0**lead < 3.55 else 1
+    last = lead - digits + 1
+    if mean and math.isfinite(mean):
+        last = max(last, math.floor(math.log10(abs(mean))) - max_digits + 1)
+    return last
+
+
+def _at(x: float, last: int, sign: bool = False) -> str:
+    """``x`` rounded to the digit 10**last; scientific for very small or large magnitudes."""
+    plus = "+" if sign else ""
+    if last < -6 or abs(x) >= 1e7:
+        digits = max(math.floor(math.log10(abs(x))) - last, 0) if x else 0
+        return f"{x:{plus}.{digits}e}"
+    text = f"{round(x, -last) if last > 0 else x:{plus}.{max(-last, 0)}f}"
+    if float(text) == 0:  # a bound that rounds to zero keeps its side of zero; a plain zero has no sign
+        text = text.lstrip("+-")
+        return ("-" if x < 0 else "+") + text if sign else text
+    return text
+
+
+def format_stat(mean: float, spread: float | None = None, n: int = 1) -> str:
+    """'mean ± spread' to the precision the spread supports; a single seed (n = 1) shows the mean alone."""
+    if not math.isfinite(mean):
+        return str(mean)
+    if n < 2 or spread is None or not math.isfinite(spread):
+        return f"{mean:.4g}"
+    if spread == 0:
+        return f"{mean:.4g} ± 0"
+    last = _last_digit(spread, mean)
+    if spread < 0.5 * 10.0**last:  # below what the mean's own precision shows: rounding noise
+        return f"{_at(mean, last)} ± <{_at(10.0**last, last)}"
+    return f"{_at(mean, last)} ± {_at(spread, last)}"
+
+
 def format_difference(d: dict) -> str:
-    """A paired difference as markdown: 'mean [low, high]', bold when the interval excludes 0."""
-    interval = "" if d["low"] is None else f" [{d['low']:+.3g}, {d['high']:+.3g}]"
+    """A paired difference as markdown: 'mean [low, high]' to the interval's precision, bold when it excludes 0."""
     bold = "**" if d["distinct"] else ""
-    return f"{bold}{d['mean']:+.3g}{interval}{bold}"
+    if d["low"] is None:
+        return f"{bold}{d['mean']:+.3g}{bold}"
+    half = (d["high"] - d["low"]) / 2
+    last = _last_digit(half, max(abs(d["low"]), abs(d["high"]))) if half > 0 else _last_digit(abs(d["mean"]) or 1.0)
+    mean, low, high = (_at(v, last, sign=True) for v in (d["mean"], d["low"], d["high"]))
+    return f"{bold}{mean} [{low}, {high}]{bold}"
 
 
 def _nearest(groups: dict, label: str, candidates: list[str], preferred: str) -> str | None:
@@ -227,7 +308,8 @@ def _summarize_group(runs: list[dict]) -> dict:
     for gamma in sorted(by_gamma):
         rows = by_gamma[gamma]
         gammas[gamma] = {
-            "metrics": {m: _stats([r["metrics"][m] for r in rows]) for m in rows[0]["metrics"]},
+            # a metric some seeds lack (a damaged or older run) is summarized over the seeds that have it
+            "metrics": {m: _stats([r["metrics"][m] for r in rows if m in r["metrics"]]) for m in dict.fromkeys(m for r in rows for m in r["metrics"])},
             "layer_loss": _stats([r["layer_loss"] for r in rows]),
             "descent_rate": _stats([r["descent_rate"] for r in rows]),
             # each metric at every layer, where the task reads one per layer (and every seed has it)
@@ -242,6 +324,8 @@ def _summarize_group(runs: list[dict]) -> dict:
         lambdas[name] = {"labels": c.get("labels", []), "mean": np.mean(per_seed, axis=0).tolist()}
     return {
         "solver": runs[0]["solver"],
+        "task": runs[0]["task"],
+        "perturbation": runs[0].get("perturbation"),
         "n": len(runs),
         "seeds": [r["seed"] for r in runs],
         "run_dirs": [r["run_dir"] for r in runs if "run_dir" in r],
@@ -282,11 +366,11 @@ def _fmt(x) -> str:
 
 
 def _cell(stats: dict | None, i: int | None = None) -> str:
-    """'mean ± std' of a scalar stat, or of entry i of a per-layer stat."""
+    """'mean ± std' of a scalar stat, or of entry i of a per-layer stat, to the precision the spread supports."""
     if stats is None:
         return "–"
     mean, std = (stats["mean"], stats["std"]) if i is None else (stats["mean"][i], stats["std"][i])
-    return f"{mean:.4g} ± {std:.4g}"
+    return format_stat(mean, std, stats.get("n", 2))
 
 
 def _table(header: list[str], rows: list[list[str]]) -> list[str]:
@@ -318,13 +402,49 @@ def _metric_tables(groups: dict, results: list[dict], metrics: list[str], gammas
     return [f"## Metric at each gamma{where}", "", *_table(header, rows), *_paired_tables(results, groups, metrics, gammas, where)]
 
 
-def _markdown(groups: dict, results: list[dict], title: str, images: list[str], note: str = "") -> str:
-    gammas = _all_gammas(groups)
-    metrics = list(dict.fromkeys(m for grp in groups.values() for s in grp["gammas"].values() for m in s["metrics"]))
-    seeds = sorted({r["seed"] for r in results})
-    lines = [f"# {title}", "", *([note, ""] if note else []), f"{len(results)} runs of {len(groups)} variants; seeds {', '.join(map(str, seeds))}.", ""]
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}{'' if n == 1 else 's'}"
 
-    lines += _metric_tables(groups, results, metrics, gammas)
+
+def metric_names(groups: dict) -> list[str]:
+    """Every metric any group reports, in first-seen order; a task may report none."""
+    return list(dict.fromkeys(m for grp in groups.values() for s in grp["gammas"].values() for m in s["metrics"]))
+
+
+def _overview(groups: dict, results: list[dict]) -> list[str]:
+    """What the summary covers: runs, variants, seeds, and tasks when there are several."""
+    seeds = sorted({r["seed"] for r in results})
+    seed_text = f"seed {seeds[0]}" if len(seeds) == 1 else f"seeds {', '.join(map(str, seeds))}"
+    lines = [f"{_plural(len(results), 'run')} of {_plural(len(groups), 'variant')}; {seed_text}."]
+    if all(g["n"] == 1 for g in groups.values()):
+        lines[0] += " One seed per variant (n = 1): no spread is shown, and differences have no interval."
+    tasks = list(dict.fromkeys(r["task"] for r in results))
+    if len(tasks) > 1:
+        counts = ", ".join(f"{t} ({_plural(sum(r['task'] == t for r in results), 'run')})" for t in tasks)
+        lines.append(f"**These runs come from {len(tasks)} tasks**: {counts}. Each label names its task, and runs are compared only within a task.")
+    return [*lines, ""]
+
+
+def _cost_note(workers: int | None) -> str:
+    """How the runs shared the machine, which decides what the step times can be compared with."""
+    if workers == 1:
+        shared = "Runs went one after another, so machine load differs between rows;"
+    elif workers:
+        shared = f"Runs went {workers} at a time (`--workers {workers}`, one thread each), competing for the cores, so load differs between rows;"
+    else:
+        shared = "How the runs shared the machine is not recorded here, so load may differ between rows;"
+    return shared + "\n`benchmarks/cost.py` interleaves the solvers in one process for a controlled ratio."
+
+
+def _markdown(groups: dict, results: list[dict], title: str, images: list[str], note: str = "", workers: int | None = None) -> str:
+    gammas = _all_gammas(groups)
+    metrics = metric_names(groups)
+    lines = [f"# {title}", "", *([note, ""] if note else []), *_overview(groups, results)]
+
+    if metrics:
+        lines += _metric_tables(groups, results, metrics, gammas)
+    else:
+        lines += ["This task reports no metrics (`Task.metrics`); the tables below give the loss at every layer.", ""]
     for gamma in dict.fromkeys([gammas[0], gammas[-1]]):
         lines += [f"## Test loss per layer at γ={gamma:g}", ""] + _layer_table(groups, "layer_loss", gamma)
     lines += [f"## Descent rate per layer at γ={gammas[0]:g}", ""] + _layer_table(groups, "descent_rate", gammas[0])
@@ -334,10 +454,12 @@ def _markdown(groups: dict, results: list[dict], title: str, images: list[str], 
     for name, view in domain_results(results).items():
         where = f" on domain {name}"
         domain_groups = summarize(view)
-        lines += _metric_tables(domain_groups, view, metrics, _all_gammas(domain_groups), where)
+        if metrics:
+            lines += _metric_tables(domain_groups, view, metrics, _all_gammas(domain_groups), where)
         lines += [f"## Loss per layer at γ={gammas[0]:g}{where}", ""] + _layer_table(domain_groups, "layer_loss", gammas[0])
 
-    lines += _ablation_tables(groups, metrics)
+    if metrics:
+        lines += _ablation_tables(groups, metrics)
 
     constrained = {label: grp for label, grp in groups.items() if grp["solver"] == CONSTRAINED_SOLVER}
     if constrained:
@@ -347,10 +469,30 @@ def _markdown(groups: dict, results: list[dict], title: str, images: list[str], 
 
     rows = [[label, grp["solver"], _fmt(grp["step_time"] and grp["step_time"] * 1e3), _fmt(grp["step_time_ratio"])]
             for label, grp in groups.items()]
-    lines += ["## Cost", "", "Each run's median step time. Runs went one after another, so machine load differs between rows;", "`benchmarks/cost.py` interleaves the solvers in one process for a controlled ratio.", ""]
+    lines += ["## Cost", "", "Each run's median step time. " + _cost_note(workers), ""]
     lines += _table(["label", "solver", "median step (ms)", f"× {BASELINE_SOLVER}"], rows)
     lines += ["## Plots", ""] + [f"![{Path(i).stem}]({i})" for i in images]
     return "\n".join(lines) + "\n"
+
+
+def read_log(path: Path) -> list[dict]:
+    """The records of one metrics.jsonl; LayerdescentError naming the file and line if one is damaged."""
+    try:
+        lines = Path(path).read_text(encoding="utf-8").splitlines()
+    except UnicodeDecodeError:
+        raise LayerdescentError(f"{path} is not text (a binary or damaged file)") from None
+    records = []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise LayerdescentError(f"{path}:{number} is not valid JSON ({exc.msg}); the log is damaged") from None
+        if not isinstance(record, dict):
+            raise LayerdescentError(f"{path}:{number} holds a JSON {type(record).__name__}, not a log record; the log is damaged")
+        records.append(record)
+    return records
 
 
 def _traces(groups: dict) -> dict[tuple[str, str], tuple[np.ndarray, np.ndarray, np.ndarray]]:
@@ -360,14 +502,89 @@ def _traces(groups: dict) -> dict[tuple[str, str], tuple[np.ndarray, np.ndarray,
         log = Path(grp["run_dirs"][0]) / "metrics.jsonl" if grp["run_dirs"] else None
         if grp["solver"] != CONSTRAINED_SOLVER or log is None or not log.exists():
             continue
-        records = [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
-        records = [r for r in records if r.get("event") == "train" and r.get("lambda")]
+        records = [r for r in read_log(log) if r.get("event") == "train" and isinstance(r.get("lambda"), dict) and "step" in r]
         for name in records[0]["lambda"] if records else []:
-            steps = np.array([r["step"] for r in records])
-            lam = np.array([r["lambda"][name] for r in records])
-            violation = np.array([r.get("violation", {}).get(name, [np.nan] * lam.shape[1]) for r in records])
+            try:
+                steps = np.array([r["step"] for r in records], dtype=float)
+                lam = np.array([r["lambda"][name] for r in records], dtype=float).reshape(len(records), -1)
+                violation = np.array([r.get("violation", {}).get(name, [np.nan] * lam.shape[1]) for r in records], dtype=float).reshape(lam.shape)
+            except (KeyError, TypeError, ValueError):
+                raise LayerdescentError(f"{log}: the multipliers of constraint {name!r} change shape or go missing between lines; the log is damaged") from None
             traces[label, name] = (steps, lam, violation)
     return traces
+
+
+def describe_runs(groups: dict) -> tuple[str, str]:
+    """A plot title naming the task(s) and dataset(s), and an axis label saying what gamma is.
+
+    What gamma means comes from the task's ``perturbation_titles`` (registered plugins only), e.g.
+    "γ: Gaussian embedding noise, std = γ × RMS of the word embeddings"; otherwise its name.
+    """
+    from layerdescent.registry import get_registry
+
+    tasks = {}  # task -> datasets, perturbations
+    for grp in groups.values():
+        task = grp["config"].get("task.name") or grp.get("task", "")
+        datasets, perturbations = tasks.setdefault(task, ({}, {}))
+        if grp["config"].get("task.dataset") is not None:
+            datasets[str(grp["config"]["task.dataset"])] = None
+        perturbations[grp.get("perturbation") or grp["config"].get("task.perturbation") or ""] = None
+    title = "; ".join(f"{task} on {', '.join(datasets)}" if datasets else task for task, (datasets, _) in tasks.items() if task)
+    meanings = []
+    for task, (_, perturbations) in tasks.items():
+        cls = get_registry().tasks.get(task)
+        for name in perturbations:
+            meaning = getattr(cls, "perturbation_titles", {}).get(name) if cls else None
+            meanings.append(meaning or (f"{name} perturbation level" if name else "perturbation level"))
+    return title, "γ: " + "; ".join(dict.fromkeys(meanings))
+
+
+def _readable_log_axis(ax) -> None:
+    """A log y axis whose ticks read as plain numbers (0.2, 0.5, 1), minor ones labelled when few decades show."""
+    from matplotlib.ticker import FuncFormatter, LogLocator
+
+    ax.set_yscale("log", nonpositive="clip")
+    low, high = ax.get_ylim()
+    plain = FuncFormatter(lambda v, _: f"{v:.3g}")
+    ax.yaxis.set_major_formatter(plain)
+    if high / low < 1e3:  # few decades: label 2 and 5 within each, or the axis shows one number or none
+        ax.yaxis.set_minor_locator(LogLocator(subs=(2.0, 5.0)))
+        ax.yaxis.set_minor_formatter(plain)
+
+
+def _series(ax, x, stats: dict, label: str, constrained: bool, color: str, band: bool = False) -> None:
+    """One line of means in ``color``; error bars (or a band) of one std only when there is more than one seed."""
+    mean, std = np.asarray(stats["mean"], dtype=float), np.asarray(stats["std"], dtype=float)
+    style = "-" if constrained else "--"
+    spread = stats.get("n", 2) > 1
+    if band or not spread:
+        ax.plot(x, mean, linestyle=style, marker="o", label=label, color=color)
+        if band and spread:
+            ax.fill_between(x, mean - std, mean + std, alpha=0.2, color=color)
+    else:
+        ax.errorbar(x, mean, yerr=std, linestyle=style, marker="o", capsize=3, label=label, color=color)
+
+
+def _point_stats(points: list[dict]) -> dict:
+    """The per-point stats of one series as one stats table."""
+    return {"mean": [p["mean"] for p in points], "std": [p["std"] for p in points], "n": min((p.get("n", 2) for p in points), default=1)}
+
+
+def _finish(fig, axes, path: Path, title: str = "", note: str = "") -> None:
+    """One legend below the panels (never on the data), the title above, saved at ``path``."""
+    handles = {}
+    for ax in np.ravel(axes):
+        for handle, label in zip(*ax.get_legend_handles_labels()):
+            handles.setdefault(label, handle)
+    fig.tight_layout()
+    if title or note:
+        fig.suptitle("\n".join(t for t in (title, note) if t), y=1.0, va="bottom", fontsize="medium")
+    if handles:
+        fig.legend(list(handles.values()), list(handles), loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=min(len(handles), 4), fontsize="small", frameon=False)
+    fig.savefig(path, dpi=120, bbox_inches="tight")
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
 
 
 def _plot(groups: dict, out: Path, domains: dict[str, dict] | None = None) -> list[str]:
@@ -377,6 +594,9 @@ def _plot(groups: dict, out: Path, domains: dict[str, dict] | None = None) -> li
     matplotlib.use("Agg")  # here, not at import, so importing the module leaves a user's backend alone
     import matplotlib.pyplot as plt
 
+    title, gamma_label = describe_runs(groups)
+    colors = {label: f"C{i % 10}" for i, label in enumerate(groups)}  # one colour per label in every panel
+    solid = "solid: primal-dual; dashed: the rest"
     gammas = _all_gammas(groups)
     ends = list(dict.fromkeys([gammas[0], gammas[-1]]))
     fig, axes = plt.subplots(1, len(ends), figsize=(5 * len(ends), 4), squeeze=False)
@@ -386,40 +606,33 @@ def _plot(groups: dict, out: Path, domains: dict[str, dict] | None = None) -> li
             if gamma not in grp["gammas"]:
                 continue
             s = grp["gammas"][gamma]["layer_loss"]
-            mean, std, x = np.array(s["mean"]), np.array(s["std"]), np.arange(len(s["mean"]))
-            ax.plot(x, mean, marker="o", label=label)
-            ax.fill_between(x, mean - std, mean + std, alpha=0.2)
-            means.extend(mean)
+            _series(ax, np.arange(len(s["mean"])), s, label, grp["solver"] == CONSTRAINED_SOLVER, colors[label], band=True)
+            means.extend(s["mean"])
         if means and min(means) > 0:
-            ax.set_yscale("log", nonpositive="clip")
-        kind = "in-distribution" if gamma == gammas[0] else "shifted"
-        ax.set(title=f"{kind} (γ={gamma:g})", xlabel="layer", ylabel="test loss")
-        ax.legend()
-    fig.tight_layout()
-    fig.savefig(out / "loss_vs_layer.png", dpi=120)
-    plt.close(fig)
+            _readable_log_axis(ax)
+        kind = "in distribution" if gamma == gammas[0] else "shifted"
+        ax.set(title=f"{kind}, γ = {gamma:g}", xlabel="layer (0: the input representation)", ylabel="test loss")
+    _finish(fig, axes, out / "loss_vs_layer.png", title, f"{gamma_label}; {solid}")
+    images = ["loss_vs_layer.png"]
 
-    metrics = list(dict.fromkeys(m for grp in groups.values() for s in grp["gammas"].values() for m in s["metrics"]))
+    metrics = metric_names(groups)
     titles = context_titles(groups)
     contexts = list(titles)  # one row of panels per context, solid constrained, dashed the rest
-    fig, axes = plt.subplots(len(contexts), len(metrics), figsize=(5 * len(metrics), 4 * len(contexts)), squeeze=False)
-    for row, key in enumerate(contexts):
-        for ax, metric in zip(axes[row], metrics):
-            for label, grp in groups.items():
-                if grp["context_key"] != key:
-                    continue
-                pts = [(g, s["metrics"][metric]) for g, s in grp["gammas"].items() if metric in s["metrics"]]
-                style = "-" if grp["solver"] == CONSTRAINED_SOLVER else "--"
-                ax.errorbar([g for g, _ in pts], [m["mean"] for _, m in pts], yerr=[m["std"] for _, m in pts],
-                            linestyle=style, marker="o", capsize=3, label=label)
-            ax.set(title=f"{titles[key]}: {metric}" if titles[key] else metric, xlabel="γ", ylabel=metric)
-            ax.legend(fontsize="small")
-    fig.tight_layout()
-    fig.savefig(out / "metric_vs_gamma.png", dpi=120)
-    plt.close(fig)
-    images = ["loss_vs_layer.png", "metric_vs_gamma.png"]
+    if metrics:
+        fig, axes = plt.subplots(len(contexts), len(metrics), figsize=(5 * len(metrics), 4 * len(contexts)), squeeze=False)
+        for row, key in enumerate(contexts):
+            for ax, metric in zip(axes[row], metrics):
+                for label, grp in groups.items():
+                    if grp["context_key"] != key:
+                        continue
+                    pts = [(g, s["metrics"][metric]) for g, s in grp["gammas"].items() if metric in s["metrics"]]
+                    if pts:
+                        _series(ax, [g for g, _ in pts], _point_stats([m for _, m in pts]), label, grp["solver"] == CONSTRAINED_SOLVER, colors.get(label, "C0"))
+                ax.set(title=f"{titles[key]}: {metric}" if titles[key] else metric, xlabel="γ", ylabel=metric)
+        _finish(fig, axes, out / "metric_vs_gamma.png", title, f"{gamma_label}; {solid}")
+        images.append("metric_vs_gamma.png")
 
-    if domains:  # a column per evaluation set (the test split first), a row per context and metric
+    if domains and metrics:  # a column per evaluation set (the test split first), a row per context and metric
         panels = {"test": groups, **domains}
         rows = [(key, metric) for key in contexts for metric in metrics]
         fig, axes = plt.subplots(len(rows), len(panels), figsize=(4.5 * len(panels), 3.5 * len(rows)), squeeze=False)
@@ -429,14 +642,11 @@ def _plot(groups: dict, out: Path, domains: dict[str, dict] | None = None) -> li
                     if grp["context_key"] != key:
                         continue
                     pts = [(g, st["metrics"][metric]) for g, st in grp["gammas"].items() if metric in st["metrics"]]
-                    ax.errorbar([g for g, _ in pts], [m["mean"] for _, m in pts], yerr=[m["std"] for _, m in pts],
-                                linestyle="-" if grp["solver"] == CONSTRAINED_SOLVER else "--", marker="o", capsize=3, label=label)
+                    if pts:
+                        _series(ax, [g for g, _ in pts], _point_stats([m for _, m in pts]), label, grp["solver"] == CONSTRAINED_SOLVER, colors.get(label, "C0"))
                 prefix = f"{titles[key]}, " if titles[key] else ""
                 ax.set(title=f"{prefix}{where}: {metric}", xlabel="γ", ylabel=metric)
-                ax.legend(fontsize="small")
-        fig.tight_layout()
-        fig.savefig(out / "metric_vs_gamma_domains.png", dpi=120)
-        plt.close(fig)
+        _finish(fig, axes, out / "metric_vs_gamma_domains.png", title, f"{gamma_label}; {solid}")
         images.append("metric_vs_gamma_domains.png")
 
     # The share of test samples each layer improves, in distribution: 1 everywhere is strict descent.
@@ -444,13 +654,9 @@ def _plot(groups: dict, out: Path, domains: dict[str, dict] | None = None) -> li
     for label, grp in groups.items():
         s = grp["gammas"].get(gammas[0], {}).get("descent_rate")
         if s:
-            x = np.arange(1, len(s["mean"]) + 1)
-            ax.errorbar(x, s["mean"], yerr=s["std"], linestyle="-" if grp["solver"] == CONSTRAINED_SOLVER else "--", marker="o", capsize=3, label=label)
-    ax.set(title=f"descent rate (γ={gammas[0]:g})", xlabel="layer k (share of samples with l_k < l_k-1)", ylabel="descent rate", ylim=(0, 1.02))
-    ax.legend(fontsize="small")
-    fig.tight_layout()
-    fig.savefig(out / "descent_rate.png", dpi=120)
-    plt.close(fig)
+            _series(ax, np.arange(1, len(s["mean"]) + 1), s, label, grp["solver"] == CONSTRAINED_SOLVER, colors.get(label, "C0"))
+    ax.set(title=f"descent rate in distribution (γ = {gammas[0]:g})", xlabel="layer k", ylabel="share of samples with l_k < l_(k-1)", ylim=(0, 1.02))
+    _finish(fig, np.array([ax]), out / "descent_rate.png", title, solid)
     images.append("descent_rate.png")
 
     traces = _traces(groups)
@@ -462,15 +668,12 @@ def _plot(groups: dict, out: Path, domains: dict[str, dict] | None = None) -> li
                 axes[0, col].plot(steps, lam[:, j], label=str(entry))
                 axes[1, col].plot(steps, violation[:, j], label=str(entry))
             axes[1, col].axhline(0.0, color="black", linewidth=0.8)
-            axes[0, col].set(title=f"{label}: {constraint}", xlabel="step", ylabel="λ")
-            axes[1, col].set(xlabel="step", ylabel="violation (> 0: infeasible)")
-            axes[0, col].legend(fontsize="small")
-        fig.tight_layout()
-        fig.savefig(out / "traces.png", dpi=120)
-        plt.close(fig)
+            axes[0, col].set(title=f"{label}: {constraint} (first seed)", xlabel="training step", ylabel="multiplier λ")
+            axes[1, col].set(xlabel="training step", ylabel="violation (> 0: infeasible)")
+        _finish(fig, axes, out / "traces.png", title, "one line per constrained transition")
         images.append("traces.png")
 
-    for key, swept in _ablations(groups).items():  # a row per metric, a column per end of the shared gamma grid
+    for key, swept in (_ablations(groups).items() if metrics else ()):  # a row per metric, a column per end of the shared gamma grid
         shared = [_shared_gammas(groups, labels) for labels in swept]
         ends = list(dict.fromkeys(g for gammas in shared for g in (gammas[0], gammas[-1])))
         fig, axes = plt.subplots(len(metrics), len(ends), figsize=(5 * len(ends), 3.5 * len(metrics)), squeeze=False)
@@ -480,27 +683,33 @@ def _plot(groups: dict, out: Path, domains: dict[str, dict] | None = None) -> li
                     if gamma not in gammas:
                         continue
                     grp = groups[labels[0]]
-                    points = [(groups[label]["config"][key], groups[label]["gammas"][gamma]["metrics"][metric]) for label in labels]
-                    ax.errorbar([x for x, _ in points], [m["mean"] for _, m in points], yerr=[m["std"] for _, m in points],
-                                linestyle="-" if grp["solver"] == CONSTRAINED_SOLVER else "--", marker="o", capsize=3, label=grp["solver"])
-                ax.set(title=f"{metric} at γ={gamma:g}", xlabel=ABLATED[key], ylabel=metric)
-                ax.legend(fontsize="small")
-        fig.tight_layout()
+                    points = [(groups[label]["config"][key], groups[label]["gammas"][gamma]["metrics"].get(metric)) for label in labels]
+                    points = [(x, m) for x, m in points if m is not None]
+                    if points:
+                        _series(ax, [x for x, _ in points], _point_stats([m for _, m in points]), grp["solver"], grp["solver"] == CONSTRAINED_SOLVER, colors[labels[0]])
+                ax.set(title=f"{metric} at γ = {gamma:g}", xlabel=ABLATED[key], ylabel=metric)
         name = f"ablation_{ABLATED[key]}.png"
-        fig.savefig(out / name, dpi=120)
-        plt.close(fig)
+        _finish(fig, axes, out / name, title, gamma_label)
         images.append(name)
     return images
 
 
-def write_report(root: Path, out: Path | None = None, title: str | None = None, note: str = "") -> Path:
-    """Summarize every run under root into out/summary.md plus plots; return the summary's path."""
+def write_report(root: Path, out: Path | None = None, title: str | None = None, note: str = "", workers: int | None = None) -> Path:
+    """Summarize every run under root into out/summary.md plus plots; return the summary's path.
+
+    ``workers`` says how many runs trained at once, which the Cost section reports (None: unknown).
+    """
     root = Path(root)
     out = Path(out) if out is not None else root
+    if out.exists() and not out.is_dir():
+        raise LayerdescentError(f"--out {out} is a file, not a directory: name a directory for summary.md and the plots")
     results = collect(root)
     groups = summarize(results)
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise LayerdescentError(f"cannot create {out}: {exc.strerror or exc}") from None
     images = _plot(groups, out, {name: summarize(view) for name, view in domain_results(results).items()})
     summary = out / "summary.md"
-    summary.write_text(_markdown(groups, results, title or f"layerdescent report: {root.name}", images, note))
+    summary.write_text(_markdown(groups, results, title or f"layerdescent report: {root.name}", images, note, workers))
     return summary

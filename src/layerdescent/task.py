@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import abc
+import math
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
-
-import datasets
-import torch
-import torchmetrics
+from typing import TYPE_CHECKING, Any, ClassVar, Iterable
 
 from layerdescent.errors import ConfigError
+
+if TYPE_CHECKING:  # torch and friends load when a task is used, not when a plugin registers it
+    import datasets
+    import torch
+    import torchmetrics
 
 
 @dataclass
@@ -47,6 +49,12 @@ class Task(abc.ABC):
     name: ClassVar[str]
     options: ClassVar[dict[str, Any]] = {}
     perturbations: ClassVar[tuple[str, ...]] = ("gaussian",)
+    # What gamma means under each perturbation, for plot titles and axis labels, e.g.
+    # {"gaussian": "Gaussian embedding noise, std = γ × RMS"}; one not listed shows its name.
+    perturbation_titles: ClassVar[dict[str, str]] = {}
+    # The gammas each perturbation accepts, (low, high) inclusive, e.g. {"substitute": (0.0, 1.0)}
+    # for a probability; eval.gammas and train.train_gamma outside it are refused. Unlisted: any gamma >= 0.
+    gamma_ranges: ClassVar[dict[str, tuple[float, float]]] = {}
     # Extra evaluation sets that share the task's labels (a real distribution shift), by name;
     # ``eval.domains`` picks among them and ``domain_dataset`` builds one.
     domains: ClassVar[tuple[str, ...]] = ()
@@ -92,6 +100,17 @@ class Task(abc.ABC):
         """Names of the fetched assets these options read; ``layerdescent assets fetch`` gets them."""
         return ()
 
+    def check_gammas(self, gammas: Iterable[float], key: str) -> None:
+        """Raise ConfigError naming ``key`` if a gamma lies outside the range of this task's perturbation."""
+        low, high = self.gamma_ranges.get(self.perturbation, (0.0, math.inf))
+        bad = [g for g in gammas if not low <= g <= high]
+        if bad:
+            meaning = self.perturbation_titles.get(self.perturbation)
+            raise ConfigError(
+                f"{key}: {', '.join(f'{g:g}' for g in bad)} outside [{low:g}, {high:g}], the range of task {self.name!r}'s "
+                f"{self.perturbation!r} perturbation{f' ({meaning})' if meaning else ''}"
+            )
+
     def check_choices(self, **choices: tuple[str, ...]) -> None:
         """Raise ConfigError naming the first option whose value is not one of its choices."""
         for key, allowed in choices.items():
@@ -100,4 +119,6 @@ class Task(abc.ABC):
 
     def metrics(self) -> torchmetrics.MetricCollection:
         """Task metrics, updated with ``LayerOutput.preds`` and ``.target``; none by default."""
+        import torchmetrics
+
         return torchmetrics.MetricCollection({})

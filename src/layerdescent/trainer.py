@@ -22,7 +22,6 @@ from typing import Any, Sequence
 import numpy as np
 import tomli_w
 import torch
-from tqdm.auto import tqdm
 
 from layerdescent import __version__
 from layerdescent.checkpoint import load_checkpoint, rng_state, save_checkpoint, set_rng_state
@@ -32,6 +31,7 @@ from layerdescent.distributed import World, init_world, to_device
 from layerdescent.errors import ConfigError, DataError, DivergenceError
 from layerdescent.evaluator import evaluate, evaluate_all
 from layerdescent.problem import LayerwiseProblem
+from layerdescent.progress import progress_bar
 from layerdescent.registry import Registry, get_registry
 from layerdescent.solvers import Solver, build_solver
 from layerdescent.task import Task
@@ -223,7 +223,8 @@ class Trainer:
                 },
             )
 
-        bar = tqdm(total=train.epochs * steps_per_epoch, initial=position["step"], disable=None if train.progress and world.is_main else True, desc=config.name, leave=False)
+        # a bar on a terminal, a timed line every 30 s when stderr is a pipe (a demo or bench log)
+        bar = progress_bar(train.epochs * steps_per_epoch, position["step"], f"{config.name} seed {config.seed}", enabled=train.progress and world.is_main)
         try:
             while position["epoch"] < train.epochs and not _patience_spent(train, position):
                 order = torch.randperm(len(train_set), generator=torch.Generator().manual_seed(config.seed * 100_003 + position["epoch"]))
