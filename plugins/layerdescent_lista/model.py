@@ -5,10 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-
-def soft_threshold(v: torch.Tensor, threshold: torch.Tensor) -> torch.Tensor:
-    """The proximal operator of the l1 norm."""
-    return torch.sign(v) * torch.relu(v.abs() - threshold)
+from layerdescent.prox import soft_threshold
 
 
 class LISTA(nn.Module):

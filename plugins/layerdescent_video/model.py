@@ -34,10 +34,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-
-def soft_threshold(v: torch.Tensor, threshold: torch.Tensor) -> torch.Tensor:
-    """The proximal operator of the l1 norm."""
-    return torch.sign(v) * torch.relu(v.abs() - threshold)
+from layerdescent.prox import soft_threshold
 
 
 def prox_l1l1(u: torch.Tensor, lam1: torch.Tensor, lam2: torch.Tensor, side: torch.Tensor) -> torch.Tensor:

@@ -25,6 +25,10 @@ from layerdescent.optional import require
 # plugin must not import torch, so that `layerdescent --help`, `list` and `plugins` answer at once.
 _LAZY = {
     "Asset": "layerdescent.assets",
+    "cache_dir": "layerdescent.assets",
+    "extract": "layerdescent.assets",
+    "extract_from_file": "layerdescent.assets",
+    "soft_threshold": "layerdescent.prox",
     "RunConfig": "layerdescent.config",
     "config_from_dict": "layerdescent.config",
     "load_config": "layerdescent.config",
@@ -41,10 +45,11 @@ _LAZY = {
 }
 
 if TYPE_CHECKING:  # what static tools see; at run time __getattr__ imports them
-    from layerdescent.assets import Asset
+    from layerdescent.assets import Asset, cache_dir, extract, extract_from_file
     from layerdescent.config import RunConfig, config_from_dict, load_config
     from layerdescent.constraints import Bound, ConstraintSpec, Descent
     from layerdescent.evaluator import evaluate
+    from layerdescent.prox import soft_threshold
     from layerdescent.registry import Registry, get_registry
     from layerdescent.task import LayerOutput, Task
     from layerdescent.trainer import evaluate_run, train
@@ -81,12 +86,16 @@ __all__ = [
     "RunConfig",
     "Task",
     "__version__",
+    "cache_dir",
     "config_from_dict",
     "evaluate",
     "evaluate_run",
+    "extract",
+    "extract_from_file",
     "get_registry",
     "hookimpl",
     "load_config",
     "require",
+    "soft_threshold",
     "train",
 ]
