@@ -23,6 +23,8 @@ class LayerOutput:
     extras: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        if not isinstance(self.losses, torch.Tensor):
+            raise TypeError(f"LayerOutput.losses must be a B x (L+1) tensor, got {type(self.losses).__name__}")
         if self.losses.dim() != 2:
             raise ValueError(
                 f"LayerOutput.losses must be B x (L+1), got shape {tuple(self.losses.shape)}"
