@@ -143,16 +143,18 @@ class Registry:
                     return
         for hook, (base, attr) in self._kinds.items():
             table = getattr(self, attr)
-            for key in staged[attr]:
-                if key in table:
+            for key, item in staged[attr].items():
+                # The same asset (or class) from two plugins that share it is one registration, not a clash.
+                if key in table and table[key] != item:
                     owner = self.owner[(base.__name__, key)]
                     self._unregister(name)
                     self._fail(info, f"{hook}: {_WHAT[base]} {key!r} is already registered by plugin {owner!r}; plugin {name!r} was skipped, {owner!r} kept")
                     return
         for hook, (base, attr) in self._kinds.items():
-            getattr(self, attr).update(staged[attr])
-            for key in staged[attr]:
-                self.owner[(base.__name__, key)] = name
+            for key, item in staged[attr].items():
+                if key not in getattr(self, attr):
+                    getattr(self, attr)[key] = item
+                    self.owner[(base.__name__, key)] = name
 
     def _unregister(self, name: str) -> None:
         plugin = self._pm.get_plugin(name)

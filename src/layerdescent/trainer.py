@@ -465,7 +465,7 @@ class Trainer:
                 means = self.task.layer_losses(session.model, batch, gamma=gamma).layer_means
             else:
                 means = torch.cat([torch.full((width - 1,), float("nan"), device=session.device), last.layer_means])
-            if not means.requires_grad:
+            if not means.requires_grad and torch.is_grad_enabled():  # the alternating dual pass reads under no_grad
                 method = "last_layer_losses" if last_only else "layer_losses"
                 raise PluginError(f"{self.who}: {method} returned losses without gradients (computed under torch.no_grad() or detached): nothing would train")
         else:  # every rank takes the same branch: the task answers the same on every rank
