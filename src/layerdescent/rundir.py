@@ -44,6 +44,10 @@ def usable_dir(path: Path, what: str = "--out") -> Path:
 @contextmanager
 def locked(run_dir: Path) -> Iterator[bool]:
     """Hold ``run_dir``'s lock for the block (ConfigError when another process holds it); yields whether it was a run already."""
+    try:
+        created = not run_dir.exists()
+    except OSError as exc:  # a name too long for the filesystem
+        raise ConfigError(f"--out {run_dir} cannot be created: {exc.strerror or exc}") from None
     usable_dir(run_dir)
     path = run_dir / LOCK
     was_run = path.exists() or any((run_dir / name).exists() for name in FINISHED)
@@ -68,6 +72,11 @@ def locked(run_dir: Path) -> Iterator[bool]:
         except LayerdescentError:
             if not was_run and not any((run_dir / name).exists() for name in WRITES):
                 path.unlink(missing_ok=True)  # refused before writing anything: leave the directory as it was
+                if created:
+                    try:
+                        run_dir.rmdir()
+                    except OSError:
+                        pass  # something else appeared in it
             raise
     finally:
         os.close(fd)
