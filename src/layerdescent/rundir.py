@@ -51,6 +51,7 @@ def locked(run_dir: Path) -> Iterator[bool]:
     usable_dir(run_dir)
     path = run_dir / LOCK
     was_run = path.exists() or any((run_dir / name).exists() for name in FINISHED)
+    present = {name for name in WRITES if (run_dir / name).exists()}
     try:
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     except OSError as exc:
@@ -70,7 +71,7 @@ def locked(run_dir: Path) -> Iterator[bool]:
         try:
             yield was_run
         except LayerdescentError:
-            if not was_run and not any((run_dir / name).exists() for name in WRITES):
+            if not was_run and {name for name in WRITES if (run_dir / name).exists()} == present:
                 path.unlink(missing_ok=True)  # refused before writing anything: leave the directory as it was
                 if created:
                     try:
