@@ -144,8 +144,8 @@ class Registry:
         for hook, (base, attr) in self._kinds.items():
             table = getattr(self, attr)
             for key, item in staged[attr].items():
-                # The same asset (or class) from two plugins that share it is one registration, not a clash.
-                if key in table and table[key] != item:
+                # The same pinned asset from two plugins that share it (equal name, source, checksum) is one registration.
+                if key in table and not (base is Asset and table[key] == item):
                     owner = self.owner[(base.__name__, key)]
                     self._unregister(name)
                     self._fail(info, f"{hook}: {_WHAT[base]} {key!r} is already registered by plugin {owner!r}; plugin {name!r} was skipped, {owner!r} kept")
