@@ -236,3 +236,32 @@ def test_bench_seeds_are_range_checked(tmp_path, seeds, where):
 def test_run_on_a_bench_file_says_to_use_bench(tmp_path):
     assert_one_line(*cli("run", config_file(tmp_path, BENCH), "--out", tmp_path / "out"), "is a bench file", "layerdescent bench")
     assert not (tmp_path / "out").exists()
+
+
+# --- what a finished run keeps on disk ------------------------------------------------------------
+
+
+def test_a_finished_run_keeps_its_model_and_drops_optimizer_state_unless_asked(tmp_path):
+    ld.train(ld.config_from_dict(RUN), tmp_path / "lean")
+    assert sorted(p.name for p in (tmp_path / "lean").iterdir()) == [".layerdescent.lock", "config.toml", "metrics.jsonl", "model.safetensors", "results.json"]
+    ld.train(ld.config_from_dict(with_(RUN, "train.keep_checkpoint", True)), tmp_path / "kept")
+    assert (tmp_path / "kept" / "checkpoint.pt").exists()
+    again = ld.evaluate_run(tmp_path / "lean", tmp_path / "again")
+    assert again["gammas"] == ld.evaluate_run(tmp_path / "kept", tmp_path / "again-kept")["gammas"]
+
+
+def test_a_run_from_before_model_files_is_evaluated_from_its_checkpoint(tmp_path):
+    results = ld.train(ld.config_from_dict(with_(RUN, "train.keep_checkpoint", True)), tmp_path / "old")
+    (tmp_path / "old" / "model.safetensors").unlink()  # the layout of runs written before it existed
+    assert ld.evaluate_run(tmp_path / "old", tmp_path / "again")["gammas"] == results["gammas"]
+
+
+def test_resuming_a_finished_run_without_its_checkpoint_is_refused_not_retrained(tmp_path):
+    ld.train(ld.config_from_dict(RUN), tmp_path / "run")
+    log = (tmp_path / "run" / "metrics.jsonl").read_text()
+    assert_one_line(*cli("run", config_file(tmp_path, RUN), "--out", tmp_path / "run", "--resume"), "holds a finished run and no checkpoint.pt")
+    assert (tmp_path / "run" / "metrics.jsonl").read_text() == log
+
+
+def test_a_list_option_of_the_wrong_type_reads_well(tmp_path):
+    assert_one_line(*cli("run", config_file(tmp_path, with_(RUN, "constraints.0.layers", ["a"])), "--out", tmp_path / "out"), "must be a list of integers")
