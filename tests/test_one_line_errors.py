@@ -330,7 +330,8 @@ def test_a_plugin_that_breaks_the_contract_is_one_line_naming_it_and_the_method(
 # --- evaluate -----------------------------------------------------------------------------------
 
 RESULTS_CASES = {
-    "corrupt": b'{"schema": 1, "label": ',
+    "corrupt": b'{"schema": 1,, "label": "erm"}',
+    "truncated": b'{"schema": 1, "label": ',
     "binary": bytes(range(256)),
     "list-valued": b"[1, 2, 3]",
     "key-missing": b'{"schema": 1}',

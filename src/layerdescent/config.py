@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 import math
 import os
 import sys
@@ -306,6 +307,7 @@ def _build_task(data: Any, registry: Registry) -> TaskConfig:
     return TaskConfig(task_cls.name, resolved)
 
 
+@functools.cache
 def _reserved_names() -> frozenset[str]:
     """Constraint names that would overwrite an attribute of Cooper's CMP (they become its attributes)."""
     import cooper  # only when a config names constraints: cooper is slow to import
