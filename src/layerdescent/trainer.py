@@ -16,9 +16,9 @@ import os
 import random
 import statistics
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from contextlib import contextmanager
 from typing import Any, Iterator, Sequence
 
 import numpy as np
@@ -32,7 +32,7 @@ from layerdescent.checkpoint import load_checkpoint, load_model_file, rng_state,
 from layerdescent.config import RunConfig, TrainConfig, load_config, read_toml
 from layerdescent.data import Rows
 from layerdescent.distributed import World, init_world, to_device
-from layerdescent.errors import CheckpointError, ConfigError, DataError, DivergenceError, LayerdescentError, PluginError
+from layerdescent.errors import CheckpointError, ConfigError, DataError, DiskError, DivergenceError, PluginError
 from layerdescent.evaluator import evaluate, evaluate_all
 from layerdescent.guard import CheckedTask, calling, describe
 from layerdescent.problem import LayerwiseProblem
@@ -73,10 +73,6 @@ def _diverged(reason: str) -> DivergenceError:
 
 # Write errors that mean the disk, not the run, is the problem (EFBIG: a file size limit).
 DISK_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EIO)
-
-
-class DiskError(LayerdescentError):
-    """The run directory could not be written: a full disk, a quota, a read-only filesystem."""
 
 
 def _check_finite_results(evaluation: dict[str, Any], who: str) -> None:
