@@ -295,3 +295,42 @@ def test_extract_from_file_rejects_what_is_not_an_archive(tmp_path):
     (tmp_path / "plain.txt").write_text("hello")
     with pytest.raises(AssetError, match="not an archive"):
         extract_from_file(tmp_path / "plain.txt", "x", tmp_path / "out")
+
+
+def ordered_tar(members: list[tuple[str, str, object]]) -> bytes:
+    """A tar of ("file" | "sym" | "hard", name, data or link target) members, in exactly this order."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        for kind, name, payload in members:
+            info = tarfile.TarInfo(name)
+            if kind == "file":
+                info.size = len(payload)
+                tar.addfile(info, io.BytesIO(payload))
+            else:
+                info.type, info.linkname = (tarfile.SYMTYPE if kind == "sym" else tarfile.LNKTYPE), payload
+                tar.addfile(info)
+    return buf.getvalue()
+
+
+def test_a_symlink_chain_rewired_later_cannot_reach_outside_the_cache(cache, tmp_path):
+    # b -> x/y/z/w, then a -> b/../../../.. (inside while b is deep), then b -> . (a now climbs out),
+    # then a hard link stolen.txt -> a/secret.txt would copy a file from outside into the cache.
+    outside = cache / "extracted" / "secret.txt"
+    outside.parent.mkdir(parents=True, exist_ok=True)
+    outside.write_text("not yours")
+    data = ordered_tar([("sym", "b", "x/y/z/w"), ("sym", "a", "b/../../../.."), ("sym", "b", "."), ("hard", "stolen.txt", "a/secret.txt")])
+    asset = place(cache, "chain.tar", data)
+    with pytest.raises(AssetError, match="refusing to extract member 'a'"):
+        extract(asset, "")
+    dest = cache / "extracted" / "demo"
+    assert not (dest / "stolen.txt").exists() and not (dest / "a").is_symlink()
+
+
+def test_the_same_chain_never_copies_a_file_from_outside_into_the_destination(tmp_path):
+    dest = tmp_path / "d1" / "d2" / "d3" / "dest"  # a -> b/../../../.. with b -> . lands on tmp_path
+    (tmp_path / "secret.txt").write_text("not yours")
+    archive = tmp_path / "chain.tar"
+    archive.write_bytes(ordered_tar([("sym", "b", "x/y/z/w"), ("sym", "a", "b/../../../.."), ("sym", "b", "."), ("hard", "stolen.txt", "a/secret.txt")]))
+    with pytest.raises(AssetError, match="refusing to extract member 'a'"):
+        extract_from_file(archive, "", dest)
+    assert not (dest / "stolen.txt").exists()

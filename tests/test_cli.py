@@ -132,13 +132,14 @@ def test_bench_runs_variants_by_seeds_and_resumes_without_rerunning(tmp_path, ca
     )
     path = write(tmp_path, bench, "bench.toml")
     out = tmp_path / "bench"
-    assert main(["bench", str(path), "--out", str(out)]) == 0
+    keep = ["--set", "train.keep_checkpoint=true"]  # so that a run whose results.json is gone resumes
+    assert main(["bench", str(path), "--out", str(out), *keep]) == 0
     first = capsys.readouterr().out
     assert first.count(": trained") == 4
     summary = (out / "summary.md").read_text()
     assert "erm" in summary and "primal-dual" in summary
     (out / "erm" / "seed-1" / "results.json").unlink()
-    assert main(["bench", str(path), "--out", str(out)]) == 0
+    assert main(["bench", str(path), "--out", str(out), *keep]) == 0
     second = capsys.readouterr().out
     assert second.count(": done") == 3 and "erm seed 1: resumed" in second
 

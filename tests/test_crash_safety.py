@@ -18,7 +18,7 @@ from layerdescent.checkpoint import VERSION, load_checkpoint, previous_path, sav
 
 CONFIG = {
     "task": {"name": "lista", "layers": 4, "code_dim": 16, "measure_dim": 12, "sparsity": 2, "train_size": 512, "validation_size": 64, "test_size": 64},
-    "train": {"epochs": 3, "batch_size": 64, "lr": 0.01, "progress": False, "log_every": 3, "checkpoint_every": 3, "train_gamma": 0.1, "threads": 1},
+    "train": {"epochs": 3, "batch_size": 64, "lr": 0.01, "progress": False, "log_every": 3, "checkpoint_every": 3, "train_gamma": 0.1, "threads": 1, "keep_checkpoint": True},
     "solver": {"name": "primal-dual", "dual_lr": 1.0},
     "constraints": [{"kind": "descent", "alpha": 0.05, "reference": "anchored"}],
     "eval": {"gammas": [0.0, 0.5]},
@@ -127,7 +127,7 @@ def test_a_half_written_checkpoint_never_replaces_the_good_one(tmp_path, uninter
 
 
 def test_truncated_checkpoint_is_one_error_naming_the_file_and_the_previous_one_stays(tmp_path, tiny):
-    config = ld.config_from_dict({**tiny, "train": {**tiny["train"], "epochs": 2}})
+    config = ld.config_from_dict({**tiny, "train": {**tiny["train"], "epochs": 2, "keep_checkpoint": True}})
     ld.train(config, tmp_path / "run")
     path = tmp_path / "run" / "checkpoint.pt"
     previous = previous_path(path)

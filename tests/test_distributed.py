@@ -72,7 +72,9 @@ def runs(tmp_path_factory):
 
 
 def params(run_dir):
-    return torch.load(run_dir / "checkpoint.pt", weights_only=False)["model"]
+    from safetensors.torch import load_file
+
+    return load_file(run_dir / "model.safetensors")  # what a finished run keeps
 
 
 def test_multipliers_are_identical_on_every_rank_at_every_step(runs):
@@ -103,7 +105,7 @@ def test_sharded_evaluation_reduces_to_the_single_process_numbers(runs):
 
 def test_only_rank_zero_writes_the_run_directory(runs):
     names = sorted(p.name for p in (runs / "two").iterdir())
-    assert names == ["checkpoint.prev.pt", "checkpoint.pt", "config.toml", "lambda-rank0.json", "lambda-rank1.json", "metrics.jsonl", "results.json"]
+    assert names == [".layerdescent.lock", "config.toml", "lambda-rank0.json", "lambda-rank1.json", "metrics.jsonl", "model.safetensors", "results.json"]
     lines = (runs / "two" / "metrics.jsonl").read_text().splitlines()
     steps = [json.loads(line)["step"] for line in lines if json.loads(line)["event"] == "train"]
     assert steps == sorted(steps) and len(steps) == len(set(steps)), "each record written once"

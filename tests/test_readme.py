@@ -50,3 +50,24 @@ def test_readme_annotated_config_is_a_valid_config_with_every_section():
     config = ld.config_from_dict(tomllib.loads(block))
     assert config.solver.name == "primal-dual" and config.constraints[0].reference == "detached"
     assert config.train.on_nonfinite == "stop" and config.eval.gammas == (0.0, 0.1, 0.3, 0.5, 1.0)
+
+
+def test_readme_constraint_example_registers_checks_its_options_and_trains(tmp_path, monkeypatch):
+    import sys
+
+    import pytest
+
+    text = README.read_text()
+    code = re.search(r"<!-- constraint-example -->\n```python\n(.*?)```", text, re.S).group(1)
+    module = types.ModuleType("my_constraint")
+    monkeypatch.setitem(sys.modules, "my_constraint", module)  # dataclasses look their module up
+    exec(compile(code, "README.md:my_constraint.py", "exec"), module.__dict__)
+    registry = Registry(extra_plugins=[("gap", module)])
+    table = {"task": {"name": "lista", "layers": 3, "code_dim": 8, "measure_dim": 6, "sparsity": 2, "train_size": 64, "validation_size": 16, "test_size": 16}, "train": {"epochs": 1, "progress": False}}
+    with pytest.raises(ld.ConfigError, match=r"^constraints\[0\]: ratio must be in \(0, 1\], got 2.0$"):
+        ld.config_from_dict({**table, "constraints": [{"kind": "gap", "ratio": 2.0}]}, registry)
+    with pytest.raises(ld.ConfigError, match=r"constraints\[0\].ratio must be a number"):
+        ld.config_from_dict({**table, "constraints": [{"kind": "gap", "ratio": "half"}]}, registry)
+    config = ld.config_from_dict({**table, "constraints": [{"kind": "gap", "ratio": 0.5}]}, registry)
+    results = ld.train(config, tmp_path / "run", registry=registry)
+    assert results["constraints"]["gap"]["labels"] == ["l3<=0.5*l0"]

@@ -174,3 +174,67 @@ def test_plugins_command_shows_a_failed_plugin_with_its_reason(tmp_path):
     assert "failed" in bad and "bad-plugins 0.1" in bad and "RuntimeError: broken on purpose" in bad
     assert any(line.startswith("lista ") and "loaded" in line for line in proc.stdout.splitlines())
     assert proc.stderr.count("plugin 'bad' skipped") == 1
+
+
+HALF = """
+    import layerdescent
+    from layerdescent import Bound
+
+    class Half(Bound):
+        '''Registered before the plugin breaks in another hook.'''
+        kind = "half"
+
+    @layerdescent.hookimpl
+    def register_constraints(register):
+        register(Half)
+
+    @layerdescent.hookimpl
+    def register_assets(register):
+        raise RuntimeError("assets broke")
+"""
+
+
+def test_a_plugin_that_fails_in_one_hook_contributes_nothing_from_the_others(entry_point_plugins):
+    registry = entry_point_plugins({"half_plugin": HALF, "good_plugin": GOOD}, {"half": "half_plugin", "good": "good_plugin"})
+    assert registry.plugins["half"].status == "failed"
+    assert "register_assets raised RuntimeError: assets broke" in registry.plugins["half"].reason
+    assert "half" not in registry.constraints and "ceiling" in registry.constraints
+
+
+def test_a_plugin_calling_sys_exit_at_import_is_skipped_by_name(entry_point_plugins):
+    registry = entry_point_plugins({"exiting_plugin": "import sys\nsys.exit(3)\n", "good_plugin": GOOD}, {"exiting": "exiting_plugin", "good": "good_plugin"})
+    assert registry.plugins["exiting"].status == "failed" and "sys.exit() at import" in registry.plugins["exiting"].reason
+    assert "ceiling" in registry.constraints and "lista" in registry.tasks
+
+
+def test_a_plugin_calling_sys_exit_in_a_hook_is_skipped_by_name(entry_point_plugins):
+    source = "import sys, layerdescent\n@layerdescent.hookimpl\ndef register_tasks(register):\n    sys.exit(1)\n"
+    registry = entry_point_plugins({"exiting_plugin": source}, {"exiting": "exiting_plugin"})
+    assert registry.plugins["exiting"].status == "failed" and "register_tasks raised SystemExit" in registry.plugins["exiting"].reason
+
+
+def test_a_duplicate_name_names_both_plugins_and_which_was_skipped(entry_point_plugins):
+    twin = GOOD.replace("A bound under another name.", "Another ceiling.")
+    registry = entry_point_plugins({"good_plugin": GOOD, "twin_plugin": twin}, {"good": "good_plugin", "twin": "twin_plugin"})
+    failed = [info for info in registry.plugins.values() if info.status == "failed" and info.name in ("good", "twin")]
+    assert len(failed) == 1
+    loser = failed[0].name
+    winner = "good" if loser == "twin" else "twin"
+    assert f"constraint kind 'ceiling' is already registered by plugin {winner!r}; plugin {loser!r} was skipped, {winner!r} kept" in failed[0].reason
+    assert registry.owner[("ConstraintSpec", "ceiling")] == winner
+
+
+def test_a_misspelt_disabled_plugin_is_warned_about(monkeypatch, caplog):
+    monkeypatch.setenv("LAYERDESCENT_DISABLE_PLUGINS", "lsita")
+    with caplog.at_level("WARNING", logger="layerdescent"):
+        registry = Registry()
+    assert registry.plugins["lista"].status == "loaded"
+    assert any("names 'lsita', but no plugin has that name" in r.getMessage() for r in caplog.records)
+
+
+def test_list_shows_the_plugin_each_constraint_kind_came_from(capsys):
+    from layerdescent.cli import main
+
+    assert main(["list"]) == 0
+    descent = next(line for line in capsys.readouterr().out.splitlines() if line.strip().startswith("descent "))
+    assert "[plugin layerdescent.constraints]" in descent

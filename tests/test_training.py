@@ -6,6 +6,7 @@ import json
 
 import pytest
 import torch
+from safetensors.torch import load_file
 
 import layerdescent as ld
 from layerdescent.trainer import Trainer
@@ -96,7 +97,7 @@ def test_penalty_uses_given_weights_per_layer(tiny, tmp_path):
 
 
 def test_resume_after_interruption_gives_the_same_final_parameters(tiny, tmp_path, monkeypatch):
-    tiny["train"].update(epochs=3, checkpoint_every=5, train_gamma=0.1)
+    tiny["train"].update(epochs=3, checkpoint_every=5, train_gamma=0.1, keep_checkpoint=True)
     config = ld.config_from_dict(tiny)
     ld.train(config, tmp_path / "whole")
 
@@ -179,12 +180,12 @@ def test_re_evaluation_refuses_to_change_how_the_model_was_trained(tiny, tmp_pat
         ld.evaluate_run(tmp_path / "run", tmp_path / "again", [override])
 
 
-def test_re_evaluation_needs_a_finished_run_with_its_checkpoint(tiny, tmp_path):
+def test_re_evaluation_needs_a_finished_run_with_its_model(tiny, tmp_path):
     with pytest.raises(ld.ConfigError, match="no finished run"):
         ld.evaluate_run(tmp_path / "nothing", tmp_path / "again")
     _train(tiny, tmp_path)
-    (tmp_path / "run" / "checkpoint.pt").unlink()
-    with pytest.raises(ld.ConfigError, match="no checkpoint.pt"):
+    (tmp_path / "run" / "model.safetensors").unlink()
+    with pytest.raises(ld.ConfigError, match="its model is gone"):
         ld.evaluate_run(tmp_path / "run", tmp_path / "again")
 
 
@@ -201,7 +202,7 @@ def test_early_stopping_ends_after_patience_epochs_and_tests_the_best_validation
         return records
 
     monkeypatch.setattr(trainer_module, "evaluate", evaluate)
-    tiny["train"].update(epochs=6, early_stopping=2)
+    tiny["train"].update(epochs=6, early_stopping=2, keep_checkpoint=True)
     results = _train(tiny, tmp_path)
     assert results["train"]["epochs"] == 4 and results["train"]["best_epoch"] == 1
     assert results["train"]["best_val_loss"][-1] == 0.5 and len(results["train"]["best_val_loss"]) == 5  # the tested epoch's, every layer
@@ -211,6 +212,8 @@ def test_early_stopping_ends_after_patience_epochs_and_tests_the_best_validation
     best = torch.load(tmp_path / "run" / "best.pt", weights_only=False)["model"]
     last = torch.load(tmp_path / "run" / "checkpoint.pt", weights_only=False)["model"]
     assert any(not torch.equal(best[k], last[k]) for k in best)
+    kept = load_file(tmp_path / "run" / "model.safetensors")  # what evaluation reads: the best epoch's model
+    assert all(torch.equal(best[k], kept[k]) for k in best)
 
 
 def test_early_stopping_without_validation_is_a_config_error(tiny):

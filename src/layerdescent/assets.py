@@ -61,7 +61,15 @@ class Asset:
 def cache_dir() -> Path:
     """The cache root: $LAYERDESCENT_CACHE, else the platform's user cache directory."""
     path = Path(os.environ.get("LAYERDESCENT_CACHE") or platformdirs.user_cache_dir("layerdescent"))
-    path.mkdir(parents=True, exist_ok=True)
+    where = "LAYERDESCENT_CACHE" if os.environ.get("LAYERDESCENT_CACHE") else "the cache directory"
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:
+        raise AssetError(f"{where} {path} is a file, not a directory: point LAYERDESCENT_CACHE at a directory") from None
+    except OSError as exc:
+        raise AssetError(f"{where} {path} cannot be created ({exc.strerror or exc}): point LAYERDESCENT_CACHE at a writable directory") from None
+    if not path.is_dir():
+        raise AssetError(f"{where} {path} is not a directory: point LAYERDESCENT_CACHE at a directory")
     return path
 
 
@@ -183,7 +191,12 @@ def _deb_tar(archive: Path) -> Iterator[tarfile.TarFile]:
         if f.read(8) != b"!<arch>\n":
             raise AssetError(f"{archive} is not a Debian package (no ar header)")
         while len(header := f.read(60)) == 60:
-            name, size = header[:16].decode().strip().rstrip("/"), int(header[48:58])
+            try:
+                name, size = header[:16].decode("ascii").strip().rstrip("/"), int(header[48:58])
+            except (UnicodeDecodeError, ValueError):
+                raise AssetError(f"{archive} is not a valid Debian package (a malformed ar member header at byte {f.tell() - 60}); fetch it again with --force") from None
+            if size < 0:
+                raise AssetError(f"{archive} is not a valid Debian package (a negative member size); fetch it again with --force")
             if name.startswith("data.tar"):
                 break
             f.seek(size + size % 2, os.SEEK_CUR)
@@ -266,6 +279,13 @@ def _write(dest: Path, root: Path, raw: str, name: str, kind: str, link: str, op
     if target.is_symlink() or target.is_file():
         target.unlink()
     if kind == "sym":
+        # A '..' after another part could climb out through a link extracted later (b -> . under a -> b/..):
+        # links may climb only first, from a real directory, and must land inside lexically.
+        parts = [p for p in link.split("/") if p not in ("", ".")]
+        climbs = next((i for i, p in enumerate(parts) if p != ".."), len(parts))
+        inside = posixpath.normpath(posixpath.join(posixpath.dirname(name), link))
+        if posixpath.isabs(link) or ".." in parts[climbs:] or inside == ".." or inside.startswith("../"):
+            raise AssetError(f"refusing to extract member {raw!r}: a symlink to {link!r}, which could lead outside the destination")
         os.symlink(link, target)
         # Checked after creation so chains of links are resolved as the OS will resolve them.
         if posixpath.isabs(link) or not Path(os.path.realpath(target)).is_relative_to(root):
@@ -273,9 +293,13 @@ def _write(dest: Path, root: Path, raw: str, name: str, kind: str, link: str, op
             raise AssetError(f"refusing to extract member {raw!r}: a symlink to {link!r}, outside the destination")
     elif kind == "hard":
         _check_safe(_clean(link), f"hard link {raw!r} to")
-        if not (dest / _clean(link)).is_file():
+        source = dest / _clean(link)
+        # Resolved as the OS will: a link's path through an extracted symlink must not read from outside.
+        if not Path(os.path.realpath(source)).is_relative_to(root):
+            raise AssetError(f"refusing to extract member {raw!r}: a hard link to {link!r}, which resolves outside the destination")
+        if not source.is_file():
             raise AssetError(f"cannot extract member {raw!r}: a hard link to {link!r}, not extracted")
-        shutil.copyfile(dest / _clean(link), target)
+        shutil.copyfile(source, target)
     else:
         with open_member() as src, open(target, "wb") as dst:
             shutil.copyfileobj(src, dst, 1 << 20)

@@ -19,26 +19,35 @@ keys and value lists crosses every variant with every combination, named by the 
     [bench.grid]
     "constraints.0.alpha" = [0.0, 0.05, 0.1]     # -> primal-dual,alpha=0 ... primal-dual,alpha=0.1
 
-Every run lands in ``OUT/VARIANT/seed-N``; a finished run (its ``results.json`` exists) is not
-run again and an interrupted one resumes, so a bench that stopped halfway continues where it
-was. ``workers > 1`` trains independent runs in that many processes, one torch thread each.
+Every run lands in ``OUT/VARIANT/seed-N``; a finished run (its ``results.json`` exists) whose
+recorded config is the one asked for is not run again and an interrupted one resumes, so a bench
+that stopped halfway continues where it was; a finished run under another config is refused.
+``workers > 1`` trains independent runs in that many processes, one torch thread each, which die
+with the bench.
 """
 
 from __future__ import annotations
 
 import copy
+import ctypes
 import dataclasses
 import itertools
+import os
+import signal
+import sys
+import threading
+import time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from layerdescent.config import RunConfig, apply_overrides, config_from_dict, read_toml, set_path
+from layerdescent import rundir
+from layerdescent.config import RunConfig, apply_overrides, check_seed, config_from_dict, read_toml, set_path
 from layerdescent.errors import ConfigError
 from layerdescent.registry import Registry
 from layerdescent.report import write_report
-from layerdescent.trainer import evaluate_run, train
+from layerdescent.trainer import evaluate_config, evaluate_run, train
 
 
 @dataclass(frozen=True)
@@ -72,9 +81,43 @@ def _flatten(table: Any, prefix: str = "") -> dict[str, Any]:
     return out
 
 
-def _short(value: Any) -> str:
-    """A grid value as it appears in a run's name (and directory)."""
-    return f"{value:g}" if isinstance(value, float) else str(value)
+def _short(value: Any, exact: bool = False) -> str:
+    """A grid value as it appears in a run's name (and directory); ``exact`` keeps every digit of a float."""
+    if isinstance(value, float):
+        return repr(value) if exact else f"{value:g}"
+    if isinstance(value, str):
+        # A path (a model directory) is named by its last part: a name is one path component.
+        tail = value.replace("\\", "/").rstrip("/").rsplit("/", 1)[-1]
+        return tail if tail not in ("", ".", "..") else "_"
+    return str(value)
+
+
+def _grid_names(key: str, values: list[Any]) -> list[str]:
+    """How each value of one grid key appears in run names: distinct values get distinct names, or ConfigError."""
+    for exact in (False, True):
+        names = [_short(v, exact) for v in values]
+        if len(set(names)) == len(names):
+            return names
+    first = next(n for n in names if names.count(n) > 1)
+    clashing = [v for v, n in zip(values, names) if n == first]
+    raise ConfigError(f"bench.grid.{key}: values {clashing[0]!r} and {clashing[1]!r} would share the run name {first!r}; give the grid distinct values")
+
+
+def _check_seeds(seeds: Any, key: str) -> list[int]:
+    if not isinstance(seeds, list) or not seeds or not all(isinstance(s, int) and not isinstance(s, bool) for s in seeds):
+        raise ConfigError(f"{key} must be a non-empty list of integers")
+    if len(set(seeds)) != len(seeds):
+        raise ConfigError(f"{key} lists a seed twice")
+    for i, seed in enumerate(seeds):
+        check_seed(seed, f"{key}[{i}]")
+    return seeds
+
+
+def _check_variant_name(name: Any) -> str:
+    """A variant's name, refused in one line unless it can name one directory."""
+    if not isinstance(name, str) or not name or name in (".", "..") or "/" in name or "\\" in name or "\0" in name:
+        raise ConfigError(f"bench.variants.{name!r} is not a plain name: a variant's name is one directory under --out (no '/', not '.' or '..')")
+    return name
 
 
 def plan(path: str | Path, out: str | Path, overrides: list[str] = (), registry: Registry | None = None) -> list[BenchRun]:
@@ -86,35 +129,35 @@ def plan(path: str | Path, out: str | Path, overrides: list[str] = (), registry:
     unknown = set(bench) - {"seeds", "variants", "grid"}
     if unknown:
         raise ConfigError(f"unknown key bench.{sorted(unknown)[0]} (allowed: seeds, variants, grid)")
-    seeds = bench.get("seeds", [0])
-    if not isinstance(seeds, list) or not seeds or not all(isinstance(s, int) and not isinstance(s, bool) for s in seeds):
-        raise ConfigError("bench.seeds must be a non-empty list of integers")
-    if len(set(seeds)) != len(seeds):
-        raise ConfigError("bench.seeds lists a seed twice")
+    seeds = _check_seeds(bench.get("seeds", [0]), "bench.seeds")
     variants = bench.get("variants", {})
     if not isinstance(variants, dict) or not variants:
         raise ConfigError("bench.variants must hold at least one table, e.g. [bench.variants.erm] solver.name = \"erm\"")
     grid = _flatten(bench.get("grid", {}))
     if not all(isinstance(v, list) and v for v in grid.values()):
         raise ConfigError('bench.grid must map dotted config keys to non-empty lists, e.g. "solver.dual_lr" = [0.1, 1.0]')
-    runs = []
+    names = {key: _grid_names(key, values) for key, values in grid.items()}
+    runs, where = [], {}
     for variant, override in variants.items():
+        _check_variant_name(variant)
         if not isinstance(override, dict):
             raise ConfigError(f"bench.variants.{variant} must be a table of config overrides")
         override = dict(override)
-        variant_seeds = override.pop("seeds", seeds)  # e.g. one seed for an ablation beside three-seed baselines
-        if not isinstance(variant_seeds, list) or not variant_seeds or not all(isinstance(s, int) and not isinstance(s, bool) for s in variant_seeds):
-            raise ConfigError(f"bench.variants.{variant}.seeds must be a non-empty list of integers")
-        for point in itertools.product(*grid.values()):
-            name = ",".join([variant, *(f"{key.rsplit('.', 1)[-1]}={_short(value)}" for key, value in zip(grid, point))])
+        # e.g. one seed for an ablation beside three-seed baselines
+        variant_seeds = _check_seeds(override.pop("seeds", seeds), f"bench.variants.{variant}.seeds")
+        for point in itertools.product(*(range(len(v)) for v in grid.values())):
+            name = ",".join([variant, *(f"{key.rsplit('.', 1)[-1]}={names[key][i]}" for key, i in zip(grid, point))])
+            if name in where and where[name] != (variant, point):
+                raise ConfigError(f"bench: variant {where[name][0]!r} and variant {variant!r} both name a run {name!r}; rename one of them")
+            where[name] = (variant, point)
             for seed in variant_seeds:
                 merged = merge(data, {**override, "seed": seed, "label": name})
                 try:
-                    for key, value in zip(grid, point):
-                        set_path(merged, key, copy.deepcopy(value))
+                    for key, i in zip(grid, point):
+                        set_path(merged, key, copy.deepcopy(grid[key][i]))
                     config = config_from_dict(merged, registry)
                 except ConfigError as exc:
-                    raise ConfigError(f"bench.variants.{name}: {str(exc).removeprefix('--set ')}") from None
+                    raise ConfigError("\n".join(f"bench.variants.{name}: {line.removeprefix('--set ')}" for line in str(exc).splitlines())) from None
                 runs.append(BenchRun(name, seed, config, Path(out) / name / f"seed-{seed}"))
     return runs
 
@@ -135,6 +178,30 @@ def _check_same_task(run: BenchRun) -> None:
             f"{run.run_dir} holds a run of task {theirs[0]!r} with solver {theirs[1]!r}, not {ours[0]!r} with {ours[1]!r}: "
             "choose another --out (nothing was trained)"
         )
+
+
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def _watch_parent(parent: int) -> None:
+    """Exit as soon as the bench that started this worker is gone (where PR_SET_PDEATHSIG is not available)."""
+    while True:
+        if os.getppid() != parent:
+            os._exit(1)
+        time.sleep(1.0)
+
+
+def _worker_init(parent: int) -> None:
+    """Tie a worker's life to the bench's: a killed bench leaves no run training on."""
+    if sys.platform.startswith("linux"):
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        except (OSError, AttributeError):
+            pass
+    if os.getppid() != parent:  # the bench died before the signal was armed
+        os._exit(1)
+    threading.Thread(target=_watch_parent, args=(parent,), daemon=True, name="layerdescent-parent-watch").start()
 
 
 def _train_one(run: BenchRun, resume: bool) -> None:
@@ -159,23 +226,35 @@ def run_bench(
     """
     if workers < 1:
         raise ConfigError(f"--workers must be at least 1, got {workers}")
-    pending = []
+    pending, done = [], []
     runs = plan(path, out, overrides, registry)
     for run in runs:
         _check_same_task(run)  # before anything trains: a folder of another task's runs is never mixed in
     for run in runs:
-        if (run.run_dir / "results.json").exists():
-            if on_run:
-                on_run(run, "done")
+        recorded = run.run_dir / "config.toml"
+        finished = (run.run_dir / "results.json").exists()
+        if recorded.exists() and (finished or (run.run_dir / "checkpoint.pt").exists()):
+            difference = rundir.config_difference(read_toml(recorded), run.config, registry)
+            if difference:
+                state = "finished" if finished else "started"
+                raise ConfigError(
+                    f"{run.run_dir} {state} under another config, first at {difference}: "
+                    f"--out a new directory for this config, or remove that run to train it again"
+                )
+        if finished:
+            done.append(run)
         else:
             pending.append((run, (run.run_dir / "checkpoint.pt").exists()))
+    for run in done:  # reported once every run is known to match, so nothing is called done and then refused
+        if on_run:
+            on_run(run, "done")
     if workers == 1:
         for run, resume in pending:
             train(run.config, run.run_dir, resume=resume, registry=registry)
             if on_run:
                 on_run(run, "resumed" if resume else "trained")
     else:
-        with ProcessPoolExecutor(workers) as pool:
+        with ProcessPoolExecutor(workers, initializer=_worker_init, initargs=(os.getpid(),)) as pool:
             jobs = [(run, resume, pool.submit(_train_one, run, resume)) for run, resume in pending]
             for run, resume, job in jobs:
                 job.result()  # the first failure stops the bench with its own error
@@ -198,15 +277,26 @@ def evaluate_bench(
     A run already evaluated in ``out`` is not evaluated again, so an interrupted call continues.
     """
     root, out = Path(root), Path(out)
+    if not root.is_dir():
+        raise ConfigError(f"{root} is not a directory of runs")
+    if out.resolve() == root.resolve() or out.resolve().is_relative_to(root.resolve()):
+        raise ConfigError(f"--out {out} lies inside {root}: the new results would mix with the runs they test; --out a directory outside it")
     runs = sorted(p.parent for p in root.rglob("results.json"))
     if not runs:
         raise ConfigError(f"no finished run (results.json) under {root}")
+    status = {}
+    for run_dir in runs:  # every finished evaluation is checked before anything is evaluated
+        target = out / run_dir.relative_to(root)
+        status[run_dir] = done = (target / "results.json").exists() and (target / "config.toml").exists()
+        if done:
+            difference = rundir.config_difference(read_toml(target / "config.toml"), evaluate_config(run_dir, overrides, registry), registry)
+            if difference:
+                raise ConfigError(f"{target} was evaluated under another config, first at {difference}: --out a new directory, or remove it to evaluate again")
     for run_dir in runs:
         target = out / run_dir.relative_to(root)
-        done = (target / "results.json").exists()
-        if not done:
+        if not status[run_dir]:
             evaluate_run(run_dir, target, overrides, registry)
         if on_run:
-            on_run(target, "done" if done else "evaluated")
+            on_run(target, "done" if status[run_dir] else "evaluated")
     command = command or " ".join(["layerdescent evaluate", str(root), "--out", str(out), *(f"--set {o}" for o in overrides)])
     return write_report(out, title=f"Re-evaluation of {root}", note=f"Made by `{command}` from the final models of {root}.")

@@ -82,8 +82,31 @@ def _fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
-def load_checkpoint(path: Path, task: str) -> dict[str, Any]:
-    """Read a checkpoint of ``task``; any problem is one CheckpointError naming the file."""
+# What each kind of checkpoint must hold, and the type of each entry.
+SCHEMAS: dict[str, dict[str, type | tuple[type, ...]]] = {
+    "run": {"model": dict, "solver": dict, "problem": dict, "rng": list, "position": dict, "step_times": list, "skipped_steps": int, "metrics_offset": int},
+    "model": {"model": dict},
+}
+POSITION_KEYS = ("epoch", "micro", "step")
+
+
+def load_checkpoint(path: Path, task: str, kind: str | None = None) -> dict[str, Any]:
+    """Read a checkpoint of ``task`` (``kind`` "run" or "model" checks its entries too); any problem is one CheckpointError naming the file."""
+    problem = _problem(path, task, kind)
+    if isinstance(problem, dict):
+        return problem
+    previous = previous_path(path)
+    hint = ""
+    if previous.exists() and previous != path:
+        if isinstance(_problem(previous, task, kind), dict):
+            hint = f"; the checkpoint before it is intact: move {previous} to {path} and resume again"
+        else:
+            hint = f"; the checkpoint before it, {previous}, is damaged too: start the run again in a new --out"
+    raise CheckpointError(f"checkpoint {path} {problem}{hint}")
+
+
+def _problem(path: Path, task: str, kind: str | None) -> dict[str, Any] | str:
+    """The checked payload at ``path``, or why it cannot be used."""
     try:
         with torch.serialization.safe_globals(SAFE_GLOBALS):
             payload = torch.load(path, map_location="cpu", weights_only=True)
@@ -91,14 +114,9 @@ def load_checkpoint(path: Path, task: str) -> dict[str, Any]:
         raise CheckpointError(f"no checkpoint at {path}: nothing to resume (run without --resume)") from None
     except Exception as exc:
         reason = (str(exc).splitlines() or [""])[0][:160]
-        problem = f"cannot be read ({type(exc).__name__}: {reason}): it is truncated, damaged or not a layerdescent checkpoint"
-    else:
-        problem = _check_payload(payload, task)
-    if problem is None:
-        return payload
-    previous = previous_path(path)
-    hint = f"; the checkpoint before it is intact: move {previous} to {path} and resume again" if previous.exists() and previous != path else ""
-    raise CheckpointError(f"checkpoint {path} {problem}{hint}")
+        return f"cannot be read ({type(exc).__name__}: {reason}): it is truncated, damaged or not a layerdescent checkpoint"
+    problem = _check_payload(payload, task) or (_check_entries(payload, kind) if kind else None)
+    return payload if problem is None else problem
 
 
 def _check_payload(payload: Any, task: str) -> str | None:
@@ -110,3 +128,58 @@ def _check_payload(payload: Any, task: str) -> str | None:
     if payload.get("task") != task:
         return f"is for task {payload.get('task')!r}, not {task!r}"
     return None
+
+
+def _check_entries(payload: dict[str, Any], kind: str) -> str | None:
+    """Why a payload's entries (edited by hand, or another program's) cannot be used, or None."""
+    for key, types in SCHEMAS[kind].items():
+        value = payload.get(key)
+        if key not in payload:
+            return f"lacks its {key!r} entry: it was edited or written by another program"
+        if not isinstance(value, types) or isinstance(value, bool):
+            return f"has a {type(value).__name__} as its {key!r} entry, not a {types.__name__ if isinstance(types, type) else types}: it was edited or written by another program"
+    bad = next((name for name, value in payload["model"].items() if not isinstance(value, torch.Tensor)), None)
+    if bad is not None:
+        return f"holds {bad!r} in its model as a {type(payload['model'][bad]).__name__}, not a tensor"
+    nonfinite = next((name for name, value in payload["model"].items() if value.is_floating_point() and not bool(torch.isfinite(value).all())), None)
+    if nonfinite is not None:
+        return f"holds non-finite (NaN or infinite) weights in {nonfinite!r}: the run diverged before it was written; resume from an earlier checkpoint or train again"
+    if kind != "run":
+        return None
+    if not payload["rng"]:
+        return "holds no RNG state ('rng' is empty): it was edited or written by another program"
+    position = payload["position"]
+    for key in POSITION_KEYS:
+        value = position.get(key)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            return f"has position {key} = {value!r}; it must be an integer >= 0"
+    if payload["metrics_offset"] < 0 or payload["skipped_steps"] < 0:
+        return "has a negative metrics_offset or skipped_steps; it was edited by hand"
+    return None
+
+
+def save_model_file(path: Path, state: dict[str, torch.Tensor]) -> None:
+    """Write a model's weights as safetensors, atomically (the file a finished run keeps for evaluation)."""
+    from safetensors.torch import save_file
+
+    # safetensors refuses tensors that share storage (tied weights); each gets its own copy.
+    tensors = {name: value.detach().to("cpu").clone().contiguous() for name, value in state.items()}
+    tmp = path.with_name(f".{path.name}.tmp")
+    save_file(tensors, str(tmp))
+    os.replace(tmp, path)
+
+
+def load_model_file(path: Path) -> dict[str, torch.Tensor]:
+    """The weights :func:`save_model_file` wrote; any problem is one CheckpointError naming the file."""
+    from safetensors.torch import load_file
+
+    try:
+        state = load_file(str(path))
+    except FileNotFoundError:
+        raise CheckpointError(f"no model file at {path}") from None
+    except Exception as exc:
+        raise CheckpointError(f"model file {path} cannot be read ({type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:160]}): it is truncated or damaged") from None
+    nonfinite = next((name for name, value in state.items() if value.is_floating_point() and not bool(torch.isfinite(value).all())), None)
+    if nonfinite is not None:
+        raise CheckpointError(f"model file {path} holds non-finite (NaN or infinite) weights in {nonfinite!r}")
+    return state

@@ -78,7 +78,7 @@ def cmd_list(args: argparse.Namespace) -> int:
     print("constraint kinds:")
     for kind, cls in sorted(registry.constraints.items()):
         doc = (cls.__doc__ or "").strip().splitlines()[0] if cls.__doc__ else ""
-        print(f"  {kind:24} {doc}")
+        print(f"  {kind:24} {doc}  [plugin {registry.owner[('ConstraintSpec', kind)]}]")
     print("solvers:")
     for name in SOLVERS:
         print(f"  {name}")
@@ -98,7 +98,7 @@ def cmd_plugins(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    config = load_config(args.config, args.set)
+    config = load_config(args.config, args.set, bench=False)
     out = Path(args.out) if args.out else Path("runs") / (Path(args.config).stem + (f"-{config.label}" if config.label else ""))
     from layerdescent.trainer import train
 
@@ -242,7 +242,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return args.func(args)
     except LayerdescentError as exc:
-        print(f"layerdescent: error: {exc}", file=sys.stderr)
+        for line in str(exc).splitlines() or [type(exc).__name__]:  # several config mistakes: one line each
+            print(f"layerdescent: error: {line}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         again = "`layerdescent run CONFIG --resume`" if args.command == "run" else "the same command again"

@@ -11,6 +11,9 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
+import math
+import os
 import sys
 import types
 import typing
@@ -28,11 +31,53 @@ else:  # pragma: no cover - exercised on Python 3.10 only
     import tomli as tomllib
 
 SOLVERS = ("erm", "penalty", "primal-dual")
+SEED_MAX = 2**32 - 1  # numpy's seeds are 32-bit; a larger one would crash after training
+# More torch threads than this segfaults or thrashes; a recorded config must still load on a smaller machine.
+MAX_THREADS = max(256, 4 * (os.cpu_count() or 1))
+MAX_LABEL = 200  # a label names a directory: one path component, well under the 255-byte limit
+MAX_CONFIG_BYTES = 10 * 2**20  # read at most this much, so /dev/zero or a huge file is refused, not swallowed
+MAX_DEPTH = 64  # tables and arrays nested deeper than this are not a config
 
 
 def _require(ok: bool, key: str, message: str) -> None:
     if not ok:
         raise ConfigError(f"{key} {message}")
+
+
+def check_seed(value: int, key: str) -> None:
+    """Raise ConfigError unless ``value`` is a seed every RNG accepts (0..2**32-1)."""
+    _require(0 <= value <= SEED_MAX, key, f"must be in 0..{SEED_MAX} (2**32-1), got {value}")
+
+
+def check_label(label: str, key: str = "label") -> None:
+    """Raise ConfigError unless ``label`` can name one directory: no separator, not '.' or '..', not too long."""
+    if "/" in label or "\\" in label or "\0" in label:
+        raise ConfigError(f"{key} = {label!r} must be a plain name without '/', '\\' or NUL: it names a run directory")
+    _require(label not in (".", ".."), key, f"= {label!r} is not a name: it names a run directory")
+    _require(len(label.encode()) <= MAX_LABEL, key, f"is {len(label.encode())} bytes long; at most {MAX_LABEL} (it names a run directory)")
+
+
+class _Problems:
+    """ConfigErrors gathered so that one pass reports every mistake, one line each."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+
+    def add(self, exc: ConfigError, prefix: str = "") -> None:
+        for line in str(exc).splitlines():
+            self.lines.append(line if not prefix or line.startswith(prefix.split(".")[0].split("[")[0]) else f"{prefix}: {line}")
+
+    def attempt(self, fn, *args, prefix: str = ""):
+        """``fn(*args)``, or None with its ConfigError recorded."""
+        try:
+            return fn(*args)
+        except ConfigError as exc:
+            self.add(exc, prefix)
+            return None
+
+    def raise_any(self) -> None:
+        if self.lines:
+            raise ConfigError("\n".join(dict.fromkeys(self.lines)))
 
 
 @dataclass(frozen=True)
@@ -66,6 +111,7 @@ class TrainConfig:
     early_stopping: int = 0
     progress: bool = True
     on_nonfinite: Literal["stop", "skip"] = "stop"
+    keep_checkpoint: bool = False  # keep checkpoint.pt (optimizer state) of a finished run, to train it further
 
     def __post_init__(self) -> None:
         for key in ("epochs", "batch_size", "accumulate", "log_every"):
@@ -78,6 +124,7 @@ class TrainConfig:
             _require(0 <= self.dropout < 1, "train.dropout", f"must be in [0, 1), got {self.dropout}")
         for key in ("weight_decay", "momentum", "grad_clip", "train_gamma", "validation_gamma", "threads", "checkpoint_every"):
             _require(getattr(self, key) >= 0, f"train.{key}", "must be >= 0")
+        _require(self.threads <= MAX_THREADS, "train.threads", f"must be at most {MAX_THREADS} (this machine has {os.cpu_count()} cores; 0 keeps torch's default), got {self.threads}")
 
 
 @dataclass(frozen=True)
@@ -120,6 +167,7 @@ class EvalConfig:
     def __post_init__(self) -> None:
         _require(len(self.gammas) > 0, "eval.gammas", "must hold at least one level")
         _require(all(g >= 0 for g in self.gammas), "eval.gammas", "must all be >= 0")
+        check_seed(self.seed, "eval.seed")
         _require(self.batch_size >= 1, "eval.batch_size", "must be >= 1")
         _require(self.domain_samples >= 0, "eval.domain_samples", "must be >= 0 (0 keeps every row)")
         _require(len(set(self.domains)) == len(self.domains), "eval.domains", "names a domain twice")
@@ -166,7 +214,9 @@ def _type_name(tp: Any) -> str:
     if origin in (Union, types.UnionType):
         return " or ".join(_type_name(a) for a in typing.get_args(tp) if a is not type(None))
     if origin is tuple:
-        return f"a list of {_type_name(typing.get_args(tp)[0])}"
+        item = typing.get_args(tp)[0]
+        plural = {int: "integers", float: "numbers", bool: "booleans", str: "strings"}.get(item)
+        return f"a list of {plural}" if plural else f"a list, each {_type_name(item)}"
     return {int: "an integer", float: "a number", bool: "true or false", str: "a string"}.get(tp, str(tp))
 
 
@@ -192,6 +242,8 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
             return tuple(_coerce(v, typing.get_args(tp)[0], f"{key}[{i}]") for i, v in enumerate(value))
     elif tp is float:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
+            if not math.isfinite(value):  # inf and nan pass every range check and poison the results
+                raise ConfigError(f"{key} must be a finite number, got {value}")
             return float(value)
     elif tp is int:
         if isinstance(value, int) and not isinstance(value, bool):
@@ -202,26 +254,28 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
 
 
 def build_dataclass(cls: type, data: Any, prefix: str) -> Any:
-    """Instantiate dataclass ``cls`` from a TOML table, checking every key and value."""
+    """Instantiate dataclass ``cls`` from a TOML table, checking every key and value (all problems at once)."""
     if not isinstance(data, dict):
         raise ConfigError(f"{prefix} must be a table, got {data!r}")
     hints = typing.get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
-    kwargs = {}
+    kwargs, problems = {}, _Problems()
     for key, value in data.items():
         if key not in fields:
-            raise ConfigError(
-                f"unknown key {prefix}.{key}{closest(key, fields)} (allowed: {', '.join(fields)})"
-            )
-        kwargs[key] = _coerce(value, hints[key], f"{prefix}.{key}")
-    missing = [n for n, f in fields.items() if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING and n not in kwargs]
-    if missing:
-        raise ConfigError(f"{prefix}.{missing[0]} is required")
+            problems.add(ConfigError(f"unknown key {prefix}.{key}{closest(key, fields)} (allowed: {', '.join(fields)})"))
+            continue
+        coerced = problems.attempt(_coerce, value, hints[key], f"{prefix}.{key}")
+        if coerced is not None or value is None:
+            kwargs[key] = coerced
+    missing = [n for n, f in fields.items() if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING and n not in data]
+    for name in missing:
+        problems.add(ConfigError(f"{prefix}.{name} is required"))
+    problems.raise_any()  # range checks only make sense on well-typed values
     try:
         return cls(**kwargs)
     except ConfigError as exc:
         message = str(exc)
-        raise ConfigError(message if message.startswith(prefix.split(".")[0]) else f"{prefix}: {message}") from None
+        raise ConfigError(message if message.startswith(prefix.split(".")[0].split("[")[0]) else f"{prefix}: {message}") from None
 
 
 def _option_type(default: Any) -> Any:
@@ -240,86 +294,143 @@ def _build_task(data: Any, registry: Registry) -> TaskConfig:
     options = {k: v for k, v in data.items() if k != "name"}
     allowed = {**task_cls.options, "perturbation": task_cls.perturbations[0]}
     resolved = dict(allowed)  # every default, so run directories record the whole task
+    problems = _Problems()
     for key, value in options.items():
         if key not in allowed:
-            raise ConfigError(f"unknown key task.{key}{closest(key, allowed)} (task {task_cls.name!r} accepts: {', '.join(allowed)})")
+            problems.add(ConfigError(f"unknown key task.{key}{closest(key, allowed)} (task {task_cls.name!r} accepts: {', '.join(allowed)})"))
+            continue
         if key == "perturbation":
-            value = _coerce(value, Literal[task_cls.perturbations], "task.perturbation")  # type: ignore[valid-type]
+            value = problems.attempt(_coerce, value, Literal[task_cls.perturbations], "task.perturbation")  # type: ignore[valid-type]
         elif (option_type := _option_type(allowed[key])) is not None:
-            value = _coerce(value, option_type, f"task.{key}")
+            value = problems.attempt(_coerce, value, option_type, f"task.{key}")
         resolved[key] = value
+    problems.raise_any()
     return TaskConfig(task_cls.name, resolved)
+
+
+@functools.cache
+def _reserved_names() -> frozenset[str]:
+    """Constraint names that would overwrite an attribute of Cooper's CMP (they become its attributes)."""
+    import cooper  # only when a config names constraints: cooper is slow to import
+
+    return frozenset(dir(cooper.ConstrainedMinimizationProblem))
 
 
 def _build_constraints(items: Any, registry: Registry) -> tuple[ConstraintSpec, ...]:
     if not isinstance(items, list):
         raise ConfigError("constraints must be an array of tables: [[constraints]] kind = \"descent\"")
-    specs, seen = [], set()
+    specs, seen, problems = [], set(), _Problems()
     for i, item in enumerate(items):
         prefix = f"constraints[{i}]"
         if not isinstance(item, dict) or "kind" not in item:
-            raise ConfigError(f"{prefix}.kind is required (known kinds: {', '.join(sorted(registry.constraints))})")
-        spec_cls = registry.constraint(item["kind"])
+            problems.add(ConfigError(f"{prefix}.kind is required (known kinds: {', '.join(sorted(registry.constraints))})"))
+            continue
+        if not isinstance(item["kind"], str):
+            problems.add(ConfigError(f"{prefix}.kind must be a string, got {item['kind']!r} (known kinds: {', '.join(sorted(registry.constraints))})"))
+            continue
+        spec_cls = problems.attempt(registry.constraint, item["kind"])
+        if spec_cls is None:
+            continue
         data = {k: v for k, v in item.items() if k != "kind"}
         data.setdefault("name", spec_cls.kind)
-        spec = build_dataclass(spec_cls, data, prefix)
-        if spec.name in seen:
-            raise ConfigError(f"{prefix}.name {spec.name!r} is used twice; give each [[constraints]] a distinct name")
+        spec = problems.attempt(build_dataclass, spec_cls, data, prefix)
+        if spec is None:
+            continue
+        if spec.name.startswith("_") or spec.name in _reserved_names():
+            problems.add(ConfigError(f"{prefix}.name {spec.name!r} is reserved (an attribute of Cooper's problem object); choose another name"))
+        elif spec.name in seen:
+            problems.add(ConfigError(f"{prefix}.name {spec.name!r} is used twice; give each [[constraints]] a distinct name"))
         seen.add(spec.name)
         specs.append(spec)
+    problems.raise_any()
     return tuple(specs)
 
 
+def _depth(value: Any, limit: int) -> int:
+    """How deeply ``value`` nests tables and arrays, counting no further than ``limit``."""
+    if limit <= 0 or not isinstance(value, (dict, list)):
+        return 0
+    children = value.values() if isinstance(value, dict) else value
+    return 1 + max((_depth(v, limit - 1) for v in children), default=0)
+
+
 def config_from_dict(data: dict[str, Any], registry: Registry | None = None) -> RunConfig:
-    """Validate a config table (as parsed from TOML) into a RunConfig."""
+    """Validate a config table (as parsed from TOML) into a RunConfig; every mistake is reported, one line each."""
+    from layerdescent.guard import calling, describe  # guard imports task, which this module must not need first
+
     registry = registry or get_registry()
+    if _depth(data, MAX_DEPTH + 1) > MAX_DEPTH:
+        raise ConfigError(f"the config nests tables or arrays more than {MAX_DEPTH} deep; that is not a run config")
     data = copy.deepcopy(data)
     sections = {"task", "seed", "label", "train", "solver", "eval", "constraints"}
+    problems = _Problems()
     for key in data:
         if key not in sections:
-            raise ConfigError(f"unknown key {key}{closest(key, sections)} (allowed: {', '.join(sorted(sections))})")
+            hint = "; a [bench] table belongs to `layerdescent bench`" if key == "bench" else closest(key, sections)
+            problems.add(ConfigError(f"unknown key {key}{hint} (allowed: {', '.join(sorted(sections))})"))
     if "task" not in data:
-        raise ConfigError("task is required: [task] name = \"...\" (see `layerdescent list`)")
-    config = RunConfig(
-        task=_build_task(data["task"], registry),
-        seed=_coerce(data.get("seed", 0), int, "seed"),
-        label=_coerce(data.get("label", ""), str, "label"),
-        train=build_dataclass(TrainConfig, data.get("train", {}), "train"),
-        solver=build_dataclass(SolverConfig, data.get("solver", {}), "solver"),
-        eval=build_dataclass(EvalConfig, data.get("eval", {}), "eval"),
-        constraints=_build_constraints(data.get("constraints", []), registry),
-    )
-    task = registry.task(config.task.name)(**config.task.options)
+        problems.add(ConfigError("task is required: [task] name = \"...\" (see `layerdescent list`)"))
+        task_config = None
+    else:
+        task_config = problems.attempt(_build_task, data["task"], registry)
+    seed = problems.attempt(_coerce, data.get("seed", 0), int, "seed")
+    if seed is not None:
+        problems.attempt(check_seed, seed, "seed")
+    label = problems.attempt(_coerce, data.get("label", ""), str, "label")
+    if label is not None:
+        problems.attempt(check_label, label)
+    parts = {section: problems.attempt(build_dataclass, cls, data.get(section, {}), section) for section, cls in (("train", TrainConfig), ("solver", SolverConfig), ("eval", EvalConfig))}
+    constraints = problems.attempt(_build_constraints, data.get("constraints", []), registry)
+    problems.raise_any()
+    config = RunConfig(task=task_config, seed=seed, label=label, constraints=constraints, **parts)
+    who = describe(registry, config.task.name)
+    with calling(who, "__init__"):
+        task = registry.task(config.task.name)(**config.task.options)
+    from layerdescent.guard import CheckedTask
+
     task.check_gammas(config.eval.gammas, "eval.gammas")
     task.check_gammas([config.train.train_gamma], "train.train_gamma")
-    num_layers = task.num_layers
+    task.check_gammas([config.train.validation_gamma], "train.validation_gamma")
+    num_layers = CheckedTask(task, who).num_layers
     for name in config.eval.domains:
         if name not in task.domains:
             offered = f"it offers: {', '.join(task.domains)}" if task.domains else "it offers none with these options"
-            raise ConfigError(f"eval.domains: {name!r} is not a domain of task {task.name!r}{closest(name, task.domains)} ({offered})")
+            problems.add(ConfigError(f"eval.domains: {name!r} is not a domain of task {task.name!r}{closest(name, task.domains)} ({offered})"))
     weights = config.solver.penalty_weights
     if weights is not None and len(weights) != num_layers + 1:
-        raise ConfigError(f"solver.penalty_weights has {len(weights)} entries; it needs one per layer 0..{num_layers}")
+        problems.add(ConfigError(f"solver.penalty_weights has {len(weights)} entries; it needs one per layer 0..{num_layers}"))
     if config.solver.name == "primal-dual" and not config.constraints:
-        raise ConfigError("solver.name = 'primal-dual' needs at least one [[constraints]] table (or use 'erm')")
+        problems.add(ConfigError("solver.name = 'primal-dual' needs at least one [[constraints]] table (or use 'erm')"))
     for i, spec in enumerate(config.constraints):
-        try:
-            spec.check_layers(num_layers)
-        except ConfigError as exc:
-            raise ConfigError(f"constraints[{i}]: {exc}") from None
+        problems.attempt(spec.check_layers, num_layers, prefix=f"constraints[{i}]")
+    problems.raise_any()
     return config
 
 
 def read_toml(path: str | Path) -> dict[str, Any]:
-    """Parse a TOML file, turning a missing file or a syntax error into one clear line."""
+    """Parse a TOML file; a missing, unreadable, binary, huge or malformed file is one clear line."""
     path = Path(path)
     try:
+        if path.is_dir():
+            raise ConfigError(f"config file {path} is a directory; give the path of a .toml file")
         with path.open("rb") as handle:
-            return tomllib.load(handle)
+            raw = handle.read(MAX_CONFIG_BYTES + 1)  # a device such as /dev/zero never ends
     except FileNotFoundError:
         raise ConfigError(f"config file {path} does not exist") from None
+    except OSError as exc:
+        raise ConfigError(f"config file {path} cannot be read: {exc.strerror or exc}") from None
+    if len(raw) > MAX_CONFIG_BYTES:
+        raise ConfigError(f"config file {path} is larger than {MAX_CONFIG_BYTES >> 20} MiB; that is not a run config")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"config file {path} is not UTF-8 text (byte {exc.start}); is it a binary file?") from None
+    try:
+        return tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path} is not valid TOML: {exc}") from None
+    except RecursionError:
+        raise ConfigError(f"{path} nests tables or arrays too deeply; that is not a run config") from None
 
 
 def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
@@ -331,7 +442,7 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
             raise ConfigError(f"--set {item!r} must look like key=value, e.g. solver.dual_lr=0.1")
         try:
             value = tomllib.loads(f"v = {raw}")["v"]
-        except tomllib.TOMLDecodeError:
+        except (tomllib.TOMLDecodeError, RecursionError):
             value = raw
         set_path(data, key.strip(), value)
     return data
@@ -360,8 +471,10 @@ def set_path(data: Any, dotted: str, value: Any) -> None:
             node = node[index]
 
 
-def load_config(path: str | Path, overrides: list[str] = (), registry: Registry | None = None) -> RunConfig:
-    """Read, override and validate a run file."""
+def load_config(path: str | Path, overrides: list[str] = (), registry: Registry | None = None, bench: bool = True) -> RunConfig:
+    """Read, override and validate a run file; ``bench=False`` refuses a bench file instead of dropping its [bench] table."""
     data = read_toml(path)
+    if "bench" in data and not bench:
+        raise ConfigError(f"{path} is a bench file (it has a [bench] table): run every variant with `layerdescent bench {path}`; `run` would train its base config alone")
     data.pop("bench", None)
     return config_from_dict(apply_overrides(data, list(overrides)), registry)

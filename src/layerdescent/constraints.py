@@ -70,6 +70,7 @@ class Descent(ConstraintSpec):
     """Every chosen layer must lower the mean loss by a factor (1 - alpha)."""
 
     kind: ClassVar[str] = "descent"
+    needs_nonnegative_losses: ClassVar[bool] = True  # the (1 - alpha) margin shrinks a loss towards 0; a negative one has no such margin
     alpha: float = 0.05
     layers: tuple[int, ...] | None = None
     reference: Literal["live", "detached", "anchored"] = "detached"

@@ -29,3 +29,7 @@ class DivergenceError(LayerdescentError):
 
 class DataError(LayerdescentError):
     """A dataset is empty or holds values no model can train on."""
+
+
+class DiskError(LayerdescentError):
+    """A run directory could not be written: a full disk, a quota, a read-only filesystem."""

@@ -10,7 +10,7 @@ import torch
 from layerdescent.config import EvalConfig
 from layerdescent.data import Rows
 from layerdescent.distributed import World, to_device
-from layerdescent.errors import DataError, LayerdescentError
+from layerdescent.errors import DataError, LayerdescentError, PluginError
 from layerdescent.task import Task
 
 
@@ -61,7 +61,11 @@ def evaluate(
                 descents += (losses[:, 1:] < losses[:, :-1]).sum(0)
                 count += losses.shape[0]
                 if out.preds is not None:
-                    metrics.update(out.preds, out.target)
+                    try:
+                        metrics.update(out.preds, out.target)
+                    except Exception as exc:  # a task's preds and target that its own metrics reject
+                        who = getattr(task, "_who", f"task {task.name!r}")
+                        raise PluginError(f"{who}: metrics().update with LayerOutput.preds and .target raised {type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:200]}") from None
                 if out.layer_preds is not None:
                     per_layer = per_layer or [task.metrics().to(device) for _ in range(layers)]
                     for k, layer_metrics in enumerate(per_layer):

@@ -6,8 +6,9 @@
     spec_cls = registry.constraint("descent")
 
 Plugins are modules (or objects) with ``@layerdescent.hookimpl`` functions named after the hooks
-in :mod:`layerdescent.hookspecs`. A plugin that fails to import, implements an unknown hook or
-breaks inside a hook is reported once by name and skipped; the others still load.
+in :mod:`layerdescent.hookspecs`. Registration is atomic per plugin: one that fails to import
+(sys.exit() included), implements an unknown hook, breaks inside any hook or registers a name
+another plugin has is reported once by name and contributes nothing; the others still load.
 ``LAYERDESCENT_DISABLE_PLUGINS=a,b`` blocks plugins by entry-point name.
 """
 
@@ -52,6 +53,9 @@ def closest(name: str, choices: Iterable[str]) -> str:
     return f"; did you mean {match[0]!r}?" if match and name else ""
 
 
+_WHAT = {Task: "task", ConstraintSpec: "constraint kind", Asset: "asset"}
+
+
 class Registry:
     """Tasks, constraint kinds and assets, keyed by name, with the plugins that gave them."""
 
@@ -75,12 +79,17 @@ class Registry:
         for name, plugin in extra_plugins:
             self._add(name, plugin, PluginInfo(name))
         self._pm.check_pending()
-        for hook in self._kinds:
-            self._collect(hook)
+        for name, info in list(self.plugins.items()):
+            if info.status == "loaded":
+                self._collect(name, info)
 
     def _load_entry_points(self) -> None:
         blocked = {n.strip() for n in os.environ.get(DISABLE_ENV, "").split(",") if n.strip()}
-        for ep in metadata.entry_points(group=GROUP):
+        found = metadata.entry_points(group=GROUP)
+        for name in sorted(blocked - {ep.name for ep in found}):
+            # A misspelt name would otherwise leave the plugin loaded without a word.
+            logger.warning("layerdescent: %s names %r, but no plugin has that name (plugins: %s)", DISABLE_ENV, name, ", ".join(sorted({ep.name for ep in found})))
+        for ep in found:
             if ep.name in self.plugins:
                 continue  # the same distribution seen twice on sys.path
             dist = getattr(ep, "dist", None)
@@ -91,8 +100,9 @@ class Registry:
                 continue
             try:
                 plugin = ep.load()
-            except Exception as exc:  # a broken plugin must not take the others down
-                self._fail(info, f"import failed: {type(exc).__name__}: {exc}")
+            except (Exception, SystemExit) as exc:  # a broken plugin must not take the others down, nor exit for them
+                what = f"SystemExit({exc.code!r}), sys.exit() at import" if isinstance(exc, SystemExit) else f"{type(exc).__name__}: {exc}"
+                self._fail(info, f"import failed: {what}")
                 continue
             self._add(ep.name, plugin, info)
 
@@ -118,22 +128,40 @@ class Registry:
         info.status, info.reason = "failed", reason
         logger.warning("layerdescent: plugin %r skipped: %s", info.name, reason)
 
-    def _collect(self, hook: str) -> None:
-        base, attr = self._kinds[hook]
-        table: dict[str, Any] = getattr(self, attr)
-        for impl in getattr(self._pm.hook, hook).get_hookimpls():
-            info = self.plugins[impl.plugin_name]
-            if info.status != "loaded":
-                continue
-            added: list[str] = []
-            try:
-                impl.function(register=self._registrar(base, table, info.name, added))
-            except Exception as exc:
-                for key in added:  # a half-registered plugin would leave dangling names
-                    del table[key]
-                self._fail(info, f"{hook} raised {type(exc).__name__}: {exc}")
+    def _collect(self, name: str, info: PluginInfo) -> None:
+        """Run every hook of one plugin into a staging area; commit all of it, or nothing when any part fails."""
+        staged: dict[str, dict[str, Any]] = {attr: {} for _, attr in self._kinds.values()}
+        for hook, (base, attr) in self._kinds.items():
+            for impl in getattr(self._pm.hook, hook).get_hookimpls():
+                if impl.plugin_name != name:
+                    continue
+                try:
+                    impl.function(register=self._registrar(base, staged[attr], info.name))
+                except (Exception, SystemExit) as exc:
+                    self._unregister(name)
+                    self._fail(info, f"{hook} raised {type(exc).__name__}: {exc}")
+                    return
+        for hook, (base, attr) in self._kinds.items():
+            table = getattr(self, attr)
+            for key, item in staged[attr].items():
+                # The same pinned asset from two plugins that share it (equal name, source, checksum) is one registration.
+                if key in table and not (base is Asset and table[key] == item):
+                    owner = self.owner[(base.__name__, key)]
+                    self._unregister(name)
+                    self._fail(info, f"{hook}: {_WHAT[base]} {key!r} is already registered by plugin {owner!r}; plugin {name!r} was skipped, {owner!r} kept")
+                    return
+        for hook, (base, attr) in self._kinds.items():
+            for key, item in staged[attr].items():
+                if key not in getattr(self, attr):
+                    getattr(self, attr)[key] = item
+                    self.owner[(base.__name__, key)] = name
 
-    def _registrar(self, base: type, table: dict[str, Any], plugin: str, added: list[str]) -> Callable[[Any], Any]:
+    def _unregister(self, name: str) -> None:
+        plugin = self._pm.get_plugin(name)
+        if plugin is not None:
+            self._pm.unregister(plugin)
+
+    def _registrar(self, base: type, table: dict[str, Any], plugin: str) -> Callable[[Any], Any]:
         def register(item: Any) -> Any:
             ok = isinstance(item, base) or (isinstance(item, type) and issubclass(item, base))
             if not ok:
@@ -142,10 +170,8 @@ class Registry:
             if not isinstance(key, str) or not key:
                 raise PluginError(f"{item!r} has no name")
             if key in table:
-                raise PluginError(f"name {key!r} is already registered by plugin {self.owner[(base.__name__, key)]!r}")
+                raise PluginError(f"registers {_WHAT[base]} {key!r} twice")
             table[key] = item
-            self.owner[(base.__name__, key)] = plugin
-            added.append(key)
             return item
 
         return register

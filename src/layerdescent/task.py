@@ -28,6 +28,10 @@ class LayerOutput:
     layer_preds: Any = None
 
     def __post_init__(self) -> None:
+        import torch
+
+        if not isinstance(self.losses, torch.Tensor):
+            raise TypeError(f"LayerOutput.losses must be a B x (L+1) tensor, got {type(self.losses).__name__}")
         if self.losses.dim() != 2:
             raise ValueError(
                 f"LayerOutput.losses must be B x (L+1), got shape {tuple(self.losses.shape)}"

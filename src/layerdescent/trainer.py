@@ -9,40 +9,44 @@ A run directory holds ``config.toml`` (the resolved config), ``metrics.jsonl``,
 
 from __future__ import annotations
 
+import errno
 import json
 import math
 import os
 import random
 import statistics
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 import numpy as np
 import tomli_w
 import torch
 
 from layerdescent import __version__
-from layerdescent.checkpoint import load_checkpoint, rng_state, save_checkpoint, set_rng_state
-from layerdescent.config import RunConfig, TrainConfig, load_config
+from layerdescent import rundir
+from layerdescent.checkpoint import load_checkpoint, load_model_file, rng_state, save_checkpoint, save_model_file, set_rng_state
+from layerdescent.config import RunConfig, TrainConfig, load_config, read_toml
 from layerdescent.data import Rows
 from layerdescent.distributed import World, init_world, to_device
-from layerdescent.errors import ConfigError, DataError, DivergenceError
+from layerdescent.errors import CheckpointError, ConfigError, DataError, DiskError, DivergenceError, PluginError
 from layerdescent.evaluator import evaluate, evaluate_all
+from layerdescent.guard import CheckedTask, calling, describe
 from layerdescent.problem import LayerwiseProblem
 from layerdescent.progress import progress_bar
 from layerdescent.registry import Registry, get_registry
 from layerdescent.solvers import Solver, build_solver
-from layerdescent.task import Task
 
 RESULTS_SCHEMA = 1
+RESULTS_KEYS = ("schema", "label", "task", "solver", "seed", "num_layers", "gammas")  # what every results.json holds
 
 
 def seed_everything(seed: int) -> None:
     """Seed python, numpy and torch."""
     random.seed(seed)
-    np.random.seed(seed)
+    np.random.seed(seed % 2**32)  # a rank's offset seed may pass numpy's 32 bits; below them nothing changes
     torch.manual_seed(seed)
 
 
@@ -65,6 +69,24 @@ def _nonfinite(step: int, what: str, values: torch.Tensor, labels: list[str]) ->
 
 def _diverged(reason: str) -> DivergenceError:
     return DivergenceError(f"{reason}; the last checkpoint is intact (lower train.lr or solver.dual_lr, or set train.grad_clip)")
+
+
+# Write errors that mean the disk, not the run, is the problem (EFBIG: a file size limit).
+DISK_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EIO)
+
+
+def _check_finite_results(evaluation: dict[str, Any], who: str) -> None:
+    """Raise DataError when the final evaluation holds a NaN or infinite loss, before results.json is written."""
+    where = [("test", evaluation["gammas"]), *((f"domain {name!r}", records) for name, records in evaluation.get("domains", {}).items())]
+    for what, records in where:
+        for record in records:
+            for key in ("layer_loss", "descent_rate"):
+                bad = [k for k, v in enumerate(record[key]) if not math.isfinite(v)]
+                if bad:
+                    raise DataError(
+                        f"{who}: layer_losses gave a non-finite evaluation loss on the {what} set at gamma {record['gamma']:g}, "
+                        f"l{bad[0]} = {record[key][bad[0]]}; results.json was not written (check the perturbation at that level)"
+                    )
 
 
 class _SkippedStep(Exception):
@@ -128,7 +150,10 @@ class Trainer:
         self.config = config
         self.run_dir = Path(run_dir)
         self.registry = registry or get_registry()
-        self.task: Task = self.registry.task(config.task.name)(**config.task.options)
+        self.who = describe(self.registry, config.task.name)
+        with calling(self.who, "__init__"):
+            task = self.registry.task(config.task.name)(**config.task.options)
+        self.task = CheckedTask(task, self.who)  # every call into the plugin is checked against the contract
 
     @property
     def checkpoint_path(self) -> Path:
@@ -142,6 +167,8 @@ class Trainer:
     def setup(self) -> Session:
         """Join the data-parallel world (if any), seed, build splits, model, constraints and solver."""
         train = self.config.train
+        if train.device == "cuda" and not torch.cuda.is_available():
+            raise ConfigError("train.device = 'cuda', but this torch has no usable GPU (a CPU build, or no device visible): use 'auto' or 'cpu'")
         world, device = init_world(train.device)
         if train.threads:
             torch.set_num_threads(train.threads)
@@ -165,8 +192,21 @@ class Trainer:
 
     def fit(self, resume: bool = False) -> dict[str, Any]:
         """Train (or continue), evaluate on the gamma grid, write and return ``results.json``."""
-        session = self.setup()
-        results = self._fit(session, resume)
+        # Only rank 0 writes, so only rank 0 locks; torchrun sets RANK before anything runs.
+        main = int(os.environ.get("RANK", "0")) == 0
+        with rundir.locked(self.run_dir) if main else _no_lock() as was_run:
+            if main:
+                rundir.refuse_foreign(self.run_dir, was_run)
+            try:
+                session = self.setup()
+                results = self._fit(session, resume)
+            except OSError as exc:
+                if exc.errno not in DISK_ERRNOS:
+                    raise
+                raise DiskError(
+                    f"cannot write to {self.run_dir}: {exc.strerror} ({getattr(exc, 'filename', None) or 'a run file'}); "
+                    f"the last checkpoint is intact: free space and continue with --resume"
+                ) from None
         session.world.close()  # on failure the ranks exit with their error; a barrier could hang
         return results
 
@@ -182,14 +222,19 @@ class Trainer:
         skipped_steps = 0
         metrics_file = self.run_dir / "metrics.jsonl"
         if resume and self.checkpoint_path.exists():
-            state = load_checkpoint(self.checkpoint_path, self.task.name)
-            model.load_state_dict(state["model"])
-            solver.load_state_dict(state["solver"])
-            problem.load_state_dict(state["problem"])
-            set_rng_state(state["rng"][world.rank % len(state["rng"])])  # one state per rank it ran with
+            state = load_checkpoint(self.checkpoint_path, self.task.name, kind="run")
+            self._restore(self.checkpoint_path, state, session)
             position, step_times = {**position, **state["position"]}, list(state["step_times"])
             skipped_steps = int(state["skipped_steps"])
             if world.is_main:
+                logged = metrics_file.stat().st_size if metrics_file.exists() else None
+                if logged is None:
+                    raise CheckpointError(f"{metrics_file} is missing, so the run's log cannot continue: restore it, or start the run again in a new --out")
+                if state["metrics_offset"] > logged:
+                    raise CheckpointError(
+                        f"checkpoint {self.checkpoint_path} says metrics.jsonl held {state['metrics_offset']} bytes, but it holds {logged}: "
+                        f"the log is not the one this checkpoint wrote; restore it, or start the run again in a new --out"
+                    )
                 with metrics_file.open("r+b") as handle:  # drop what was logged after the checkpoint
                     handle.truncate(state["metrics_offset"])
 
@@ -265,10 +310,17 @@ class Trainer:
             bar.close()
             log.close()
 
+        if step_times == [] and skipped_steps:
+            raise DivergenceError(
+                f"every one of the {skipped_steps} training steps was skipped for a non-finite loss (train.on_nonfinite = 'skip'): "
+                f"nothing trained, so results.json was not written; see the 'skipped' lines of {metrics_file} for the first cause"
+            )
         if train.early_stopping:
             world.barrier()  # rank 0 wrote best.pt
-            model.load_state_dict(load_checkpoint(self.best_path, self.task.name)["model"])
+            best = load_checkpoint(self.best_path, self.task.name, kind="model")
+            self._load_model(self.best_path, model, best["model"])
         evaluation = evaluate_all(self.task, model, rows[config.eval.split], config.eval, world)
+        _check_finite_results(evaluation, self.who)
         relaxations = problem.relaxations()
         results = {
             "schema": RESULTS_SCHEMA,
@@ -298,8 +350,34 @@ class Trainer:
             **evaluation,
         }
         if world.is_main:
-            (self.run_dir / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+            # What evaluation needs outlives the run; optimizer state only on request (it is most of the bytes).
+            save_model_file(self.run_dir / MODEL_FILE, model.state_dict())
+            _write_atomic(self.run_dir / "results.json", json.dumps(results, indent=2) + "\n")
+            if not train.keep_checkpoint:
+                for stale in (self.checkpoint_path, self.checkpoint_path.with_name("checkpoint.prev.pt"), self.best_path):
+                    stale.unlink(missing_ok=True)
         return results
+
+    def _load_model(self, path: Path, model: torch.nn.Module, state: dict[str, Any]) -> None:
+        """Load ``state`` into ``model``, or CheckpointError naming ``path`` when it belongs to another model."""
+        try:
+            model.load_state_dict(state)
+        except (RuntimeError, KeyError, TypeError, ValueError) as exc:
+            first = next((line.strip() for line in str(exc).splitlines()[1:] if line.strip()), str(exc).splitlines()[0] if str(exc) else "")
+            raise CheckpointError(f"{path} does not fit this model ({first[:200]}): it was written by another config of task {self.task.name!r}") from None
+
+    def _restore(self, path: Path, state: dict[str, Any], session: Session) -> None:
+        """Put a run checkpoint's model, solver, multipliers and RNG back, or one CheckpointError naming the file."""
+        self._load_model(path, session.model, state["model"])
+        try:
+            session.solver.load_state_dict(state["solver"])
+            session.problem.load_state_dict(state["problem"])
+            set_rng_state(state["rng"][session.world.rank % len(state["rng"])])  # one state per rank it ran with
+        except (RuntimeError, KeyError, TypeError, ValueError, IndexError, AttributeError) as exc:
+            raise CheckpointError(
+                f"checkpoint {path} holds solver, multiplier or RNG state this run cannot use ({type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:160]}); "
+                f"it was written by another config or edited by hand"
+            ) from None
 
     def step(self, session: Session, group: Sequence[torch.Tensor], step: int, full: bool = True) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """One optimizer step over micro-batches of training-row indices; the step's layer means and violations.
@@ -327,6 +405,8 @@ class Trainer:
                 reason = _nonfinite(step, "loss", micro_mean[-1:], labels[-1:])
             for name, value in checked.items():
                 reason = reason or _nonfinite(step, f"violation of constraint {name!r}", value, problem.labels[name])
+            if reason is None and read_all:
+                self._check_nonnegative(step, micro_mean, problem, labels)
             if reason and train.on_nonfinite == "skip":
                 solver.optimizer.zero_grad()
                 raise _SkippedStep(reason)
@@ -357,6 +437,17 @@ class Trainer:
             violations = problem.violations(step_means)
         return step_means, violations
 
+    def _check_nonnegative(self, step: int, means: torch.Tensor, problem: LayerwiseProblem, labels: list[str]) -> None:
+        """Raise PluginError when a constraint that assumes losses >= 0 (descent's (1 - alpha) margin) sees a negative one."""
+        needing = [spec for spec in problem.specs if getattr(spec, "needs_nonnegative_losses", False)]
+        if needing and bool((means < 0).any()):
+            k = int((means < 0).nonzero()[0])
+            spec = needing[0]
+            raise PluginError(
+                f"{self.who}: layer_losses returned a negative mean loss at step {step}, {labels[k]} = {means[k].item():.4g}; "
+                f"constraint {spec.name!r} ({spec.kind}) needs losses >= 0 (its margin scales the previous layer's loss): shift the loss, or use a bound"
+            )
+
     def _shard_means(self, session: Session, idx: torch.Tensor, full: bool) -> tuple[torch.Tensor, torch.Tensor, bool]:
         """This rank's layer means on its shard of ``idx`` (differentiable), the mean over all of ``idx``, and whether every layer was read."""
         world = session.world
@@ -372,8 +463,11 @@ class Trainer:
                 means = self.task.layer_losses(session.model, batch, gamma=gamma).layer_means
             else:
                 means = torch.cat([torch.full((width - 1,), float("nan"), device=session.device), last.layer_means])
+            if not means.requires_grad and torch.is_grad_enabled():  # the alternating dual pass reads under no_grad
+                method = "last_layer_losses" if last_only else "layer_losses"
+                raise PluginError(f"{self.who}: {method} returned losses without gradients (computed under torch.no_grad() or detached): nothing would train")
         else:  # every rank takes the same branch: the task answers the same on every rank
-            last_only = last_only and type(self.task).last_layer_losses is not Task.last_layer_losses
+            last_only = last_only and self.task.overrides("last_layer_losses")
             means = torch.zeros(width, device=session.device)
         if world.size == 1:
             return means, means.detach(), not last_only
@@ -399,20 +493,38 @@ class Trainer:
 
     def _prepare_run_dir(self, resume: bool, write: bool = True) -> None:
         config_file = self.run_dir / "config.toml"
-        resolved = tomli_w.dumps(self.config.as_dict())
+        finished = (self.run_dir / "results.json").exists()
         if resume:
-            if config_file.exists() and config_file.read_text() != resolved:
-                raise ConfigError(f"--resume: the config differs from the one recorded in {config_file}; resume with the same config")
-        elif self.checkpoint_path.exists() or (self.run_dir / "results.json").exists():
+            if config_file.exists():
+                difference = rundir.config_difference(read_toml(config_file), self.config, self.registry)
+                if difference:
+                    raise ConfigError(f"--resume: the config differs from the one recorded in {config_file} at {difference}; resume with the same config")
+            if finished and not self.checkpoint_path.exists():
+                raise ConfigError(f"{self.run_dir} holds a finished run and no checkpoint.pt: nothing to resume (train.keep_checkpoint = true keeps it); --out a new directory")
+        elif self.checkpoint_path.exists() or finished:
             raise ConfigError(f"{self.run_dir} already holds a run; pass --resume to continue it or --out a new directory")
         if not write:
             return
-        self.run_dir.mkdir(parents=True, exist_ok=True)
         for stale in self.run_dir.glob(f".{self.checkpoint_path.name}.*"):
             stale.unlink()  # a checkpoint write cut short by a kill
-        config_file.write_text(resolved)
+        config_file.write_text(tomli_w.dumps(self.config.as_dict()))
         if not (resume and self.checkpoint_path.exists()):
             (self.run_dir / "metrics.jsonl").write_text("")  # nothing to continue: start the log over
+
+
+MODEL_FILE = "model.safetensors"  # the final (evaluated) model of a finished run
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` through a temporary file, so a reader sees the old file or the new one."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+@contextmanager
+def _no_lock() -> Iterator[bool]:
+    yield True
 
 
 def _patience_spent(train: TrainConfig, position: dict[str, Any]) -> bool:
@@ -429,36 +541,65 @@ def train(config: RunConfig, run_dir: str | Path, resume: bool = False, registry
 REEVALUATE_KEYS = ("task.perturbation", "eval.")
 
 
-def evaluate_run(run_dir: str | Path, out: str | Path, overrides: Sequence[str] = (), registry: Registry | None = None) -> dict[str, Any]:
-    """Test a finished run's final model again (another perturbation or gamma grid) into ``out``."""
-    run_dir, out = Path(run_dir), Path(out)
+def final_model_file(run_dir: Path, config: RunConfig) -> Path:
+    """The file holding a finished run's tested model: model.safetensors, or in runs from before it best.pt / checkpoint.pt."""
+    for name in (MODEL_FILE, "best.pt" if config.train.early_stopping else "checkpoint.pt"):
+        if (run_dir / name).exists():
+            return run_dir / name
+    raise ConfigError(f"{run_dir} has neither {MODEL_FILE} nor a checkpoint, so its model is gone: re-run it to evaluate it again")
+
+
+def evaluate_config(run_dir: str | Path, overrides: Sequence[str] = (), registry: Registry | None = None) -> RunConfig:
+    """The config a re-evaluation of ``run_dir`` runs under: its recorded one, with only task.perturbation and eval.* changed."""
+    run_dir = Path(run_dir)
     if not (run_dir / "results.json").exists():
         raise ConfigError(f"{run_dir} holds no finished run (no results.json): train it to the end first")
     for override in overrides:
         key = override.partition("=")[0].strip()
         if not key.startswith(REEVALUATE_KEYS):
             raise ConfigError(f"re-evaluation can change only task.perturbation and eval.*, not {key} (that needs a new run)")
-    if not (run_dir / "checkpoint.pt").exists():
-        raise ConfigError(f"{run_dir} has no checkpoint.pt, so its model is gone: re-run it to evaluate it again")
+    return load_config(run_dir / "config.toml", list(overrides), registry)
+
+
+def evaluate_run(run_dir: str | Path, out: str | Path, overrides: Sequence[str] = (), registry: Registry | None = None) -> dict[str, Any]:
+    """Test a finished run's final model again (another perturbation or gamma grid) into ``out``."""
+    run_dir, out = Path(run_dir), Path(out)
+    config = evaluate_config(run_dir, overrides, registry)
+    model_file = final_model_file(run_dir, config)
     if out.resolve() == run_dir.resolve():
         raise ConfigError(f"--out must differ from the run directory {run_dir}: its results would be overwritten")
-    config = load_config(run_dir / "config.toml", list(overrides), registry)
+    try:
+        recorded = json.loads((run_dir / "results.json").read_text())
+    except (OSError, ValueError) as exc:  # ValueError: JSON and UTF-8 decoding alike
+        raise ConfigError(f"{run_dir / 'results.json'} cannot be read ({type(exc).__name__}: {str(exc)[:120]}): it is damaged") from None
+    if not isinstance(recorded, dict):
+        raise ConfigError(f"{run_dir / 'results.json'} holds a {type(recorded).__name__}, not a results object: it is damaged")
+    missing = [key for key in RESULTS_KEYS if key not in recorded]
+    if missing:
+        raise ConfigError(f"{run_dir / 'results.json'} lacks {missing[0]!r}: it is damaged or not a layerdescent results file")
     trainer = Trainer(config, out, registry)
-    session = trainer.setup()
-    # The model that was tested: the best validation epoch's when early stopping kept one.
-    model_file = run_dir / ("best.pt" if config.train.early_stopping else "checkpoint.pt")
-    session.model.load_state_dict(load_checkpoint(model_file, trainer.task.name)["model"])
-    evaluation = evaluate_all(trainer.task, session.model, session.rows[config.eval.split], config.eval, session.world)
-    results = {
-        **{k: v for k, v in json.loads((run_dir / "results.json").read_text()).items() if k != "domains"},
-        "split": config.eval.split,
-        "perturbation": trainer.task.perturbation,
-        "evaluated_from": str(run_dir),
-        **evaluation,
-    }
-    if session.world.is_main:
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "config.toml").write_text(tomli_w.dumps(config.as_dict()))
-        (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+    main = int(os.environ.get("RANK", "0")) == 0
+    with rundir.locked(out) if main else _no_lock() as was_run:
+        if main:
+            rundir.refuse_foreign(out, was_run)
+        session = trainer.setup()
+        # The model that was tested: the best validation epoch's when early stopping kept one.
+        if model_file.suffix == ".safetensors":
+            state = load_model_file(model_file)
+        else:
+            state = load_checkpoint(model_file, trainer.task.name, kind="model")["model"]
+        trainer._load_model(model_file, session.model, state)
+        evaluation = evaluate_all(trainer.task, session.model, session.rows[config.eval.split], config.eval, session.world)
+        _check_finite_results(evaluation, trainer.who)
+        results = {
+            **{k: v for k, v in recorded.items() if k != "domains"},
+            "split": config.eval.split,
+            "perturbation": trainer.task.perturbation,
+            "evaluated_from": str(run_dir),
+            **evaluation,
+        }
+        if session.world.is_main:
+            (out / "config.toml").write_text(tomli_w.dumps(config.as_dict()))
+            _write_atomic(out / "results.json", json.dumps(results, indent=2) + "\n")
     session.world.close()
     return results

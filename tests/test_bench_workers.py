@@ -1,0 +1,68 @@
+"""A killed ``bench --workers N`` leaves no worker training on."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from layerdescent import rundir
+from test_one_line_errors import RUN, config_file, with_
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+
+
+def alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie, dead but not yet reaped, does not)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return False
+    return state not in ("Z", "X")
+
+
+def session_members(sid: int) -> list[int]:
+    """Every live process of session ``sid``."""
+    members = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except (FileNotFoundError, ProcessLookupError):
+                continue
+            if int(fields[3]) == sid and alive(int(entry.name)):
+                members.append(int(entry.name))
+    return members
+
+
+def test_killing_a_bench_with_two_workers_kills_its_workers(tmp_path):
+    long = with_(with_(RUN, "train.epochs", 10_000), "task.train_size", 512)
+    bench = {**long, "bench": {"seeds": [0], "variants": {"erm": {"solver": {"name": "erm"}}, "primal-dual": {}}}}
+    path, out = config_file(tmp_path, bench, "bench.toml"), tmp_path / "out"
+    command = [shutil.which("layerdescent") or sys.executable, *([] if shutil.which("layerdescent") else ["-m", "layerdescent.cli"])]
+    proc = subprocess.Popen([*command, "bench", str(path), "--out", str(out), "--workers", "2"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    locks = [out / variant / "seed-0" / rundir.LOCK for variant in ("erm", "primal-dual")]
+    try:
+        deadline, workers = time.time() + 240, set()
+        while time.time() < deadline and len(workers) < 2 and proc.poll() is None:
+            workers = {int(text) for lock in locks if lock.exists() and (text := lock.read_text().strip())}
+            time.sleep(0.2)
+        assert len(workers) == 2 and proc.pid not in workers, "both workers should be training, each holding its run's lock"
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        deadline = time.time() + 20
+        while time.time() < deadline and any(alive(pid) for pid in workers):
+            time.sleep(0.1)
+        assert not any(alive(pid) for pid in workers), "a worker outlived its bench"
+        assert session_members(proc.pid) == [], "a process of the bench outlived it"
+    finally:
+        for pid in session_members(proc.pid):
+            os.kill(pid, signal.SIGKILL)  # only the processes this test started
+        if proc.poll() is None:
+            proc.kill()

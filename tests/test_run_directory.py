@@ -1,0 +1,267 @@
+"""Run directories nobody can corrupt: one process at a time, reuse only under the same config, nothing written outside --out."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import tomli_w
+
+import layerdescent as ld
+import layerdescent.bench as bench_module
+from layerdescent.bench import plan, run_bench
+from test_one_line_errors import RUN, assert_one_line, cli, config_file, with_
+
+ROOT = Path(__file__).resolve().parents[1]
+BENCH = {**RUN, "bench": {"seeds": [0], "variants": {"erm": {"solver": {"name": "erm"}}, "primal-dual": {}}}}
+
+
+def files_under(path: Path) -> set[Path]:
+    return {p for p in path.rglob("*")}
+
+
+# --- item 1: a lock that dies with its holder -----------------------------------------------------
+
+HOLDER = textwrap.dedent(
+    """
+    import sys, time
+    from pathlib import Path
+    from layerdescent import rundir
+    with rundir.locked(Path(sys.argv[1])):
+        print("locked", flush=True)
+        time.sleep(600)
+    """
+)
+
+
+def test_a_second_process_is_refused_while_the_first_holds_the_run_directory_and_a_killed_holder_frees_it(tmp_path):
+    out = tmp_path / "run"
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(out)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        assert_one_line(*cli("run", config_file(tmp_path, RUN), "--out", out), f"{out} is in use by another layerdescent process (pid {holder.pid})")
+        assert not (out / "metrics.jsonl").exists()
+    finally:
+        holder.send_signal(signal.SIGKILL)
+        holder.wait()
+    status, lines = cli("run", config_file(tmp_path, RUN), "--out", out)  # the lock died with its holder
+    assert status == 0, lines
+    assert (out / "results.json").exists()
+
+
+def test_a_run_holds_its_lock_while_it_trains(tmp_path, monkeypatch):
+    from layerdescent import rundir
+    from layerdescent.trainer import Trainer
+
+    seen = {}
+    real = Trainer.setup
+
+    def setup(self):
+        seen["status"], seen["lines"] = cli("run", config_file(tmp_path, RUN, "other.toml"), "--out", self.run_dir)
+        return real(self)
+
+    monkeypatch.setattr(Trainer, "setup", setup)
+    ld.train(ld.config_from_dict(RUN), tmp_path / "run")
+    assert_one_line(seen["status"], seen["lines"], "is in use by another layerdescent process")
+    assert (tmp_path / "run" / rundir.LOCK).exists()
+
+
+# --- item 3: a finished run is reused only under the config it was trained with ---------------------
+
+
+@pytest.fixture(scope="module")
+def benched(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("bench")
+    path = config_file(tmp, BENCH, "bench.toml")
+    status, lines = cli("bench", path, "--out", tmp / "out")
+    assert status == 0, lines
+    return path, tmp / "out"
+
+
+def test_a_bench_under_a_changed_config_refuses_the_finished_runs_by_the_first_differing_key(tmp_path, benched):
+    path, out = benched
+    before = {p: p.stat().st_mtime_ns for p in out.rglob("results.json")}
+    assert_one_line(*cli("bench", path, "--out", out, "--set", "train.lr=0.02"), "finished under another config, first at train.lr (recorded 0.01, asked 0.02)")
+    assert {p: p.stat().st_mtime_ns for p in out.rglob("results.json")} == before
+
+
+def test_a_bench_with_only_another_thread_count_still_counts_its_runs_done(tmp_path, benched, monkeypatch):
+    path, out = benched
+    monkeypatch.setattr(bench_module, "train", lambda *a, **k: pytest.fail("a finished run was trained again"))
+    status, lines = cli("bench", path, "--out", out, "--set", "train.threads=2", "--set", "train.progress=true")
+    assert status == 0, lines
+
+
+def test_evaluate_with_a_new_gamma_grid_refuses_an_output_evaluated_under_the_old_one(tmp_path, benched):
+    _, out = benched
+    again = tmp_path / "again"
+    assert cli("evaluate", out, "--out", again, "--set", "eval.gammas=[0.0, 1.0]")[0] == 0
+    assert_one_line(*cli("evaluate", out, "--out", again, "--set", "eval.gammas=[0.0, 2.0]"), "evaluated under another config, first at eval.gammas")
+    assert cli("evaluate", out, "--out", again, "--set", "eval.gammas=[0.0, 1.0]")[0] == 0  # the same grid: done
+
+
+@pytest.mark.parametrize("where", ["same", "inside"])
+def test_evaluate_into_its_own_directory_is_refused(benched, where):
+    _, out = benched
+    target = out if where == "same" else out / "again"
+    assert_one_line(*cli("evaluate", out, "--out", target), "lies inside")
+    assert not (out / "again").exists()
+
+
+def test_committed_older_lista_results_still_count_as_done_for_their_own_bench_file(tmp_path, monkeypatch):
+    copy = tmp_path / "lista"
+    shutil.copytree(ROOT / "benchmarks" / "results" / "lista", copy, ignore=shutil.ignore_patterns("*.png", "*.md"))
+    monkeypatch.setattr(bench_module, "train", lambda *a, **k: pytest.fail("a committed run was trained again"))
+    monkeypatch.setattr(bench_module, "write_report", lambda out, **k: out / "summary.md")
+    statuses = []
+    run_bench(ROOT / "benchmarks" / "lista.toml", copy, on_run=lambda run, status: statuses.append(status))
+    assert statuses == ["done"] * 18
+
+
+# --- item 4: nothing lands outside --out -------------------------------------------------------
+
+
+@pytest.mark.parametrize("variant", ["../../../escaped", "/tmp/escaped-absolute", "a/b", ".."])
+def test_a_variant_name_that_is_not_one_path_component_is_refused(tmp_path, variant):
+    path = config_file(tmp_path, {**RUN, "bench": {"variants": {variant: {}}}})
+    before = files_under(tmp_path)
+    assert_one_line(*cli("bench", path, "--out", tmp_path / "a" / "b" / "out"), "is not a plain name")
+    assert files_under(tmp_path) - before == set()
+    assert not Path("/tmp/escaped-absolute").exists()
+
+
+def test_a_grid_over_the_label_cannot_escape_the_output_directory(tmp_path):
+    table = {**RUN, "bench": {"variants": {"erm": {"solver": {"name": "erm"}}}, "grid": {"label": ["/../../../escaped", "fine"]}}}
+    assert_one_line(*cli("bench", config_file(tmp_path, table), "--out", tmp_path / "a" / "b" / "out"), "label = '/../../../escaped' must be a plain name")
+    assert not (tmp_path / "escaped").exists() and not (tmp_path / "a").exists()
+
+
+def test_a_grid_over_paths_names_runs_by_the_last_part():
+    table = {**RUN, "bench": {"variants": {"erm": {"solver": {"name": "erm"}}}, "grid": {"label": ["one", "two"]}}}
+    names = {run.run_dir.parent.name for run in plan_table(table)}
+    assert names == {"erm,label=one", "erm,label=two"}
+    assert bench_module._short("/models/a/roberta/") == "roberta" and bench_module._short("..") == "_"
+
+
+def test_a_run_label_that_climbs_out_is_refused_before_anything_is_written(tmp_path):
+    path = config_file(tmp_path, with_(RUN, "label", "/../../../x"))
+    before = files_under(tmp_path)
+    status, lines = cli("run", path)
+    assert_one_line(status, lines, "must be a plain name")
+    assert files_under(tmp_path) - before == set()
+
+
+# --- item 5: a person's own files are never overwritten ------------------------------------------
+
+
+def test_a_run_into_a_directory_of_hand_written_files_is_refused_and_leaves_them_as_they_were(tmp_path):
+    mine = tmp_path / "my"
+    mine.mkdir()
+    config = config_file(mine, RUN, "config.toml")
+    written = config.read_text()
+    (mine / "metrics.jsonl").write_text("my own notes\n")
+    assert_one_line(*cli("run", config, "--out", mine), f"{mine} is not a run directory but holds config.toml")
+    assert config.read_text() == written and (mine / "metrics.jsonl").read_text() == "my own notes\n"
+    assert sorted(p.name for p in mine.iterdir()) == ["config.toml", "metrics.jsonl"]
+    assert_one_line(*cli("run", config, "--out", mine, "--resume"), "is not a run directory")
+
+
+def test_an_empty_directory_or_one_with_unrelated_files_is_a_fine_output(tmp_path):
+    (tmp_path / "empty").mkdir()
+    assert cli("run", config_file(tmp_path, RUN), "--out", tmp_path / "empty")[0] == 0
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "README.txt").write_text("keep me")
+    assert cli("run", config_file(tmp_path, RUN), "--out", tmp_path / "notes")[0] == 0
+    assert (tmp_path / "notes" / "README.txt").read_text() == "keep me"
+
+
+def test_a_run_killed_before_its_first_checkpoint_is_still_a_run(tmp_path, monkeypatch):
+    from layerdescent.trainer import Trainer
+
+    def crash(self, *args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(Trainer, "step", crash)
+    with pytest.raises(KeyboardInterrupt):
+        ld.train(ld.config_from_dict(RUN), tmp_path / "run")
+    monkeypatch.undo()
+    assert (tmp_path / "run" / "config.toml").exists() and not (tmp_path / "run" / "checkpoint.pt").exists()
+    assert cli("run", config_file(tmp_path, RUN), "--out", tmp_path / "run")[0] == 0  # its own files, not a person's
+
+
+# --- item 6: distinct configs get distinct directories ------------------------------------------
+
+
+def plan_table(table, out=Path("/nonexistent/out")):
+    path = Path(os.environ.get("TMPDIR", "/tmp")) / f"plan-{os.getpid()}.toml"
+    path.write_text(tomli_w.dumps(table))
+    try:
+        return plan(path, out)
+    finally:
+        path.unlink()
+
+
+def test_grid_values_that_print_alike_get_distinct_run_directories():
+    table = {**RUN, "bench": {"variants": {"erm": {"solver": {"name": "erm"}}}, "grid": {"train.lr": [0.001, 0.0010000001]}}}
+    runs = plan_table(table)
+    assert len({run.run_dir for run in runs}) == 2
+    assert {run.variant for run in runs} == {"erm,lr=0.001", "erm,lr=0.0010000001"}
+
+
+def test_an_unchanged_grid_keeps_its_short_names():
+    table = {**RUN, "bench": {"variants": {"pd": {}}, "grid": {"constraints.0.alpha": [0.0, 0.05, 0.1]}}}
+    assert [run.variant for run in plan_table(table)] == ["pd,alpha=0", "pd,alpha=0.05", "pd,alpha=0.1"]
+
+
+def test_a_grid_value_listed_twice_is_refused(tmp_path):
+    table = {**RUN, "bench": {"variants": {"erm": {"solver": {"name": "erm"}}}, "grid": {"train.lr": [0.1, 0.1]}}}
+    assert_one_line(*cli("bench", config_file(tmp_path, table), "--out", tmp_path / "out"), "would share the run name '0.1'")
+
+
+# --- items 8 and 13 ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("seeds, where", [([0, 2**32], "bench.seeds[1]"), ([-1], "bench.seeds[0]")])
+def test_bench_seeds_are_range_checked(tmp_path, seeds, where):
+    table = {**BENCH, "bench": {**BENCH["bench"], "seeds": seeds}}
+    assert_one_line(*cli("bench", config_file(tmp_path, table), "--out", tmp_path / "out"), f"{where} must be in 0..4294967295")
+
+
+def test_run_on_a_bench_file_says_to_use_bench(tmp_path):
+    assert_one_line(*cli("run", config_file(tmp_path, BENCH), "--out", tmp_path / "out"), "is a bench file", "layerdescent bench")
+    assert not (tmp_path / "out").exists()
+
+
+# --- what a finished run keeps on disk ------------------------------------------------------------
+
+
+def test_a_finished_run_keeps_its_model_and_drops_optimizer_state_unless_asked(tmp_path):
+    ld.train(ld.config_from_dict(RUN), tmp_path / "lean")
+    assert sorted(p.name for p in (tmp_path / "lean").iterdir()) == [".layerdescent.lock", "config.toml", "metrics.jsonl", "model.safetensors", "results.json"]
+    ld.train(ld.config_from_dict(with_(RUN, "train.keep_checkpoint", True)), tmp_path / "kept")
+    assert (tmp_path / "kept" / "checkpoint.pt").exists()
+    again = ld.evaluate_run(tmp_path / "lean", tmp_path / "again")
+    assert again["gammas"] == ld.evaluate_run(tmp_path / "kept", tmp_path / "again-kept")["gammas"]
+
+
+def test_a_run_from_before_model_files_is_evaluated_from_its_checkpoint(tmp_path):
+    results = ld.train(ld.config_from_dict(with_(RUN, "train.keep_checkpoint", True)), tmp_path / "old")
+    (tmp_path / "old" / "model.safetensors").unlink()  # the layout of runs written before it existed
+    assert ld.evaluate_run(tmp_path / "old", tmp_path / "again")["gammas"] == results["gammas"]
+
+
+def test_resuming_a_finished_run_without_its_checkpoint_is_refused_not_retrained(tmp_path):
+    ld.train(ld.config_from_dict(RUN), tmp_path / "run")
+    log = (tmp_path / "run" / "metrics.jsonl").read_text()
+    assert_one_line(*cli("run", config_file(tmp_path, RUN), "--out", tmp_path / "run", "--resume"), "holds a finished run and no checkpoint.pt")
+    assert (tmp_path / "run" / "metrics.jsonl").read_text() == log
+
+
+def test_a_list_option_of_the_wrong_type_reads_well(tmp_path):
+    assert_one_line(*cli("run", config_file(tmp_path, with_(RUN, "constraints.0.layers", ["a"])), "--out", tmp_path / "out"), "must be a list of integers")
