@@ -237,3 +237,21 @@ def test_validation_runs_at_validation_gamma(tiny, tmp_path):
     tiny["train"]["validation_gamma"] = 1.0
     noisy = _log(_train(tiny, tmp_path, "noisy") and tmp_path / "noisy", "epoch")[0]["val_loss"]
     assert noisy[-1] > clean[-1] and noisy[0] > clean[0]  # the same model, tested on noisier inputs
+
+
+def test_a_cosine_schedule_anneals_the_learning_rate_to_zero_over_the_run(tiny, tmp_path, monkeypatch):
+    import cooper
+
+    seen = []
+    real = cooper.optim.SimultaneousOptimizer.primal_step
+
+    def primal_step(self):
+        seen.append(self.primal_optimizers[0].param_groups[0]["lr"])
+        return real(self)
+
+    monkeypatch.setattr(cooper.optim.SimultaneousOptimizer, "primal_step", primal_step)
+    tiny["train"].update(epochs=2, lr_schedule="cosine")
+    _train(tiny, tmp_path)
+    steps = 2 * 512 // 64
+    assert len(seen) == steps and seen[0] == tiny["train"]["lr"]
+    assert all(b < a for a, b in zip(seen, seen[1:])) and seen[-1] < 0.05 * seen[0]

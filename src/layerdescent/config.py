@@ -95,6 +95,7 @@ class TrainConfig:
     epochs: int = 10
     batch_size: int = 64
     lr: float = 1e-3
+    lr_schedule: Literal["constant", "cosine"] = "constant"  # cosine: lr anneals to 0 over all the run's steps
     optimizer: Literal["adam", "adamw", "sgd"] = "adam"
     weight_decay: float = 0.0
     dropout: Union[float, None] = None  # every dropout layer's rate; unset keeps the model's own

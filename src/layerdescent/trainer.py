@@ -419,6 +419,11 @@ class Trainer:
         session.world.sum_gradients(model.parameters())
         if train.grad_clip:
             torch.nn.utils.clip_grad_norm_(model.parameters(), train.grad_clip)
+        if train.lr_schedule == "cosine":  # from the step count alone, so a resumed run follows the same schedule
+            total = train.epochs * math.ceil(math.ceil(len(session.rows["train"]) / train.batch_size) / train.accumulate)
+            for optimizer in solver.optimizer.primal_optimizers:
+                for group in optimizer.param_groups:
+                    group["lr"] = train.lr * 0.5 * (1 + math.cos(math.pi * min(step, total) / total))
         solver.optimizer.primal_step()
         dual_means = step_means
         if solver.needs_dual and self.config.solver.scheme == "alternating":
