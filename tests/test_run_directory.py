@@ -250,6 +250,12 @@ def test_a_finished_run_keeps_its_model_and_drops_optimizer_state_unless_asked(t
     assert again["gammas"] == ld.evaluate_run(tmp_path / "kept", tmp_path / "again-kept")["gammas"]
 
 
+def test_a_finished_run_with_early_stopping_drops_its_best_epoch_files_too(tmp_path):
+    table = with_(with_(RUN, "train.early_stopping", 1), "train.epochs", 3)
+    ld.train(ld.config_from_dict(table), tmp_path / "lean")
+    assert sorted(p.name for p in (tmp_path / "lean").iterdir()) == [".layerdescent.lock", "config.toml", "metrics.jsonl", "model.safetensors", "results.json"]
+
+
 def test_a_run_from_before_model_files_is_evaluated_from_its_checkpoint(tmp_path):
     results = ld.train(ld.config_from_dict(with_(RUN, "train.keep_checkpoint", True)), tmp_path / "old")
     (tmp_path / "old" / "model.safetensors").unlink()  # the layout of runs written before it existed

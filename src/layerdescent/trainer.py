@@ -27,7 +27,7 @@ import torch
 
 from layerdescent import __version__
 from layerdescent import rundir
-from layerdescent.checkpoint import load_checkpoint, load_model_file, rng_state, save_checkpoint, save_model_file, set_rng_state
+from layerdescent.checkpoint import load_checkpoint, load_model_file, previous_path, rng_state, save_checkpoint, save_model_file, set_rng_state
 from layerdescent.config import RunConfig, TrainConfig, load_config, read_toml
 from layerdescent.data import Rows
 from layerdescent.distributed import World, init_world, to_device
@@ -354,8 +354,9 @@ class Trainer:
             save_model_file(self.run_dir / MODEL_FILE, model.state_dict())
             _write_atomic(self.run_dir / "results.json", json.dumps(results, indent=2) + "\n")
             if not train.keep_checkpoint:
-                for stale in (self.checkpoint_path, self.checkpoint_path.with_name("checkpoint.prev.pt"), self.best_path):
+                for stale in (self.checkpoint_path, self.best_path):
                     stale.unlink(missing_ok=True)
+                    previous_path(stale).unlink(missing_ok=True)
         return results
 
     def _load_model(self, path: Path, model: torch.nn.Module, state: dict[str, Any]) -> None:
