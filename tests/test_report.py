@@ -349,3 +349,9 @@ def test_a_damaged_metrics_line_or_an_out_that_is_a_file_is_one_line_with_exit_2
 def test_the_cost_section_says_how_the_runs_shared_the_machine(bench):
     assert "Runs went 2 at a time (`--workers 2`" in write_report(bench, workers=2).read_text()
     assert "Runs went one after another" in write_report(bench, workers=1).read_text()
+
+
+def test_the_final_multipliers_say_how_many_still_bind(bench):
+    text = write_report(bench).read_text()
+    table = text.split("## Final multipliers (mean over seeds)")[1].split("\n## ")[0]
+    assert "| primal-dual | descent | 0.15, 0 | 2 of 4 |" in table  # lambda [0.1 (seed + 1), 0]: one entry binds per seed

@@ -321,7 +321,9 @@ def _summarize_group(runs: list[dict]) -> dict:
     lambdas = {}
     for name, c in runs[0].get("constraints", {}).items():
         per_seed = [r["constraints"][name]["lambda"] for r in runs if name in r.get("constraints", {})]
-        lambdas[name] = {"labels": c.get("labels", []), "mean": np.mean(per_seed, axis=0).tolist()}
+        # binding: entries whose multiplier ended positive, summed over seeds (of entries x seeds)
+        lambdas[name] = {"labels": c.get("labels", []), "mean": np.mean(per_seed, axis=0).tolist(),
+                         "binding": int((np.asarray(per_seed) > 0).sum()), "entries": int(np.asarray(per_seed).size)}
     return {
         "solver": runs[0]["solver"],
         "task": runs[0]["task"],
@@ -463,9 +465,10 @@ def _markdown(groups: dict, results: list[dict], title: str, images: list[str], 
 
     constrained = {label: grp for label, grp in groups.items() if grp["solver"] == CONSTRAINED_SOLVER}
     if constrained:
-        rows = [[label, name, ", ".join(_fmt(x) for x in lam["mean"])]
+        rows = [[label, name, ", ".join(_fmt(x) for x in lam["mean"]), f"{lam['binding']} of {lam['entries']}"]
                 for label, grp in constrained.items() for name, lam in grp["lambda"].items()]
-        lines += ["## Final multipliers (mean over seeds)", ""] + _table(["label", "constraint", "λ"], rows)
+        lines += ["## Final multipliers (mean over seeds)", "", "Still binding: the multipliers (entries x seeds) that ended above 0.", ""]
+        lines += _table(["label", "constraint", "λ", "still binding"], rows)
 
     rows = [[label, grp["solver"], _fmt(grp["step_time"] and grp["step_time"] * 1e3), _fmt(grp["step_time_ratio"])]
             for label, grp in groups.items()]
