@@ -40,7 +40,6 @@ from layerdescent.registry import Registry, get_registry
 from layerdescent.solvers import Solver, build_solver
 
 RESULTS_SCHEMA = 1
-RESULTS_KEYS = ("schema", "label", "task", "solver", "seed", "num_layers", "gammas")  # what every results.json holds
 
 
 def seed_everything(seed: int) -> None:
@@ -574,15 +573,9 @@ def evaluate_run(run_dir: str | Path, out: str | Path, overrides: Sequence[str] 
     model_file = final_model_file(run_dir, config)
     if out.resolve() == run_dir.resolve():
         raise ConfigError(f"--out must differ from the run directory {run_dir}: its results would be overwritten")
-    try:
-        recorded = json.loads((run_dir / "results.json").read_text())
-    except (OSError, ValueError) as exc:  # ValueError: JSON and UTF-8 decoding alike
-        raise ConfigError(f"{run_dir / 'results.json'} cannot be read ({type(exc).__name__}: {str(exc)[:120]}): it is damaged") from None
-    if not isinstance(recorded, dict):
-        raise ConfigError(f"{run_dir / 'results.json'} holds a {type(recorded).__name__}, not a results object: it is damaged")
-    missing = [key for key in RESULTS_KEYS if key not in recorded]
-    if missing:
-        raise ConfigError(f"{run_dir / 'results.json'} lacks {missing[0]!r}: it is damaged or not a layerdescent results file")
+    from layerdescent.report import read_results  # the same checks a summary makes
+
+    recorded = read_results(run_dir / "results.json")
     trainer = Trainer(config, out, registry)
     main = int(os.environ.get("RANK", "0")) == 0
     with rundir.locked(out) if main else _no_lock() as was_run:
