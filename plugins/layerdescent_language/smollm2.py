@@ -77,9 +77,12 @@ def smollm2_dir() -> Path:
     return target
 
 
-def load_tokenizer(path: str) -> tuple[Any, Any]:
-    """The tokenizer and config of a local Hugging Face causal-LM directory, with remote code off."""
-    transformers = _transformers()
+def load_tokenizer(path: str, extra: str = "llm", purpose: str = PURPOSE) -> tuple[Any, Any]:
+    """The tokenizer and config of a local Hugging Face model directory, with remote code off.
+
+    ``extra`` and ``purpose`` name, in the error a missing transformers gives, what to install and for what.
+    """
+    transformers = quiet_transformers(require("transformers", extra=extra, purpose=purpose))
     config = transformers.AutoConfig.from_pretrained(path, trust_remote_code=False, local_files_only=True)
     tokenizer = transformers.AutoTokenizer.from_pretrained(path, trust_remote_code=False, local_files_only=True)
     return tokenizer, config

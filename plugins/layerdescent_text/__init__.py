@@ -134,12 +134,12 @@ class TextClassification(Task):
 
     @cached_property
     def _tokenizer_and_config(self) -> tuple[Any, Any]:
-        from layerdescent_language import word_tokenizer
-        from layerdescent_text.model import is_causal, load_tokenizer
+        from layerdescent_language import load_tokenizer, word_tokenizer
+        from layerdescent_text.model import is_causal
 
         if self.options["model_path"] in TINY:
             return word_tokenizer(self.rows["text"]), None
-        tokenizer, config = load_tokenizer(self.model_path)
+        tokenizer, config = load_tokenizer(self.model_path, extra="text", purpose="task text-classification")
         if is_causal(config):
             tokenizer.padding_side = "right"  # last pooling finds the last real token at length - 1
             if tokenizer.pad_token is None:

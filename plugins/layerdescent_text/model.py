@@ -55,18 +55,9 @@ class LayerwiseClassifier(AdaptersOnlyState, nn.Module):
         return torch.stack([head(pooled[:, k]) for k, head in enumerate(self.heads)], dim=1)
 
 
-
 def _transformers():
     """transformers, its loading progress bars silenced."""
     return quiet_transformers(require("transformers", extra="text", purpose="task text-classification"))
-
-def load_tokenizer(path: str) -> tuple[object, object]:
-    """The tokenizer and config of a local Hugging Face encoder directory, with remote code off."""
-    transformers = _transformers()
-    config = transformers.AutoConfig.from_pretrained(path, trust_remote_code=False, local_files_only=True)
-    tokenizer = transformers.AutoTokenizer.from_pretrained(path, trust_remote_code=False, local_files_only=True)
-    return tokenizer, config
-
 
 def load_encoder(path: str) -> nn.Module:
     """The pretrained encoder (a causal LM's base model) of a local Hugging Face directory, in float32, with remote code off."""

@@ -438,7 +438,9 @@ def _cost_note(workers: int | None) -> str:
     return shared + "\n`benchmarks/cost.py` interleaves the solvers in one process for a controlled ratio."
 
 
-def _markdown(groups: dict, results: list[dict], title: str, images: list[str], note: str = "", workers: int | None = None) -> str:
+def _markdown(groups: dict, results: list[dict], title: str, images: list[str], note: str = "", workers: int | None = None,
+              domains: dict[str, tuple[list[dict], dict]] | None = None) -> str:
+    """The summary; ``domains`` maps each evaluation domain to its results view and their groups."""
     gammas = _all_gammas(groups)
     metrics = metric_names(groups)
     lines = [f"# {title}", "", *([note, ""] if note else []), *_overview(groups, results)]
@@ -453,9 +455,8 @@ def _markdown(groups: dict, results: list[dict], title: str, images: list[str], 
     for metric in dict.fromkeys(m for grp in groups.values() for st in grp["gammas"].values() for m in st["layer_metrics"]):
         lines += [f"## {metric} per layer at γ={gammas[0]:g}", ""] + _layer_table(groups, ("layer_metrics", metric), gammas[0])
 
-    for name, view in domain_results(results).items():
+    for name, (view, domain_groups) in (domains or {}).items():
         where = f" on domain {name}"
-        domain_groups = summarize(view)
         if metrics:
             lines += _metric_tables(domain_groups, view, metrics, _all_gammas(domain_groups), where)
         lines += [f"## Loss per layer at γ={gammas[0]:g}{where}", ""] + _layer_table(domain_groups, "layer_loss", gammas[0])
@@ -590,6 +591,16 @@ def _finish(fig, axes, path: Path, title: str = "", note: str = "") -> None:
     plt.close(fig)
 
 
+def _metric_panel(ax, groups: dict, context_key: str, metric: str, colors: dict[str, str]) -> None:
+    """``metric`` against gamma for every label of one context, solid constrained, dashed the rest."""
+    for label, grp in groups.items():
+        if grp["context_key"] != context_key:
+            continue
+        pts = [(g, st["metrics"][metric]) for g, st in grp["gammas"].items() if metric in st["metrics"]]
+        if pts:
+            _series(ax, [g for g, _ in pts], _point_stats([m for _, m in pts]), label, grp["solver"] == CONSTRAINED_SOLVER, colors.get(label, "C0"))
+
+
 def _plot(groups: dict, out: Path, domains: dict[str, dict] | None = None) -> list[str]:
     """Write the PNGs and return their file names; ``domains`` maps each evaluation domain to its groups."""
     import matplotlib
@@ -625,12 +636,7 @@ def _plot(groups: dict, out: Path, domains: dict[str, dict] | None = None) -> li
         fig, axes = plt.subplots(len(contexts), len(metrics), figsize=(5 * len(metrics), 4 * len(contexts)), squeeze=False)
         for row, key in enumerate(contexts):
             for ax, metric in zip(axes[row], metrics):
-                for label, grp in groups.items():
-                    if grp["context_key"] != key:
-                        continue
-                    pts = [(g, s["metrics"][metric]) for g, s in grp["gammas"].items() if metric in s["metrics"]]
-                    if pts:
-                        _series(ax, [g for g, _ in pts], _point_stats([m for _, m in pts]), label, grp["solver"] == CONSTRAINED_SOLVER, colors.get(label, "C0"))
+                _metric_panel(ax, groups, key, metric, colors)
                 ax.set(title=f"{titles[key]}: {metric}" if titles[key] else metric, xlabel="γ", ylabel=metric)
         _finish(fig, axes, out / "metric_vs_gamma.png", title, f"{gamma_label}; {solid}")
         images.append("metric_vs_gamma.png")
@@ -641,12 +647,7 @@ def _plot(groups: dict, out: Path, domains: dict[str, dict] | None = None) -> li
         fig, axes = plt.subplots(len(rows), len(panels), figsize=(4.5 * len(panels), 3.5 * len(rows)), squeeze=False)
         for row, (key, metric) in enumerate(rows):
             for ax, (where, panel) in zip(axes[row], panels.items()):
-                for label, grp in panel.items():
-                    if grp["context_key"] != key:
-                        continue
-                    pts = [(g, st["metrics"][metric]) for g, st in grp["gammas"].items() if metric in st["metrics"]]
-                    if pts:
-                        _series(ax, [g for g, _ in pts], _point_stats([m for _, m in pts]), label, grp["solver"] == CONSTRAINED_SOLVER, colors.get(label, "C0"))
+                _metric_panel(ax, panel, key, metric, colors)
                 prefix = f"{titles[key]}, " if titles[key] else ""
                 ax.set(title=f"{prefix}{where}: {metric}", xlabel="γ", ylabel=metric)
         _finish(fig, axes, out / "metric_vs_gamma_domains.png", title, f"{gamma_label}; {solid}")
@@ -712,7 +713,8 @@ def write_report(root: Path, out: Path | None = None, title: str | None = None, 
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise LayerdescentError(f"cannot create {out}: {exc.strerror or exc}") from None
-    images = _plot(groups, out, {name: summarize(view) for name, view in domain_results(results).items()})
+    domains = {name: (view, summarize(view)) for name, view in domain_results(results).items()}
+    images = _plot(groups, out, {name: domain_groups for name, (_, domain_groups) in domains.items()})
     summary = out / "summary.md"
-    summary.write_text(_markdown(groups, results, title or f"layerdescent report: {root.name}", images, note, workers))
+    summary.write_text(_markdown(groups, results, title or f"layerdescent report: {root.name}", images, note, workers, domains))
     return summary

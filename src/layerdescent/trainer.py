@@ -49,6 +49,12 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
+def epoch_steps(samples: int, train: TrainConfig) -> tuple[int, int]:
+    """Micro-batches and optimizer steps in one epoch over ``samples`` training rows."""
+    micro = math.ceil(samples / train.batch_size)
+    return micro, math.ceil(micro / train.accumulate)
+
+
 def build_primal_optimizer(model: torch.nn.Module, config: TrainConfig) -> torch.optim.Optimizer:
     """The model's optimizer as the config names it."""
     params = [p for p in model.parameters() if p.requires_grad]
@@ -240,8 +246,7 @@ class Trainer:
         train_set = rows["train"]
         # batch_size is global: ranks split each batch, so a config means the same run however it
         # is launched, and a run resumes on another number of processes on the same trajectory.
-        micro_per_epoch = math.ceil(len(train_set) / train.batch_size)
-        steps_per_epoch = math.ceil(micro_per_epoch / train.accumulate)
+        micro_per_epoch, steps_per_epoch = epoch_steps(len(train_set), train)
         window = _Window()
         # Line-buffered so that `tail -f metrics.jsonl` follows a run; only rank 0 writes.
         log = metrics_file.open("a", buffering=1) if world.is_main else open(os.devnull, "w")
@@ -420,7 +425,7 @@ class Trainer:
         if train.grad_clip:
             torch.nn.utils.clip_grad_norm_(model.parameters(), train.grad_clip)
         if train.lr_schedule == "cosine":  # from the step count alone, so a resumed run follows the same schedule
-            total = train.epochs * math.ceil(math.ceil(len(session.rows["train"]) / train.batch_size) / train.accumulate)
+            total = train.epochs * epoch_steps(len(session.rows["train"]), train)[1]
             for optimizer in solver.optimizer.primal_optimizers:
                 for group in optimizer.param_groups:
                     group["lr"] = train.lr * 0.5 * (1 + math.cos(math.pi * min(step, total) / total))
