@@ -172,7 +172,7 @@ def test_text_demo_says_what_it_does_and_fetches_only_what_its_task_reads(tmp_pa
     assert main(["demo", "--task", "text", "--out", str(tmp_path / "demo"), "--workers", "1", *TEXT_DEMO_SMALL]) == 0
     out = capsys.readouterr().out
     first = out.splitlines()[0]
-    assert first.startswith("layerdescent demo --task text-classification:") and "265 steps" in first and "fetching" not in out
+    assert first.startswith("layerdescent demo --task text-classification:") and "175 steps" in first and "fetching" not in out
     assert "| primal-dual |" in out and (tmp_path / "demo" / "loss_vs_layer.png").exists()
     assert "erm seed 0: trained" in out and "primal-dual seed 0: trained" in out
 

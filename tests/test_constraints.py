@@ -8,8 +8,6 @@ import torch
 import layerdescent as ld
 from layerdescent import Bound, ConfigError, Descent
 from layerdescent.problem import LayerwiseProblem
-from layerdescent.solvers import PrimalDualSolver
-from layerdescent.config import SolverConfig
 
 
 def test_descent_violation_is_each_layer_against_the_previous_one_shrunk_by_alpha():
@@ -60,43 +58,49 @@ def test_bound_violation_at_one_layer():
     assert Bound(value=0.5, layer=1).violation(torch.tensor([3.0, 1.0, 0.2]), {}).item() == pytest.approx(0.5)
 
 
-def _solver(specs, **config):
-    problem = LayerwiseProblem(specs, num_layers=2)
+def _update(specs, **options):
     primal = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1)
-    return problem, PrimalDualSolver(SolverConfig(**config), problem, primal)
+    return ld.LayerwiseUpdate(specs, num_layers=2, optimizer=primal, **options)
+
+
+def _step(update, means):
+    """One step whose batch had these layer means (nothing to train: the primal step moves nothing)."""
+    update.zero_grad()
+    update.observe(torch.tensor(means))
+    update.step()
 
 
 def test_each_spec_compiles_to_one_multiplier_sized_to_its_violation():
-    problem, _ = _solver((Descent(name="d"), Bound(name="b", value=1.0)))
-    sizes = {name: value.numel() for name, value in problem.multipliers().items()}
+    update = _update((Descent(name="d"), Bound(name="b", value=1.0)))
+    sizes = {name: value.numel() for name, value in update.multipliers().items()}
     assert sizes == {"d": 2, "b": 1}
 
 
-def test_dual_step_raises_lambda_by_the_violation_and_keeps_it_nonnegative():
-    problem, solver = _solver((Descent(alpha=0.0),), dual_lr=0.5)
-    solver.observe(torch.tensor([1.0, 2.0, 0.0]))  # l1 violates by 1, l2 is 2 below l1
-    assert problem.multipliers()["descent"].tolist() == [0.5, 0.0]
+def test_dual_step_raises_lambda_by_the_violation_and_clips_the_other_at_zero():
+    update = _update((Descent(alpha=0.0),), dual_lr=0.5)
+    _step(update, [1.0, 2.0, 0.0])  # l1 violates by 1, l2 is 2 below l1: its ascent would go to -1
+    assert update.multipliers()["descent"].tolist() == [0.5, 0.0]
 
 
 def test_resilience_is_dual_weight_decay_and_logs_the_relaxation():
-    problem, solver = _solver((Descent(alpha=0.0, resilience=2.0),), dual_lr=1.0)
+    update = _update((Descent(alpha=0.0, resilience=2.0),), dual_lr=1.0)
     for _ in range(200):
-        solver.observe(torch.tensor([1.0, 2.0, 2.0]))  # a constant violation of 1 at l1
+        _step(update, [1.0, 2.0, 2.0])  # a constant violation of 1 at l1
     # lambda climbs until the relaxation u = lambda / c absorbs the violation: lambda* = c * 1
-    assert problem.multipliers()["descent"][0].item() == pytest.approx(2.0, rel=1e-3)
-    assert problem.relaxations()["descent"][0].item() == pytest.approx(1.0, rel=1e-3)
+    assert update.multipliers()["descent"][0].item() == pytest.approx(2.0, rel=1e-3)
+    assert update.relaxations()["descent"][0].item() == pytest.approx(1.0, rel=1e-3)
 
 
-def test_dual_every_epoch_waits_and_uses_the_mean_of_the_epoch():
-    problem, solver = _solver((Descent(alpha=0.0),), dual_lr=1.0, dual_every="epoch")
-    assert not solver.observe(torch.tensor([1.0, 2.0, 0.0]))
-    assert not solver.observe(torch.tensor([1.0, 0.0, 0.0]))
-    assert problem.multipliers()["descent"].tolist() == [0.0, 0.0]
-    assert solver.end_epoch()
-    assert problem.multipliers()["descent"].tolist() == [0.0, 0.0]  # mean violation of l1 is 0
-    solver.observe(torch.tensor([1.0, 3.0, 0.0]))
-    solver.end_epoch()
-    assert problem.multipliers()["descent"][0].item() == pytest.approx(2.0)
+def test_dual_every_epoch_moves_lambda_once_per_epoch_by_the_mean_of_the_epoch():
+    update = _update((Descent(alpha=0.0),), dual_lr=1.0, dual_every="epoch")
+    _step(update, [1.0, 2.0, 0.0])
+    _step(update, [1.0, 0.0, 0.0])
+    assert update.multipliers()["descent"].tolist() == [0.0, 0.0]  # nothing moves within the epoch
+    update.end_epoch()
+    assert update.multipliers()["descent"].tolist() == [0.0, 0.0]  # mean violation of l1 is 0
+    _step(update, [1.0, 3.0, 0.0])
+    update.end_epoch()
+    assert update.multipliers()["descent"][0].item() == pytest.approx(2.0)
 
 
 def test_a_spec_whose_violation_size_breaks_its_labels_is_refused_by_name():

@@ -59,23 +59,6 @@ def test_each_reference_mode_and_resilience_trains_and_is_reported(tiny, tmp_pat
     assert all(torch.isfinite(torch.tensor(g["layer_loss"])).all() for g in results["gammas"])
 
 
-@pytest.mark.parametrize(
-    "solver",
-    [
-        {"scheme": "alternating"},
-        {"dual_optimizer": "nupi"},
-        {"dual_every": 3},
-        {"dual_every": "epoch"},
-    ],
-    ids=["alternating", "nupi", "every-3-steps", "every-epoch"],
-)
-def test_primal_dual_options_train(tiny, tmp_path, solver):
-    tiny["solver"].update(solver)
-    results = _train(tiny, tmp_path)
-    assert results["solver"] == "primal-dual"
-    assert max(results["constraints"]["descent"]["lambda"]) >= 0
-
-
 def test_accumulation_and_clipping_match_one_big_batch_without_clipping_noise(tiny, tmp_path):
     tiny["train"].update(epochs=1, batch_size=64, optimizer="sgd", lr=0.01, momentum=0.0, validate=False)
     big = _train(tiny, tmp_path, "big")

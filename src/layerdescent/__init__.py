@@ -40,7 +40,9 @@ _LAZY = {
     "get_registry": "layerdescent.registry",
     "LayerOutput": "layerdescent.task",
     "Task": "layerdescent.task",
-    "evaluate_run": "layerdescent.trainer",
+    "evaluate_run": "layerdescent.reevaluate",
+    "LayerwiseUpdate": "layerdescent.update",
+    "Solver": "layerdescent.solvers",
     "train": "layerdescent.trainer",
 }
 
@@ -52,7 +54,10 @@ if TYPE_CHECKING:  # what static tools see; at run time __getattr__ imports them
     from layerdescent.prox import soft_threshold
     from layerdescent.registry import Registry, get_registry
     from layerdescent.task import LayerOutput, Task
-    from layerdescent.trainer import evaluate_run, train
+    from layerdescent.reevaluate import evaluate_run
+    from layerdescent.solvers import Solver
+    from layerdescent.trainer import train
+    from layerdescent.update import LayerwiseUpdate
 
 
 def __getattr__(name: str) -> Any:
@@ -80,10 +85,12 @@ __all__ = [
     "Descent",
     "DivergenceError",
     "LayerOutput",
+    "LayerwiseUpdate",
     "LayerdescentError",
     "PluginError",
     "Registry",
     "RunConfig",
+    "Solver",
     "Task",
     "__version__",
     "cache_dir",

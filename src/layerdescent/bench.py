@@ -47,7 +47,8 @@ from layerdescent.config import RunConfig, apply_overrides, check_seed, config_f
 from layerdescent.errors import ConfigError
 from layerdescent.registry import Registry
 from layerdescent.report import write_report
-from layerdescent.trainer import evaluate_config, evaluate_run, train
+from layerdescent.reevaluate import evaluate_config, evaluate_run
+from layerdescent.trainer import train
 
 
 @dataclass(frozen=True)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from dataclasses import dataclass
@@ -12,7 +13,7 @@ from typing import Any, Sequence
 # Only light modules at the top: `--help`, `--version`, `list` and `plugins` must not import torch
 # (the commands that train import it where they need it).
 from layerdescent import __version__, assets
-from layerdescent.config import SOLVERS, apply_overrides, load_config, read_toml
+from layerdescent.config import apply_overrides, load_config, read_toml
 from layerdescent.errors import ConfigError, LayerdescentError
 from layerdescent.registry import get_registry
 
@@ -32,8 +33,8 @@ DEMOS = {
     "text-classification": Demo(
         Path(__file__).with_name("demo.toml"),
         "layerdescent-demo",
-        "ERM and primal-dual descent constraints each fine-tune MiniLM-L6 (22.7M parameters) for one epoch on 8,454 "
-        "movie-review sentences (265 steps of 32), then test on 1,057 sentences at 4 "
+        "ERM and primal-dual descent constraints each fine-tune MiniLM-L6 (22.7M parameters) for one epoch on 5,600 "
+        "movie-review sentences (175 steps of 32), then test on 1,057 sentences at 4 "
         "embedding-noise levels; aimed at 10 minutes on a quiet 2-CPU machine, longer when other work shares the CPUs "
         "(progress lines say how long is left). "
         "A checkpoint every 40 steps: run the same command again to continue an interrupted demo",
@@ -80,9 +81,20 @@ def cmd_list(args: argparse.Namespace) -> int:
         doc = (cls.__doc__ or "").strip().splitlines()[0] if cls.__doc__ else ""
         print(f"  {kind:24} {doc}  [plugin {registry.owner[('ConstraintSpec', kind)]}]")
     print("solvers:")
-    for name in SOLVERS:
-        print(f"  {name}")
+    for name, cls in sorted(registry.solvers.items()):
+        doc = (cls.__doc__ or "").strip().splitlines()[0] if cls.__doc__ else ""
+        print(f"  {name:24} {doc}  [plugin {registry.owner[('Solver', name)]}]")
+        for option in dataclasses.fields(cls.Options):
+            print(f"    {option.name} = {_option_default(option)}")
     return 0
+
+
+def _option_default(option: dataclasses.Field) -> str:
+    """A solver option's default as TOML would write it."""
+    value = option.default
+    if value is None:
+        return "(unset)"
+    return json.dumps(value) if isinstance(value, (str, bool)) else repr(value)
 
 
 def cmd_plugins(args: argparse.Namespace) -> int:

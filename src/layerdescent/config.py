@@ -1,7 +1,7 @@
 """Run configuration: TOML in, validated frozen dataclasses out, one clear line on any mistake.
 
     config = load_config("run.toml", overrides=["solver.dual_lr=0.1"])
-    config.solver.name, config.constraints[0].alpha
+    config.solver.name, config.solver.dual_lr, config.constraints[0].alpha
 
 Every key is checked: an unknown key or name gets the closest valid one, a wrong type or an
 out-of-range value names the key and what is allowed (:class:`ConfigError`).
@@ -24,13 +24,13 @@ from typing import Any, Literal, Union
 from layerdescent.constraints import ConstraintSpec
 from layerdescent.errors import ConfigError
 from layerdescent.registry import Registry, closest, get_registry
+from layerdescent.solvers import PrimalDualOptions
 
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover - exercised on Python 3.10 only
     import tomli as tomllib
 
-SOLVERS = ("erm", "penalty", "primal-dual")
 SEED_MAX = 2**32 - 1  # numpy's seeds are 32-bit; a larger one would crash after training
 # More torch threads than this segfaults or thrashes; a recorded config must still load on a smaller machine.
 MAX_THREADS = max(256, 4 * (os.cpu_count() or 1))
@@ -130,28 +130,17 @@ class TrainConfig:
 
 @dataclass(frozen=True)
 class SolverConfig:
-    """How the layer losses and constraints become updates: erm, penalty or primal-dual."""
+    """Which registered solver turns layer losses into updates, and its options (the solver's ``Options``)."""
 
-    name: Literal["erm", "penalty", "primal-dual"] = "primal-dual"
-    scheme: Literal["simultaneous", "alternating"] = "simultaneous"
-    dual_lr: float = 0.05
-    dual_optimizer: Literal["sgd", "nupi"] = "sgd"
-    dual_every: Union[int, Literal["epoch"]] = 1
-    nupi_kp: float = 1.0
-    nupi_ki: float = 1.0
-    nupi_ema: float = 0.0
-    penalty_weights: Union[tuple[float, ...], None] = None
-    max_multiplier: float = 1e6
+    name: str = "primal-dual"
+    options: Any = None  # an instance of the solver's Options dataclass, defaults filled in
 
-    def __post_init__(self) -> None:
-        _require(self.dual_lr >= 0, "solver.dual_lr", f"must be >= 0, got {self.dual_lr}")
-        _require(self.max_multiplier > 0, "solver.max_multiplier", f"must be > 0, got {self.max_multiplier}")
-        if self.dual_every != "epoch":
-            _require(self.dual_every >= 1, "solver.dual_every", "must be >= 1 (steps) or 'epoch'")
-        _require(0 <= self.nupi_ema < 1, "solver.nupi_ema", "must be in [0, 1)")
-        if self.penalty_weights is not None:
-            _require(all(w >= 0 for w in self.penalty_weights), "solver.penalty_weights", "must all be >= 0")
-            _require(sum(self.penalty_weights) > 0, "solver.penalty_weights", "must not all be 0")
+    def __getattr__(self, key: str) -> Any:
+        # config.solver.dual_lr reads the solver's own option
+        options = self.__dict__.get("options")
+        if options is not None and not key.startswith("__") and hasattr(options, key):
+            return getattr(options, key)
+        raise AttributeError(f"solver {self.__dict__.get('name')!r} has no option {key!r}")
 
 
 @dataclass(frozen=True)
@@ -182,7 +171,7 @@ class RunConfig:
     seed: int = 0
     label: str = ""
     train: TrainConfig = field(default_factory=TrainConfig)
-    solver: SolverConfig = field(default_factory=SolverConfig)
+    solver: SolverConfig = field(default_factory=lambda: SolverConfig("primal-dual", PrimalDualOptions()))
     eval: EvalConfig = field(default_factory=EvalConfig)
     constraints: tuple[ConstraintSpec, ...] = ()
 
@@ -197,8 +186,9 @@ class RunConfig:
         if self.label:
             out["label"] = self.label
         out["task"] = {"name": self.task.name, **self.task.options}
-        for section in ("train", "solver", "eval"):
+        for section in ("train", "eval"):
             out[section] = _plain(dataclasses.asdict(getattr(self, section)))
+        out["solver"] = {"name": self.solver.name, **_plain(dataclasses.asdict(self.solver.options))}
         out["constraints"] = [{"kind": c.kind, **_plain(dataclasses.asdict(c))} for c in self.constraints]
         return out
 
@@ -309,6 +299,31 @@ def _build_task(data: Any, registry: Registry) -> TaskConfig:
     return TaskConfig(task_cls.name, resolved)
 
 
+def build_solver_options(solver_cls: type, data: dict[str, Any], registry: Registry | None = None) -> Any:
+    """The solver's Options from a [solver] table less its name; keys only another registered solver declares are dropped."""
+    fields = {f.name for f in dataclasses.fields(solver_cls.Options)}
+    # A bench's base [solver] table holds primal-dual's settings beside erm variants: they do not apply to erm.
+    others = {f.name for cls in (registry or get_registry()).solvers.values() for f in dataclasses.fields(cls.Options)} - fields
+    options = {k: v for k, v in data.items() if k not in others}
+    unknown = [k for k in options if k not in fields]
+    if unknown:
+        accepts = ", ".join(sorted(fields)) or "no options"
+        raise ConfigError("\n".join(f"unknown key solver.{k}{closest(k, fields)} (solver {solver_cls.name!r} accepts: {accepts})" for k in unknown))
+    return build_dataclass(solver_cls.Options, options, "solver")
+
+
+def _build_solver(data: Any, registry: Registry) -> SolverConfig:
+    if not isinstance(data, dict):
+        raise ConfigError(f"solver must be a table, got {data!r}")
+    name = data.get("name", SolverConfig.name)
+    if not isinstance(name, str) or name not in registry.solvers:
+        known = ", ".join(sorted(registry.solvers))
+        hint = closest(name, registry.solvers) if isinstance(name, str) else ""
+        raise ConfigError(f"solver.name = {name!r} is not a registered solver{hint} (known: {known}; see `layerdescent list`)")
+    solver_cls = registry.solver(name)
+    return SolverConfig(name, build_solver_options(solver_cls, {k: v for k, v in data.items() if k != "name"}, registry))
+
+
 @functools.cache
 def _reserved_names() -> frozenset[str]:
     """Constraint names that would overwrite an attribute of Cooper's CMP (they become its attributes)."""
@@ -380,7 +395,8 @@ def config_from_dict(data: dict[str, Any], registry: Registry | None = None) -> 
     label = problems.attempt(_coerce, data.get("label", ""), str, "label")
     if label is not None:
         problems.attempt(check_label, label)
-    parts = {section: problems.attempt(build_dataclass, cls, data.get(section, {}), section) for section, cls in (("train", TrainConfig), ("solver", SolverConfig), ("eval", EvalConfig))}
+    parts = {section: problems.attempt(build_dataclass, cls, data.get(section, {}), section) for section, cls in (("train", TrainConfig), ("eval", EvalConfig))}
+    parts["solver"] = problems.attempt(_build_solver, data.get("solver", {}), registry)
     constraints = problems.attempt(_build_constraints, data.get("constraints", []), registry)
     problems.raise_any()
     config = RunConfig(task=task_config, seed=seed, label=label, constraints=constraints, **parts)
@@ -397,11 +413,8 @@ def config_from_dict(data: dict[str, Any], registry: Registry | None = None) -> 
         if name not in task.domains:
             offered = f"it offers: {', '.join(task.domains)}" if task.domains else "it offers none with these options"
             problems.add(ConfigError(f"eval.domains: {name!r} is not a domain of task {task.name!r}{closest(name, task.domains)} ({offered})"))
-    weights = config.solver.penalty_weights
-    if weights is not None and len(weights) != num_layers + 1:
-        problems.add(ConfigError(f"solver.penalty_weights has {len(weights)} entries; it needs one per layer 0..{num_layers}"))
-    if config.solver.name == "primal-dual" and not config.constraints:
-        problems.add(ConfigError("solver.name = 'primal-dual' needs at least one [[constraints]] table (or use 'erm')"))
+    for line in registry.solver(config.solver.name).check(config.solver.options, num_layers, config.constraints):
+        problems.add(ConfigError(line))
     for i, spec in enumerate(config.constraints):
         problems.attempt(spec.check_layers, num_layers, prefix=f"constraints[{i}]")
     problems.raise_any()

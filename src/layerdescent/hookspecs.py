@@ -21,3 +21,8 @@ def register_constraints(register) -> None:
 @hookspec
 def register_assets(register) -> None:
     """Call ``register(Asset(...))`` for every pinned data or weight artifact the plugin needs."""
+
+
+@hookspec
+def register_solvers(register) -> None:
+    """Call ``register(SolverSubclass)`` for every solver the plugin provides."""

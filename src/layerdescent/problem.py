@@ -1,4 +1,4 @@
-"""The run's constraint specs compiled into one Cooper CMP, with multipliers and a dual optimizer.
+"""The run's constraint specs compiled into one Cooper CMP, with multipliers, penalties and a dual optimizer.
 
 Cooper's sharp edges stay here: constraints register by attribute after ``super().__init__()``,
 each spec gets a ``DenseMultiplier`` sized to its violation vector, the dual optimizer has
@@ -8,7 +8,7 @@ relaxation cost (c/2)||u||^2) is the dual weight decay 1/c, its exact closed for
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import cooper
 import torch
@@ -17,26 +17,58 @@ from layerdescent.constraints import ConstraintSpec
 from layerdescent.errors import PluginError
 
 
-class _LayerwiseCMP(cooper.ConstrainedMinimizationProblem):
-    """A CMP whose states are built from layer losses by :class:`LayerwiseProblem`."""
+class ExtraSGD(cooper.optim.ExtraSGD):
+    """Cooper's ExtraSGD, able to load a saved state (cooper-optim 1.0.1's ``__setstate__`` calls ``super(torch.optim.SGD, self)``, which fails)."""
 
-    def compute_cmp_state(self, *args: Any, **kwargs: Any) -> cooper.CMPState:
-        raise NotImplementedError("LayerwiseProblem builds CMP states from layer losses directly")
+    def __setstate__(self, state: dict) -> None:
+        torch.optim.Optimizer.__setstate__(self, state)
+        for group in self.param_groups:
+            group.setdefault("nesterov", False)
+
+
+class _LayerwiseCMP(cooper.ConstrainedMinimizationProblem):
+    """The layerwise problem as a Cooper CMP: layer means in, the objective and every spec's violation out."""
+
+    def __init__(self, problem: "LayerwiseProblem") -> None:
+        super().__init__()
+        self._problem = problem
+
+    def compute_cmp_state(self, layer_losses: Any, primal: bool = True, dual: bool = True) -> cooper.CMPState:
+        """The CMPState of B x (L+1) layer losses or their L+1 means (or a callable returning them, as ``roll()`` passes).
+
+        The loss is the solver's objective; ``primal = False`` (a dual pass) leaves it out and
+        ``dual = False`` leaves the dual update to a pass of its own (the window of ``dual_every``).
+        """
+        means = layer_losses() if callable(layer_losses) else layer_losses
+        if means.dim() == 2:
+            means = means.mean(dim=0)
+        violations = self._problem.violations(means)
+        observed = {
+            self._problem.constraint(spec): cooper.ConstraintState(violation=violations[spec.name], contributes_to_primal_update=primal, contributes_to_dual_update=dual)
+            for spec in self._problem.specs
+        }
+        return cooper.CMPState(loss=self._problem.objective(means) if primal else None, observed_constraints=observed)
 
 
 class LayerwiseProblem:
     """Constraints on the per-layer mean losses, as one Cooper CMP."""
 
-    def __init__(self, specs: tuple[ConstraintSpec, ...], num_layers: int) -> None:
+    def __init__(self, specs: tuple[ConstraintSpec, ...], num_layers: int, augmented: bool = False, rho: float = 1.0, growth: float = 1.0, tolerance: float = 1e-4) -> None:
         self.specs = specs
         self.num_layers = num_layers
-        self.cmp = _LayerwiseCMP()
+        self.cmp = _LayerwiseCMP(self)
         self.labels: dict[str, list[str]] = {}
         for spec in specs:
             self.labels[spec.name] = spec.labels(num_layers)
-            multiplier = cooper.multipliers.DenseMultiplier(num_constraints=len(self.labels[spec.name]))
-            setattr(self.cmp, spec.name, cooper.Constraint(cooper.ConstraintType.INEQUALITY, multiplier=multiplier))
+            size = len(self.labels[spec.name])
+            multiplier = cooper.multipliers.DenseMultiplier(num_constraints=size)
+            extra: dict[str, Any] = {}
+            if augmented:  # Cooper's augmented Lagrangian: a penalty rho per entry beside lambda
+                extra = {"formulation_type": cooper.formulations.AugmentedLagrangian, "penalty_coefficient": cooper.penalty_coefficients.DensePenaltyCoefficient(torch.full((size,), rho))}
+            setattr(self.cmp, spec.name, cooper.Constraint(cooper.ConstraintType.INEQUALITY, multiplier=multiplier, **extra))
+        self._growth = cooper.penalty_coefficients.MultiplicativePenaltyCoefficientUpdater(growth, tolerance, has_restart=False) if augmented and growth > 1 else None
         self.state: dict[str, dict[str, torch.Tensor]] | None = None
+        self.objective: Callable[[torch.Tensor], torch.Tensor] = lambda means: means[-1]  # the solver's, once it has one
 
     def dual_optimizer(self, kind: str, lr: float, kp: float = 1.0, ki: float = 1.0, ema: float = 0.0) -> torch.optim.Optimizer:
         """SGD or nuPI ascent on the multipliers; resilient specs get weight decay 1/c."""
@@ -46,7 +78,23 @@ class LayerwiseProblem:
         ]
         if kind == "nupi":
             return cooper.optim.nuPI(groups, lr=lr, Kp=kp, Ki=ki, ema_nu=ema, maximize=True)
+        if kind == "extra-sgd":
+            return ExtraSGD(groups, lr=lr, maximize=True)
         return torch.optim.SGD(groups, lr=lr, maximize=True)
+
+    def zero_dual_grad(self) -> None:
+        """Clear the multipliers' gradients before a dual pass writes them."""
+        for multiplier in self.cmp.multipliers():
+            multiplier.weight.grad = None
+
+    def grow_penalties(self, state: cooper.CMPState) -> None:
+        """Grow the augmented Lagrangian's rho where a dual pass saw a violation above the tolerance."""
+        if self._growth is not None:
+            self._growth.step(state.observed_constraints)
+
+    def penalties(self) -> dict[str, torch.Tensor]:
+        """The augmented Lagrangian's current rho of each spec (empty for the plain Lagrangian)."""
+        return {spec.name: self.constraint(spec).penalty_coefficient.value.detach() for spec in self.specs if self.constraint(spec).penalty_coefficient is not None}
 
     def constraint(self, spec: ConstraintSpec) -> cooper.Constraint:
         """The Cooper constraint compiled from ``spec``."""
@@ -71,14 +119,6 @@ class LayerwiseProblem:
                 )
             out[spec.name] = violation
         return out
-
-    def primal_state(self, loss: torch.Tensor, violations: dict[str, torch.Tensor]) -> cooper.CMPState:
-        """The Cooper CMPState whose primal Lagrangian the model's optimizer descends."""
-        observed = {
-            self.constraint(spec): cooper.ConstraintState(violation=violations[spec.name], contributes_to_dual_update=False)
-            for spec in self.specs
-        }
-        return cooper.CMPState(loss=loss, observed_constraints=observed)
 
     def multipliers(self) -> dict[str, torch.Tensor]:
         """Current lambda of each spec."""

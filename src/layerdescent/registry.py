@@ -1,9 +1,10 @@
-"""Find tasks, constraint kinds and assets contributed by plugins.
+"""Find tasks, constraint kinds, solvers and assets contributed by plugins.
 
     from layerdescent import get_registry
     registry = get_registry()            # loads entry-point group "layerdescent" once
     task_cls = registry.task("lista")
     spec_cls = registry.constraint("descent")
+    solver_cls = registry.solver("primal-dual")
 
 Plugins are modules (or objects) with ``@layerdescent.hookimpl`` functions named after the hooks
 in :mod:`layerdescent.hookspecs`. Registration is atomic per plugin: one that fails to import
@@ -25,9 +26,11 @@ import pluggy
 
 from layerdescent import constraints as builtin_constraints
 from layerdescent import hookspecs
+from layerdescent import solvers as builtin_solvers
 from layerdescent.assets import Asset
 from layerdescent.constraints import ConstraintSpec
 from layerdescent.errors import PluginError
+from layerdescent.solvers import Solver
 from layerdescent.task import Task
 
 GROUP = "layerdescent"
@@ -53,27 +56,30 @@ def closest(name: str, choices: Iterable[str]) -> str:
     return f"; did you mean {match[0]!r}?" if match and name else ""
 
 
-_WHAT = {Task: "task", ConstraintSpec: "constraint kind", Asset: "asset"}
+_WHAT = {Task: "task", ConstraintSpec: "constraint kind", Solver: "solver", Asset: "asset"}
 
 
 class Registry:
-    """Tasks, constraint kinds and assets, keyed by name, with the plugins that gave them."""
+    """Tasks, constraint kinds, solvers and assets, keyed by name, with the plugins that gave them."""
 
     _kinds: dict[str, tuple[type, str]] = {
         "register_tasks": (Task, "tasks"),
         "register_constraints": (ConstraintSpec, "constraints"),
+        "register_solvers": (Solver, "solvers"),
         "register_assets": (Asset, "assets"),
     }
 
     def __init__(self, extra_plugins: Iterable[tuple[str, Any]] = (), entry_points: bool = True) -> None:
         self.tasks: dict[str, type[Task]] = {}
         self.constraints: dict[str, type[ConstraintSpec]] = {}
+        self.solvers: dict[str, type[Solver]] = {}
         self.assets: dict[str, Asset] = {}
         self.plugins: dict[str, PluginInfo] = {}
         self.owner: dict[tuple[str, str], str] = {}
         self._pm = pluggy.PluginManager(GROUP)
         self._pm.add_hookspecs(hookspecs)
         self._add("layerdescent.constraints", builtin_constraints, PluginInfo("layerdescent.constraints", "layerdescent"))
+        self._add("layerdescent.solvers", builtin_solvers, PluginInfo("layerdescent.solvers", "layerdescent"))
         if entry_points:
             self._load_entry_points()
         for name, plugin in extra_plugins:
@@ -189,6 +195,10 @@ class Registry:
     def constraint(self, kind: str) -> type[ConstraintSpec]:
         """The ConstraintSpec class registered for ``kind``."""
         return self._lookup(self.constraints, "constraint kind", kind)
+
+    def solver(self, name: str) -> type[Solver]:
+        """The Solver class registered under ``name``."""
+        return self._lookup(self.solvers, "solver", name)
 
     def asset(self, name: str) -> Asset:
         """The Asset registered under ``name``."""

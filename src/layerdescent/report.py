@@ -9,10 +9,10 @@ Usage::
 
 Runs are grouped by ``label`` (one variant, several seeds). Groups with the same task and
 evaluation settings (their ``config.toml`` less how they were trained: solver, constraints,
-train, seed and label) share a context: within it, the ``erm`` group (the one labelled "erm",
-else the first) is the baseline for the cost ratio and for paired differences over seeds, so
-other erm variants (clean training, dropout) are compared with it too; ``primal-dual`` groups
-are also compared with ``penalty`` ones,
+train, seed and label) share a context: within it, the baseline solver's group (the one labelled
+by that solver's name, else the nearest) is the baseline for the cost ratio and for paired differences
+over seeds, so the baseline's other variants (clean training, dropout) are compared with it too; groups of
+solvers that enforce the constraints are also compared with the reference solver's (deep supervision),
 and a bench over several contexts (datasets, architectures) gets one plot panel per context.
 Labels alike but for one of alpha, dual_lr or depth (``ABLATED``; evaluation settings aside), with
 three or more values, form an ablation: a table and a plot of the metrics against that value.
@@ -31,11 +31,21 @@ from scipy import stats
 
 from layerdescent.errors import LayerdescentError
 
-BASELINE_SOLVER = "erm"
 # How a model was trained, as opposed to what it is and what it is tested on (its context).
 TRAINING_CHOICES = ("solver", "constraints", "train", "seed", "label")
-CONSTRAINED_SOLVER = "primal-dual"
-PENALTY_SOLVER = "penalty"
+
+
+def role(solver: str, attr: str) -> bool:
+    """A solver's role in the report (``baseline``, ``reference``, ``enforces_constraints``); False for one no plugin registers now."""
+    from layerdescent.registry import get_registry
+
+    return bool(getattr(get_registry().solvers.get(solver), attr, False))
+
+
+def _baseline_name() -> str:
+    from layerdescent.registry import get_registry
+
+    return next((name for name, cls in sorted(get_registry().solvers.items()) if cls.baseline), "baseline")
 
 
 def collect(root: Path) -> list[dict]:
@@ -92,14 +102,19 @@ def read_results(path: Path) -> dict:
 
 def _config(run_dir: Path) -> dict:
     """The run's recorded config.toml as a table, defaults filled in; empty when it has none."""
-    from layerdescent.config import EvalConfig, SolverConfig, TrainConfig, read_toml
+    from layerdescent.config import EvalConfig, TrainConfig, read_toml
+    from layerdescent.registry import get_registry
 
     path = run_dir / "config.toml"
     if not path.exists():
         return {}
     config = read_toml(path)
     # A run recorded before an option existed lacks its key: its default makes it compare equal.
-    for section, cls in (("train", TrainConfig), ("solver", SolverConfig), ("eval", EvalConfig)):
+    solver = config.get("solver", {}) if isinstance(config.get("solver", {}), dict) else {}
+    options = getattr(get_registry().solvers.get(solver.get("name", "primal-dual")), "Options", None)
+    for section, cls in (("train", TrainConfig), ("solver", options), ("eval", EvalConfig)):
+        if cls is None:
+            continue
         defaults = {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(cls()).items() if v is not None}
         if isinstance(config.get(section, {}), dict):
             config[section] = {**defaults, **config.get(section, {})}
@@ -192,8 +207,8 @@ def format_difference(d: dict) -> str:
     return f"{bold}{mean} [{low}, {high}]{bold}"
 
 
-def _nearest(groups: dict, label: str, candidates: list[str], preferred: str) -> str | None:
-    """Of ``candidates``, the group trained most like ``label``, the one labelled ``preferred`` on a tie.
+def _nearest(groups: dict, label: str, candidates: list[str]) -> str | None:
+    """Of ``candidates``, the group trained most like ``label``, on a tie the one labelled by its solver's name.
 
     "Most like it" counts the config keys (solver, constraints and seed aside) that differ, so a
     bench over training regimes (say ``train.train_gamma``) pairs each run with its own regime.
@@ -203,30 +218,31 @@ def _nearest(groups: dict, label: str, candidates: list[str], preferred: str) ->
     def distance(other: str) -> tuple[int, bool]:
         theirs = groups[other]["config"]
         keys = {k for k in {*config, *theirs} if not k.startswith(("solver.", "constraints.", "seed", "label"))}
-        return sum(config.get(k) != theirs.get(k) for k in keys), other != preferred
+        return sum(config.get(k) != theirs.get(k) for k in keys), other != groups[other]["solver"]
 
     return min(candidates, key=distance, default=None)
 
 
-def _in_context(groups: dict, label: str, solver: str) -> list[str]:
+def _in_context(groups: dict, label: str, attr: str) -> list[str]:
+    """The groups in ``label``'s context whose solver has role ``attr``."""
     key = groups[label]["context_key"]
-    return [other for other, g in groups.items() if g["solver"] == solver and g["context_key"] == key]
+    return [other for other, g in groups.items() if role(g["solver"], attr) and g["context_key"] == key]
 
 
 def _baseline(groups: dict, label: str) -> str | None:
-    """The erm group ``label`` is compared with: of its context's groups labelled "erm" (or "erm,..." in a grid), else of all its erm groups, the nearest."""
-    candidates = _in_context(groups, label, BASELINE_SOLVER)
-    main = [c for c in candidates if c.split(",")[0] == BASELINE_SOLVER]
-    return _nearest(groups, label, main or candidates, BASELINE_SOLVER)
+    """The baseline group ``label`` is compared with: of its context's baseline groups labelled by the solver's name (or "name,..." in a grid), else of all of them, the nearest."""
+    candidates = _in_context(groups, label, "baseline")
+    main = [c for c in candidates if c.split(",")[0] == groups[c]["solver"]]
+    return _nearest(groups, label, main or candidates)
 
 
 def comparisons(groups: dict) -> list[tuple[str, str]]:
-    """(label, reference) pairs in one context: everything against its erm, and primal-dual against its penalty."""
+    """(label, reference) pairs in one context: everything against its baseline, and constrained groups against the reference solver's."""
     pairs = [(label, ref) for label in groups if (ref := _baseline(groups, label)) not in (None, label)]
     pairs += [
         (label, ref)
         for label, g in groups.items()
-        if g["solver"] == CONSTRAINED_SOLVER and (ref := _nearest(groups, label, _in_context(groups, label, PENALTY_SOLVER), PENALTY_SOLVER)) is not None
+        if role(g["solver"], "enforces_constraints") and (ref := _nearest(groups, label, _in_context(groups, label, "reference"))) is not None
     ]
     return pairs
 
@@ -464,7 +480,7 @@ def _markdown(groups: dict, results: list[dict], title: str, images: list[str], 
     if metrics:
         lines += _ablation_tables(groups, metrics)
 
-    constrained = {label: grp for label, grp in groups.items() if grp["solver"] == CONSTRAINED_SOLVER}
+    constrained = {label: grp for label, grp in groups.items() if role(grp["solver"], "enforces_constraints")}
     if constrained:
         rows = [[label, name, ", ".join(_fmt(x) for x in lam["mean"]), f"{lam['binding']} of {lam['entries']}"]
                 for label, grp in constrained.items() for name, lam in grp["lambda"].items()]
@@ -474,7 +490,7 @@ def _markdown(groups: dict, results: list[dict], title: str, images: list[str], 
     rows = [[label, grp["solver"], _fmt(grp["step_time"] and grp["step_time"] * 1e3), _fmt(grp["step_time_ratio"])]
             for label, grp in groups.items()]
     lines += ["## Cost", "", "Each run's median step time. " + _cost_note(workers), ""]
-    lines += _table(["label", "solver", "median step (ms)", f"× {BASELINE_SOLVER}"], rows)
+    lines += _table(["label", "solver", "median step (ms)", f"× {_baseline_name()}"], rows)
     lines += ["## Plots", ""] + [f"![{Path(i).stem}]({i})" for i in images]
     return "\n".join(lines) + "\n"
 
@@ -504,7 +520,7 @@ def _traces(groups: dict) -> dict[tuple[str, str], tuple[np.ndarray, np.ndarray,
     traces = {}
     for label, grp in groups.items():
         log = Path(grp["run_dirs"][0]) / "metrics.jsonl" if grp["run_dirs"] else None
-        if grp["solver"] != CONSTRAINED_SOLVER or log is None or not log.exists():
+        if not role(grp["solver"], "enforces_constraints") or log is None or not log.exists():
             continue
         records = [r for r in read_log(log) if r.get("event") == "train" and isinstance(r.get("lambda"), dict) and "step" in r]
         for name in records[0]["lambda"] if records else []:
@@ -598,7 +614,7 @@ def _metric_panel(ax, groups: dict, context_key: str, metric: str, colors: dict[
             continue
         pts = [(g, st["metrics"][metric]) for g, st in grp["gammas"].items() if metric in st["metrics"]]
         if pts:
-            _series(ax, [g for g, _ in pts], _point_stats([m for _, m in pts]), label, grp["solver"] == CONSTRAINED_SOLVER, colors.get(label, "C0"))
+            _series(ax, [g for g, _ in pts], _point_stats([m for _, m in pts]), label, role(grp["solver"], "enforces_constraints"), colors.get(label, "C0"))
 
 
 def _plot(groups: dict, out: Path, domains: dict[str, dict] | None = None) -> list[str]:
@@ -610,7 +626,7 @@ def _plot(groups: dict, out: Path, domains: dict[str, dict] | None = None) -> li
 
     title, gamma_label = describe_runs(groups)
     colors = {label: f"C{i % 10}" for i, label in enumerate(groups)}  # one colour per label in every panel
-    solid = "solid: primal-dual; dashed: the rest"
+    solid = "solid: constraints enforced; dashed: the rest"
     gammas = _all_gammas(groups)
     ends = list(dict.fromkeys([gammas[0], gammas[-1]]))
     fig, axes = plt.subplots(1, len(ends), figsize=(5 * len(ends), 4), squeeze=False)
@@ -620,7 +636,7 @@ def _plot(groups: dict, out: Path, domains: dict[str, dict] | None = None) -> li
             if gamma not in grp["gammas"]:
                 continue
             s = grp["gammas"][gamma]["layer_loss"]
-            _series(ax, np.arange(len(s["mean"])), s, label, grp["solver"] == CONSTRAINED_SOLVER, colors[label], band=True)
+            _series(ax, np.arange(len(s["mean"])), s, label, role(grp["solver"], "enforces_constraints"), colors[label], band=True)
             means.extend(s["mean"])
         if means and min(means) > 0:
             _readable_log_axis(ax)
@@ -658,7 +674,7 @@ def _plot(groups: dict, out: Path, domains: dict[str, dict] | None = None) -> li
     for label, grp in groups.items():
         s = grp["gammas"].get(gammas[0], {}).get("descent_rate")
         if s:
-            _series(ax, np.arange(1, len(s["mean"]) + 1), s, label, grp["solver"] == CONSTRAINED_SOLVER, colors.get(label, "C0"))
+            _series(ax, np.arange(1, len(s["mean"]) + 1), s, label, role(grp["solver"], "enforces_constraints"), colors.get(label, "C0"))
     ax.set(title=f"descent rate in distribution (γ = {gammas[0]:g})", xlabel="layer k", ylabel="share of samples with l_k < l_(k-1)", ylim=(0, 1.02))
     _finish(fig, np.array([ax]), out / "descent_rate.png", title, solid)
     images.append("descent_rate.png")
@@ -690,7 +706,7 @@ def _plot(groups: dict, out: Path, domains: dict[str, dict] | None = None) -> li
                     points = [(groups[label]["config"][key], groups[label]["gammas"][gamma]["metrics"].get(metric)) for label in labels]
                     points = [(x, m) for x, m in points if m is not None]
                     if points:
-                        _series(ax, [x for x, _ in points], _point_stats([m for _, m in points]), grp["solver"], grp["solver"] == CONSTRAINED_SOLVER, colors[labels[0]])
+                        _series(ax, [x for x, _ in points], _point_stats([m for _, m in points]), grp["solver"], role(grp["solver"], "enforces_constraints"), colors[labels[0]])
                 ax.set(title=f"{metric} at γ = {gamma:g}", xlabel=ABLATED[key], ylabel=metric)
         name = f"ablation_{ABLATED[key]}.png"
         _finish(fig, axes, out / name, title, gamma_label)

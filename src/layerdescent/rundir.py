@@ -1,9 +1,11 @@
-"""The run directory as a resource: its lock, what it may already hold, and whether its recorded config is the one asked for.
+"""The run directory: its lock, what it may already hold, its recorded config, its log, and the results.json it ends with.
 
     with locked(run_dir) as was_run:     # one process at a time; the lock dies with its holder
         refuse_foreign(run_dir, was_run)  # never overwrite files a person put there
         ...
     config_difference(recorded_table, config)   # "train.lr (recorded 0.003, asked 0.01)" or None
+    prepare(run_dir, config, registry, resume)  # record the config; a resume must ask for the recorded one
+    results_table(...)                          # the results.json schema; finish() writes it beside the model
 """
 
 from __future__ import annotations
@@ -92,6 +94,17 @@ def refuse_foreign(run_dir: Path, was_run: bool) -> None:
         raise ConfigError(f"{run_dir} is not a run directory but holds {present[0]}, which the run would overwrite: --out an empty or new directory")
 
 
+@contextmanager
+def claim(run_dir: Path) -> Iterator[None]:
+    """Hold ``run_dir`` for the block, refusing foreign files: on rank 0 only, the one that writes (torchrun sets RANK first)."""
+    if int(os.environ.get("RANK", "0")) != 0:
+        yield
+        return
+    with locked(run_dir) as was_run:
+        refuse_foreign(run_dir, was_run)
+        yield
+
+
 def _flat(table: Any, prefix: str = "") -> dict[str, Any]:
     """Dotted keys for nested tables; constraints are numbered: constraints.0.alpha."""
     if isinstance(table, list) and table and all(isinstance(x, dict) for x in table):
@@ -126,3 +139,116 @@ def config_difference(recorded: dict[str, Any], wanted: Any, registry: Any = Non
             show = lambda v: "unset" if v is missing else repr(v)  # noqa: E731
             return f"{key} (recorded {show(a)}, asked {show(b)})"
     return None
+
+
+RESULTS_SCHEMA = 1
+MODEL_FILE = "model.safetensors"  # the final (evaluated) model of a finished run
+# Write errors that mean the disk, not the run, is the problem (EFBIG: a file size limit).
+DISK_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EIO)
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` through a temporary file, so a reader sees the old file or the new one."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def prepare(run_dir: Path, config: Any, registry: Any, resume: bool, write: bool = True) -> None:
+    """Check that ``run_dir`` may take this run (new, or resumed under the same config) and record its config."""
+    import tomli_w
+
+    from layerdescent.config import read_toml
+
+    config_file, checkpoint = run_dir / "config.toml", run_dir / "checkpoint.pt"
+    finished = (run_dir / "results.json").exists()
+    if resume:
+        if config_file.exists():
+            difference = config_difference(read_toml(config_file), config, registry)
+            if difference:
+                raise ConfigError(f"--resume: the config differs from the one recorded in {config_file} at {difference}; resume with the same config")
+        if finished and not checkpoint.exists():
+            raise ConfigError(f"{run_dir} holds a finished run and no checkpoint.pt: nothing to resume (train.keep_checkpoint = true keeps it); --out a new directory")
+    elif checkpoint.exists() or finished:
+        raise ConfigError(f"{run_dir} already holds a run; pass --resume to continue it or --out a new directory")
+    if not write:
+        return
+    for stale in run_dir.glob(f".{checkpoint.name}.*"):
+        stale.unlink()  # a checkpoint write cut short by a kill
+    config_file.write_text(tomli_w.dumps(config.as_dict()))
+    if not (resume and checkpoint.exists()):
+        (run_dir / "metrics.jsonl").write_text("")  # nothing to continue: start the log over
+
+
+def rewind_log(metrics_file: Path, checkpoint: Path, offset: int) -> None:
+    """Cut metrics.jsonl back to what it held when ``checkpoint`` was written, or CheckpointError when it cannot be the same log."""
+    from layerdescent.errors import CheckpointError
+
+    if not metrics_file.exists():
+        raise CheckpointError(f"{metrics_file} is missing, so the run's log cannot continue: restore it, or start the run again in a new --out")
+    if offset > metrics_file.stat().st_size:
+        raise CheckpointError(
+            f"checkpoint {checkpoint} says metrics.jsonl held {offset} bytes, but it holds {metrics_file.stat().st_size}: "
+            f"the log is not the one this checkpoint wrote; restore it, or start the run again in a new --out"
+        )
+    with metrics_file.open("r+b") as handle:  # drop what was logged after the checkpoint
+        handle.truncate(offset)
+
+
+def results_table(config: Any, task: Any, position: dict[str, Any], step_times: list[float], skipped: int, update: Any, evaluation: dict[str, Any]) -> dict[str, Any]:
+    """What results.json holds (schema ``RESULTS_SCHEMA``): the run, how it trained, its multipliers and its evaluation."""
+    import statistics
+
+    from layerdescent import __version__
+
+    train = config.train
+    relaxations = update.relaxations()
+    return {
+        "schema": RESULTS_SCHEMA,
+        "layerdescent": __version__,
+        "label": config.name,
+        "task": task.name,
+        "solver": config.solver.name,
+        "seed": config.seed,
+        "num_layers": task.num_layers,
+        "split": config.eval.split,
+        "perturbation": task.perturbation,
+        "train": {
+            "steps": position["step"],
+            "epochs": position["epoch"],
+            **({"best_epoch": position["best_epoch"], "best_val_loss": position.get("best_val_loss")} if train.early_stopping else {}),
+            "step_time_median": statistics.median(step_times) if step_times else None,
+            "skipped_steps": skipped,
+        },
+        "constraints": {
+            name: {
+                "labels": update.labels[name],
+                "lambda": value.tolist(),
+                **({"relaxation": relaxations[name].tolist()} if name in relaxations else {}),
+            }
+            for name, value in update.multipliers().items()
+        },
+        **evaluation,
+    }
+
+
+def finish(run_dir: Path, model_state: dict[str, Any], results: dict[str, Any], keep_checkpoint: bool) -> None:
+    """Write the tested model and results.json; drop optimizer state unless asked to keep it (it is most of the bytes)."""
+    import json
+
+    from layerdescent.checkpoint import previous_path, save_model_file
+
+    save_model_file(run_dir / MODEL_FILE, model_state)
+    write_atomic(run_dir / "results.json", json.dumps(results, indent=2) + "\n")
+    if not keep_checkpoint:
+        for stale in (run_dir / "checkpoint.pt", run_dir / "best.pt"):
+            stale.unlink(missing_ok=True)
+            previous_path(stale).unlink(missing_ok=True)
+
+
+def final_model_file(run_dir: Path, config: Any) -> Path:
+    """The file holding a finished run's tested model: model.safetensors, or in runs from before it best.pt / checkpoint.pt."""
+    for name in (MODEL_FILE, "best.pt" if config.train.early_stopping else "checkpoint.pt"):
+        if (run_dir / name).exists():
+            return run_dir / name
+    raise ConfigError(f"{run_dir} has neither {MODEL_FILE} nor a checkpoint, so its model is gone: re-run it to evaluate it again")

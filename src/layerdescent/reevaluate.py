@@ -1,0 +1,69 @@
+"""Test a finished run's model again, under another perturbation or gamma grid, without retraining it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Sequence
+
+import tomli_w
+
+from layerdescent import rundir
+from layerdescent.config import RunConfig, load_config
+from layerdescent.errors import ConfigError
+from layerdescent.registry import Registry
+
+# What a re-evaluation may change: how the finished model is tested, never how it was trained.
+REEVALUATE_KEYS = ("task.perturbation", "eval.")
+
+
+def evaluate_config(run_dir: str | Path, overrides: Sequence[str] = (), registry: Registry | None = None) -> RunConfig:
+    """The config a re-evaluation of ``run_dir`` runs under: its recorded one, with only task.perturbation and eval.* changed."""
+    run_dir = Path(run_dir)
+    if not (run_dir / "results.json").exists():
+        raise ConfigError(f"{run_dir} holds no finished run (no results.json): train it to the end first")
+    for override in overrides:
+        key = override.partition("=")[0].strip()
+        if not key.startswith(REEVALUATE_KEYS):
+            raise ConfigError(f"re-evaluation can change only task.perturbation and eval.*, not {key} (that needs a new run)")
+    return load_config(run_dir / "config.toml", list(overrides), registry)
+
+
+def evaluate_run(run_dir: str | Path, out: str | Path, overrides: Sequence[str] = (), registry: Registry | None = None) -> dict[str, Any]:
+    """Test a finished run's final model again (another perturbation or gamma grid) into ``out``."""
+    from layerdescent.checkpoint import load_checkpoint, load_model_file
+    from layerdescent.evaluator import evaluate_all
+    from layerdescent.report import read_results  # the same checks a summary makes
+    from layerdescent.stopping import check_finite_results
+    from layerdescent.trainer import Trainer
+
+    run_dir, out = Path(run_dir), Path(out)
+    config = evaluate_config(run_dir, overrides, registry)
+    model_file = rundir.final_model_file(run_dir, config)
+    if out.resolve() == run_dir.resolve():
+        raise ConfigError(f"--out must differ from the run directory {run_dir}: its results would be overwritten")
+    recorded = read_results(run_dir / "results.json")
+    trainer = Trainer(config, out, registry)
+    with rundir.claim(out):
+        session = trainer.setup()
+        # The model that was tested: the best validation epoch's when early stopping kept one.
+        if model_file.suffix == ".safetensors":
+            state = load_model_file(model_file)
+        else:
+            state = load_checkpoint(model_file, trainer.task.name, kind="model")["model"]
+        trainer.load_model(model_file, session.model, state)
+        evaluation = evaluate_all(trainer.task, session.model, session.rows[config.eval.split], config.eval, session.world)
+        check_finite_results(evaluation, trainer.who)
+        results = {
+            **{k: v for k, v in recorded.items() if k != "domains"},
+            "split": config.eval.split,
+            "perturbation": trainer.task.perturbation,
+            "evaluated_from": str(run_dir),
+            **evaluation,
+        }
+        if session.world.is_main:
+            (out / "config.toml").write_text(tomli_w.dumps(config.as_dict()))
+            rundir.write_atomic(out / "results.json", json.dumps(results, indent=2) + "\n")
+    session.world.close()
+    return results
+

@@ -1,0 +1,197 @@
+"""The constrained update for any training loop: layer losses in, the loss to backward out, then the steps.
+
+    update = LayerwiseUpdate([Descent(alpha=0.05)], num_layers=4, optimizer=optimizer, dual_lr=0.5)
+    for x, y in batches:
+        update.zero_grad()
+        update.backward(layer_losses(model, x, y))      # B x (L+1) per-sample losses
+        update.step()                                   # the primal step, then the multipliers
+
+The trainer drives runs through this same object, so there is one implementation of the update.
+Under gradient accumulation call ``backward`` once per micro-batch (``weight`` = its share of
+the batch) and ``step`` once; under ``torch.distributed`` the layer means are averaged over ranks
+before the dual step. Schemes that evaluate the batch twice (``alternating-primal-dual``,
+``extrapolation``) need ``step(closure)``, a closure that calls ``backward`` on the same batch again.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+import torch
+import torch.distributed as dist
+
+from layerdescent.constraints import ConstraintSpec
+from layerdescent.errors import ConfigError
+from layerdescent.problem import LayerwiseProblem
+from layerdescent.registry import Registry, get_registry
+from layerdescent.solvers import Solver
+
+
+class LayerwiseUpdate:
+    """Descent constraints on a model's per-layer losses, solved by a registered solver through Cooper."""
+
+    def __init__(
+        self,
+        constraints: Sequence[ConstraintSpec],
+        num_layers: int,
+        optimizer: torch.optim.Optimizer,
+        solver: str = "primal-dual",
+        sync: bool = True,
+        registry: Registry | None = None,
+        **options: Any,
+    ) -> None:
+        from layerdescent.config import build_solver_options  # config imports this module's neighbours
+
+        solver_cls = (registry or get_registry()).solver(solver)
+        settings = build_solver_options(solver_cls, options)
+        problems = solver_cls.check(settings, num_layers, tuple(constraints))
+        if problems:
+            raise ConfigError("\n".join(problems))
+        self.problem = _problem(tuple(constraints), num_layers, settings)
+        self.solver: Solver = solver_cls(settings, self.problem)
+        self.optimizer = self.solver.cooper_optimizer(optimizer)
+        self.sync = sync  # False when the caller averages the means over ranks itself (the trainer does)
+        self._pending: torch.Tensor | None = None  # this step's weighted layer means, so far
+        self._passes = 0  # backward calls since the last step (alternating allows one)
+
+    @property
+    def labels(self) -> dict[str, list[str]]:
+        """Each constraint's entry labels (``l1<=l0``, ...)."""
+        return self.problem.labels
+
+    def zero_grad(self) -> None:
+        """Clear the model's and the multipliers' gradients."""
+        self.optimizer.zero_grad()
+
+    def loss(self, losses: torch.Tensor) -> torch.Tensor:
+        """The primal loss (objective plus multiplier-weighted violations) of B x (L+1) per-sample losses or L+1 means."""
+        return self.solver.primal_loss(_means(losses))
+
+    def observe(self, means: torch.Tensor, weight: float = 1.0) -> None:
+        """Count these layer means (detached) with ``weight`` toward this step's dual update."""
+        term = means.detach() * weight
+        self._pending = term if self._pending is None else self._pending + term
+
+    def backward(self, losses: torch.Tensor, weight: float = 1.0, observe: bool = True) -> torch.Tensor:
+        """Backpropagate ``weight`` x the primal loss of these layer losses and count their means; return the means.
+
+        ``observe = False`` leaves the counting to the caller (``observe``), as the trainer does
+        with the means it averaged over ranks itself.
+        """
+        means = _means(losses)
+        if observe:
+            self.observe(means, weight)
+        if self._alternating() and torch.is_grad_enabled():
+            if self._passes:
+                raise ConfigError("solver.scheme = 'alternating' steps lambda from the whole batch before its primal step: accumulate no micro-batches (train.accumulate = 1)")
+            self._dual(self._take())  # Cooper's dual-then-primal: lambda first, from this batch
+        self._passes += 1
+        if torch.is_grad_enabled() and means.requires_grad:
+            (self.solver.primal_loss(means) * weight).backward()
+        return means.detach()
+
+    def step(self, closure: Callable[[], Any] | None = None) -> None:
+        """The primal step and the multipliers' step of the scheme; ``closure`` re-runs the batch's ``backward`` calls."""
+        self._passes = 0
+        evaluations = self.solver.gradient_evaluations
+        if evaluations == 2:  # extragradient: step to the midpoint, re-evaluate there, step from the start
+            self._require(closure, "extrapolation")
+            self._dual_gradient(self._take())
+            self.optimizer.primal_extrapolation_step()
+            self.optimizer.dual_extrapolation_step()
+            self.zero_grad()
+            closure()
+            self._passes = 0
+            self._dual_gradient(self._take())
+            self.optimizer.primal_step()
+            self.optimizer.dual_step()
+            return
+        self.optimizer.primal_step()
+        if not self.solver.enforces_constraints:
+            means = self._take()
+            if means is not None:
+                self.solver.observe(means)  # no multipliers to step: a solver may still keep a schedule
+            return
+        if self._alternating():
+            self._take()  # its dual step came before the primal one, in backward()
+            return
+        if getattr(self.solver.options, "scheme", "") == "alternating-primal-dual":
+            self._require(closure, "alternating-primal-dual")
+            self._take()
+            with torch.no_grad():  # lambda follows the updated model: only the means are needed
+                closure()
+            self._passes = 0
+        self._dual(self._take())
+
+    def end_epoch(self) -> None:
+        """Epoch boundary: the dual step of ``dual_every = "epoch"``."""
+        if self.solver.end_epoch():
+            self.optimizer.dual_step()
+
+    def multipliers(self) -> dict[str, torch.Tensor]:
+        """Current lambda of each constraint."""
+        return self.problem.multipliers()
+
+    def relaxations(self) -> dict[str, torch.Tensor]:
+        """The optimal relaxation u = lambda / c of each resilient constraint."""
+        return self.problem.relaxations()
+
+    def violations(self, means: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Each constraint's violation at these layer means (positive: violated)."""
+        with torch.no_grad():
+            return self.problem.violations(means)
+
+    def record(self) -> dict[str, Any]:
+        """What a log line reports of the dual side: for constrained solvers, multipliers, relaxations and penalties."""
+        out: dict[str, Any] = {}
+        if self.solver.enforces_constraints:
+            out["lambda"] = {k: v.tolist() for k, v in self.multipliers().items()}
+            out["relaxation"] = {k: v.tolist() for k, v in self.relaxations().items()}
+            if penalties := self.problem.penalties():
+                out["penalty"] = {k: v.tolist() for k, v in penalties.items()}
+        return out
+
+    def state_dict(self) -> dict[str, Any]:
+        """Optimizer, multiplier and solver state, for checkpoints."""
+        return {"solver": {"optimizer": self.optimizer.state_dict(), **self.solver.state_dict()}, "problem": self.problem.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what ``state_dict`` saved."""
+        self.optimizer.load_state_dict(state["solver"]["optimizer"])
+        self.solver.load_state_dict(state["solver"])
+        self.problem.load_state_dict(state["problem"])
+
+    def _alternating(self) -> bool:
+        return self.solver.enforces_constraints and getattr(self.solver.options, "scheme", "") == "alternating"
+
+    def _take(self) -> torch.Tensor | None:
+        """This step's layer means, averaged over ranks when asked; the count starts again."""
+        means, self._pending = self._pending, None
+        if means is not None and self.sync and dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+            means = means.clone()
+            dist.all_reduce(means, op=dist.ReduceOp.SUM)
+            means /= dist.get_world_size()
+        return means
+
+    def _dual_gradient(self, means: torch.Tensor | None) -> bool:
+        return means is not None and self.solver.observe(means)
+
+    def _dual(self, means: torch.Tensor | None) -> None:
+        if self._dual_gradient(means):
+            self.optimizer.dual_step()  # also projects lambda >= 0 (multiplier.post_step_)
+
+    def _require(self, closure: Callable[[], Any] | None, scheme: str) -> None:
+        if closure is None:
+            raise TypeError(f"solver.scheme = {scheme!r} evaluates each batch twice: pass step(closure), a function that calls backward() on the batch again")
+
+
+def _means(losses: torch.Tensor) -> torch.Tensor:
+    """L+1 layer means from B x (L+1) per-sample losses (or the means themselves)."""
+    return losses.mean(dim=0) if losses.dim() == 2 else losses
+
+
+def _problem(constraints: tuple[ConstraintSpec, ...], num_layers: int, options: Any) -> LayerwiseProblem:
+    """The CMP of these constraints in the formulation ``options`` name (a plain Lagrangian without one)."""
+    if getattr(options, "formulation", "lagrangian") != "augmented-lagrangian":
+        return LayerwiseProblem(constraints, num_layers)
+    return LayerwiseProblem(constraints, num_layers, augmented=True, rho=options.penalty_coefficient, growth=options.penalty_growth, tolerance=options.penalty_tolerance)

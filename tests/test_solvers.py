@@ -1,0 +1,353 @@
+"""Solvers are registered plugins; each option of primal-dual changes what it should, and nothing else."""
+
+from __future__ import annotations
+
+import copy
+import math
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+import layerdescent as ld
+from layerdescent import Descent, hookimpl
+from layerdescent.registry import Registry
+from layerdescent.trainer import Trainer
+
+
+@dataclass(frozen=True)
+class RampOptions:
+    """``ramp``'s keys."""
+
+    steps: int = 4  # the intermediate layers' weight grows from 0 to 1 over this many steps
+
+    def __post_init__(self):
+        if self.steps < 1:
+            raise ld.ConfigError(f"solver.steps must be >= 1, got {self.steps}")
+
+
+class Ramp(ld.Solver):
+    """A fixed-schedule penalty: the last layer plus a weight that ramps up on the mean of the others."""
+
+    name = "ramp"
+    Options = RampOptions
+    reference = True
+
+    def __init__(self, options, problem):
+        super().__init__(options, problem)
+        self.steps_seen = 0
+
+    def objective(self, means):
+        weight = min(self.steps_seen / self.options.steps, 1.0)
+        return means[-1] + weight * means[:-1].mean()
+
+    def observe(self, means):
+        self.steps_seen += 1
+        return False
+
+    def state_dict(self):
+        return {"steps_seen": self.steps_seen}
+
+    def load_state_dict(self, state):
+        self.steps_seen = state["steps_seen"]
+
+
+class RampPlugin:
+    @hookimpl
+    def register_solvers(self, register):
+        register(Ramp)
+
+
+@pytest.fixture
+def ramp_registry():
+    return Registry(extra_plugins=[("ramp-plugin", RampPlugin())])
+
+
+def test_a_plugin_solver_trains_from_toml_alone_and_keeps_its_schedule_across_a_resume(tiny, tmp_path, ramp_registry, monkeypatch):
+    tiny["solver"] = {"name": "ramp", "steps": 3}
+    config = ld.config_from_dict(tiny, ramp_registry)
+    results = ld.train(config, tmp_path / "run", registry=ramp_registry)
+    assert results["solver"] == "ramp" and results["constraints"]["descent"]["lambda"] == [0.0] * 4
+    assert 'name = "ramp"' in (tmp_path / "run" / "config.toml").read_text()
+    seen = []
+    original = Ramp.observe
+    monkeypatch.setattr(Ramp, "observe", lambda self, means: seen.append(self.steps_seen) or original(self, means))
+    ld.train(config, tmp_path / "again", registry=ramp_registry)
+    assert seen == list(range(len(seen))) and len(seen) == results["train"]["steps"]
+
+
+def test_a_plugin_solver_runs_in_a_bench_beside_the_built_ins(tiny, tmp_path, ramp_registry):
+    import tomli_w
+
+    from layerdescent.bench import run_bench
+
+    bench = {**copy.deepcopy(tiny), "bench": {"seeds": [0], "variants": {"erm": {"solver": {"name": "erm"}}, "ramp": {"solver": {"name": "ramp"}}}}}
+    path = tmp_path / "bench.toml"
+    path.write_text(tomli_w.dumps(bench))
+    run_bench(path, tmp_path / "out", registry=ramp_registry)
+    summary = (tmp_path / "out" / "summary.md").read_text()
+    assert "| ramp |" in summary and "| erm |" in summary
+
+
+@pytest.mark.parametrize(
+    "solver, message",
+    [
+        ({"name": "primal-dual", "dual_lrr": 1.0}, r"^unknown key solver.dual_lrr; did you mean 'dual_lr'\? \(solver 'primal-dual' accepts: .*\)$"),
+        ({"name": "primal-dual", "scheme": "alternate"}, r"^solver.scheme = 'alternate' is not allowed; did you mean 'alternating'\?"),
+        ({"name": "primal-dual", "dual_lr": "fast"}, r"^solver.dual_lr must be a number, got 'fast'$"),
+        ({"name": "primal-dual", "penalty_growth": 0.5}, r"^solver.penalty_growth must be >= 1"),
+        ({"name": "primal-dal"}, r"^solver.name = 'primal-dal' is not a registered solver; did you mean 'primal-dual'\?"),
+        ({"name": "ramp", "steps": 0}, r"^solver: solver.steps must be >= 1, got 0$|^solver.steps must be >= 1, got 0$"),
+        ({"name": "ramp", "step": 2}, r"^unknown key solver.step; did you mean 'steps'\? \(solver 'ramp' accepts: steps\)$"),
+    ],
+)
+def test_a_solver_option_is_checked_like_any_config_key(tiny, ramp_registry, solver, message):
+    tiny["solver"] = solver
+    with pytest.raises(ld.ConfigError, match=message):
+        ld.config_from_dict(tiny, ramp_registry)
+
+
+def test_a_solver_option_mistake_is_one_line_and_exit_2_from_the_cli(tiny, tmp_path, capsys):
+    import tomli_w
+
+    from layerdescent.cli import main
+
+    tiny["solver"] = {"name": "primal-dual", "dual_lrr": 1.0}
+    path = tmp_path / "run.toml"
+    path.write_text(tomli_w.dumps(tiny))
+    assert main(["run", str(path), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "solver.dual_lrr" in err[0] and "'dual_lr'" in err[0]
+    assert not (tmp_path / "out").exists()
+
+
+def test_keys_of_another_solver_are_dropped_so_a_bench_base_table_serves_every_variant(tiny):
+    tiny["solver"] = {"name": "erm", "dual_lr": 1.0, "scheme": "alternating"}
+    config = ld.config_from_dict(tiny)
+    assert config.as_dict()["solver"] == {"name": "erm"}
+
+
+def test_list_shows_each_solver_with_its_options_and_plugin(capsys, monkeypatch, ramp_registry):
+    from layerdescent import cli
+
+    monkeypatch.setattr(cli, "get_registry", lambda: ramp_registry)
+    assert cli.main(["list"]) == 0
+    out = capsys.readouterr().out
+    section = out[out.index("solvers:") :]
+    assert "primal-dual" in section and "[plugin layerdescent.solvers]" in section
+    assert "    scheme = \"simultaneous\"" in section and "    dual_lr = 0.05" in section
+    assert "ramp" in section and "[plugin ramp-plugin]" in section and "    steps = 4" in section
+
+
+# --- what each primal-dual option does -------------------------------------------------------
+
+
+def _trainer(tiny, tmp_path, **solver) -> tuple[Trainer, object]:
+    tiny["solver"] = {"name": "primal-dual", "dual_lr": 1.0, **solver}
+    trainer = Trainer(ld.config_from_dict(tiny), tmp_path / "run")
+    return trainer, trainer.setup()
+
+
+def _batches(session, n, size=64):
+    order = torch.randperm(len(session.rows["train"]), generator=torch.Generator().manual_seed(0))
+    return [order[i * size : (i + 1) * size] for i in range(n)]
+
+
+def _multipliers_after(tiny, tmp_path, steps, **solver):
+    trainer, session = _trainer(tiny, tmp_path, **solver)
+    history = []
+    for n, idx in enumerate(_batches(session, steps)):
+        trainer.step(session, [idx], n)
+        history.append(session.update.multipliers()["descent"].clone())
+    return history, session
+
+
+def test_nupi_moves_the_multipliers_differently_from_sgd_on_the_same_steps(tiny, tmp_path):
+    sgd, _ = _multipliers_after(copy.deepcopy(tiny), tmp_path / "sgd", 4)
+    nupi, _ = _multipliers_after(copy.deepcopy(tiny), tmp_path / "nupi", 4, dual_optimizer="nupi", nupi_kp=5.0)
+    assert not torch.equal(torch.stack(sgd), torch.stack(nupi))
+
+
+def test_alternating_takes_its_primal_step_with_the_updated_multipliers(tiny, tmp_path):
+    # From lambda = 0, simultaneous's first primal step sees no constraint term; alternating's
+    # sees lambda_1 (already raised by this batch's violations), so its model moves differently.
+    tiny["train"]["lr"] = 0.05
+    tiny["constraints"] = [{"kind": "descent", "alpha": 0.5}]  # violated from the start
+    models = {}
+    for scheme in ("simultaneous", "alternating"):
+        trainer, session = _trainer(copy.deepcopy(tiny), tmp_path / scheme, scheme=scheme)
+        idx = _batches(session, 1)[0]
+        with torch.no_grad():
+            before = session.problem.multipliers()["descent"].clone()
+        trainer.step(session, [idx], 0)
+        models[scheme] = torch.cat([p.detach().flatten() for p in session.model.parameters()])
+        assert torch.equal(before, torch.zeros_like(before))
+        lam = session.update.multipliers()["descent"]
+        assert bool((lam > 0).any())  # both raised lambda from the same violations
+    assert not torch.equal(models["simultaneous"], models["alternating"])
+
+
+def test_alternating_with_accumulated_micro_batches_is_refused_with_what_to_set(tiny, tmp_path):
+    tiny["train"]["accumulate"] = 2
+    trainer, session = _trainer(tiny, tmp_path, scheme="alternating")
+    with pytest.raises(ld.ConfigError, match=r"train.accumulate = 1"):
+        trainer.step(session, _batches(session, 2, 32), 0)
+
+
+def test_alternating_primal_dual_reads_the_batch_again_after_the_primal_step_without_gradients(tiny, tmp_path, monkeypatch):
+    trainer, session = _trainer(tiny, tmp_path, scheme="alternating-primal-dual")
+    calls = []
+    original = type(trainer.task._task).layer_losses
+
+    def counted(self, model, batch, gamma=0.0):
+        calls.append(torch.is_grad_enabled())
+        return original(self, model, batch, gamma)
+
+    monkeypatch.setattr(type(trainer.task._task), "layer_losses", counted)
+    trainer.step(session, _batches(session, 1), 0)
+    assert calls == [True, False]
+
+
+def test_extrapolation_evaluates_each_step_twice_with_cooper_extragradient_optimizers(tiny, tmp_path, monkeypatch):
+    import cooper
+
+    trainer, session = _trainer(tiny, tmp_path, scheme="extrapolation")
+    assert isinstance(session.update.optimizer, cooper.optim.ExtrapolationConstrainedOptimizer)
+    calls = []
+    original = type(trainer.task._task).layer_losses
+    monkeypatch.setattr(type(trainer.task._task), "layer_losses", lambda self, *a, **k: calls.append(1) or original(self, *a, **k))
+    trainer.step(session, _batches(session, 1), 0)
+    assert len(calls) == 2
+
+
+def test_extrapolation_with_adamw_is_refused_with_what_to_write(tiny, tmp_path):
+    tiny["train"]["optimizer"] = "adamw"
+    with pytest.raises(ld.ConfigError, match=r"train.optimizer = 'adam'"):
+        _trainer(tiny, tmp_path, scheme="extrapolation")
+
+
+def test_augmented_lagrangian_grows_its_penalty_by_the_schedule_while_a_constraint_is_violated():
+    update = ld.LayerwiseUpdate(
+        [Descent(alpha=0.0)], num_layers=2, optimizer=torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1),
+        formulation="augmented-lagrangian", penalty_coefficient=2.0, penalty_growth=1.5, dual_lr=1.0,
+    )
+    for _ in range(3):
+        update.zero_grad()
+        update.observe(torch.tensor([1.0, 2.0, 0.5]))  # l1 violated (by 1), l2 met
+        update.step()
+    rho = update.problem.penalties()["descent"]
+    assert rho.tolist() == pytest.approx([2.0 * 1.5**3, 2.0])
+    assert update.record()["penalty"]["descent"] == pytest.approx([2.0 * 1.5**3, 2.0])
+
+
+def test_augmented_lagrangian_adds_the_quadratic_term_to_the_primal_loss():
+    def loss(**options):
+        update = ld.LayerwiseUpdate([Descent(alpha=0.0)], num_layers=1, optimizer=torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1), **options)
+        return update.loss(torch.tensor([1.0, 3.0])).item()  # violation 2, lambda 0
+
+    assert loss() == 3.0  # the Lagrangian at lambda = 0 is the objective
+    # Cooper's augmented term at lambda = 0: relu(rho g)^2 / (2 rho) = rho g^2 / 2
+    assert loss(formulation="augmented-lagrangian", penalty_coefficient=0.5) == pytest.approx(3.0 + 0.5 * 4 / 2)
+
+
+@pytest.mark.parametrize("formulation", ["lagrangian", "augmented-lagrangian"])
+@pytest.mark.parametrize("scheme", ["simultaneous", "alternating", "alternating-primal-dual", "extrapolation"])
+def test_every_formulation_and_scheme_trains_and_resumes_on_the_same_trajectory(tiny, tmp_path, monkeypatch, formulation, scheme):
+    tiny["solver"].update(formulation=formulation, scheme=scheme, penalty_growth=1.01)
+    if scheme == "extrapolation":
+        tiny["train"]["optimizer"] = "sgd"  # both extragradient optimizers, ExtraSGD's state included
+    tiny["train"].update(epochs=2, checkpoint_every=3)
+    config = ld.config_from_dict(tiny)
+    whole = ld.train(config, tmp_path / "whole")
+    assert all(math.isfinite(v) for g in whole["gammas"] for v in g["layer_loss"])
+    original, calls = Trainer.step, []
+
+    def interrupted(self, *args, **kwargs):
+        calls.append(1)
+        if len(calls) == 11:  # after the checkpoint at step 9, mid-epoch
+            raise KeyboardInterrupt
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(Trainer, "step", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        ld.train(config, tmp_path / "resumed")
+    monkeypatch.setattr(Trainer, "step", original)
+    resumed = ld.train(config, tmp_path / "resumed", resume=True)
+    assert resumed["gammas"] == whole["gammas"] and resumed["constraints"] == whole["constraints"]
+    assert (tmp_path / "whole" / "metrics.jsonl").read_text() == (tmp_path / "resumed" / "metrics.jsonl").read_text()
+
+
+# --- the update object in a plain loop -------------------------------------------------------
+
+
+def _toy(seed=0):
+    torch.manual_seed(seed)
+    layers = torch.nn.ModuleList(torch.nn.Linear(4, 4) for _ in range(3))
+    head = torch.nn.Linear(4, 1)
+    return layers, head
+
+
+def _losses(layers, head, x, y):
+    h, losses = x, [((head(x) - y) ** 2).squeeze(1)]
+    for layer in layers:
+        h = h + torch.tanh(layer(h))
+        losses.append(((head(h) - y) ** 2).squeeze(1))
+    return torch.stack(losses, 1)
+
+
+def test_accumulated_micro_batches_give_the_step_of_the_whole_batch():
+    x, y = torch.randn(64, 4, generator=torch.Generator().manual_seed(1)), torch.randn(64, 1, generator=torch.Generator().manual_seed(2))
+    results = []
+    for chunks in (1, 4):
+        layers, head = _toy()
+        params = [*layers.parameters(), *head.parameters()]
+        update = ld.LayerwiseUpdate([Descent(alpha=0.3)], num_layers=3, optimizer=torch.optim.SGD(params, lr=0.1), dual_lr=1.0)
+        for _ in range(3):
+            update.zero_grad()
+            for xs, ys in zip(x.chunk(chunks), y.chunk(chunks)):
+                update.backward(_losses(layers, head, xs, ys), weight=1 / chunks)
+            update.step()
+        results.append((update.multipliers()["descent"], torch.cat([p.detach().flatten() for p in params])))
+    assert torch.allclose(results[0][0], results[1][0], atol=1e-6) and bool((results[0][0] > 0).any())
+    assert torch.allclose(results[0][1], results[1][1], atol=1e-6)
+
+
+def test_the_update_state_round_trips_so_a_loop_resumes_on_the_same_multipliers():
+    layers, head = _toy()
+    params = [*layers.parameters(), *head.parameters()]
+    make = lambda: ld.LayerwiseUpdate([Descent(alpha=0.3)], num_layers=3, optimizer=torch.optim.Adam(params, lr=0.01), dual_lr=1.0, dual_every=2)  # noqa: E731
+    update = make()
+    x, y = torch.randn(16, 4), torch.randn(16, 1)
+    for _ in range(3):  # an odd number: the dual window holds one step when saved
+        update.zero_grad()
+        update.backward(_losses(layers, head, x, y))
+        update.step()
+    copy_ = make()
+    copy_.load_state_dict(update.state_dict())
+    for u in (update, copy_):
+        u.zero_grad()
+        u.observe(torch.tensor([1.0, 2.0, 1.0, 1.0]))
+        u.step()
+    assert torch.equal(update.multipliers()["descent"], copy_.multipliers()["descent"])
+
+
+def test_a_two_step_scheme_without_a_closure_says_what_to_pass():
+    layers, head = _toy()
+    update = ld.LayerwiseUpdate([Descent()], num_layers=3, optimizer=torch.optim.SGD(head.parameters(), lr=0.1), scheme="alternating-primal-dual")
+    update.backward(_losses(layers, head, torch.randn(8, 4), torch.randn(8, 1)))
+    with pytest.raises(TypeError, match=r"pass step\(closure\)"):
+        update.step()
+
+
+def test_cooper_roll_steps_the_model_and_lambda_from_the_layerwise_cmp_state():
+    # Cooper's own roll() calls compute_cmp_state with a closure; the layerwise CMP builds the state from it.
+    layers, head = _toy()
+    params = [*layers.parameters(), *head.parameters()]
+    update = ld.LayerwiseUpdate([Descent(alpha=0.3)], num_layers=3, optimizer=torch.optim.SGD(params, lr=0.1), dual_lr=1.0)
+    x, y = torch.randn(32, 4), torch.randn(32, 1)
+    before = [p.detach().clone() for p in params]
+    roll = update.optimizer.roll({"layer_losses": lambda: _losses(layers, head, x, y)})
+    violation = next(iter(roll.cmp_state.observed_constraints.values())).violation.detach()
+    assert torch.allclose(update.multipliers()["descent"], violation.clamp(min=0))  # one ascent step of size 1 from 0
+    assert roll.loss.item() == pytest.approx(_losses(*_toy(), x, y).mean(0)[-1].item())  # the objective: the last layer
+    assert any(not torch.equal(a, b.detach()) for a, b in zip(before, params))
