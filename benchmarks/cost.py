@@ -47,7 +47,7 @@ SOLVERS = {
     "erm": {"name": "erm"},
     "penalty": {"name": "penalty"},
     "primal-dual (simultaneous)": {"name": "primal-dual"},
-    "primal-dual (alternating)": {"name": "primal-dual", "scheme": "alternating"},
+    "primal-dual (alternating-primal-dual)": {"name": "primal-dual", "scheme": "alternating-primal-dual"},
     HAND_WRITTEN: {"name": "erm"},
 }
 
@@ -78,7 +78,17 @@ LABELS = {"lens_vocab": "labels"}
 ERM, PD = {"name": "erm"}, {"name": "primal-dual"}
 LLM_TRAIN = {"lr": 1e-4, "optimizer": "adamw"}
 
+FORMULATIONS = ("lagrangian", "augmented-lagrangian")
+SCHEMES = ("simultaneous", "alternating", "alternating-primal-dual", "extrapolation")
+EVERY_SOLVER = {
+    "erm": ERM,
+    "penalty": {"name": "penalty"},
+    **{f"{f}, {s}": {**PD, "formulation": f, "scheme": s} for f in FORMULATIONS for s in SCHEMES},
+}
+
 SETUPS: dict[str, dict[str, Setup]] = {
+    # every formulation x scheme of primal-dual (benchmarks/solvers.py reads it); extrapolation needs adam or sgd
+    "lista-solvers": {"small (8 layers, 64x32, 50k params), 1 thread": Setup(SMALL_TRAIN, 1, {name: (LISTA, solver) for name, solver in EVERY_SOLVER.items()})},
     "lista": {
         f"{label}, {threads} thread{'s' * (threads > 1)}": Setup(train, threads, solvers(task))
         for label, task, train in (

@@ -56,7 +56,7 @@ def write(tmp_path, text, name="run.toml"):
         ("dual_lr = 0.5", "dual_lr = -1", "solver.dual_lr must be >= 0, got -1.0"),
         ('name = "lista"', 'name = "lsita"', "unknown task 'lsita'; did you mean 'lista'?"),
         ('kind = "descent"', 'kind = "desent"', "unknown constraint kind 'desent'; did you mean 'descent'?"),
-        ('name = "primal-dual"', 'name = "primal_dual"', "solver.name = 'primal_dual' is not allowed; did you mean 'primal-dual'?"),
+        ('name = "primal-dual"', 'name = "primal_dual"', "solver.name = 'primal_dual' is not a registered solver; did you mean 'primal-dual'?"),
         ("layers = 4", "layers = 4\nlayerz = 3", "unknown key task.layerz; did you mean 'layers'?"),
         ("[eval]", "[evaluation]", "unknown key evaluation; did you mean 'eval'?"),
         ("gammas = [0.0, 0.5]", "gammas = []", "eval.gammas must hold at least one level"),

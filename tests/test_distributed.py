@@ -123,3 +123,34 @@ def test_a_killed_distributed_run_resumes_in_a_single_process(tmp_path, runs):
     whole = params(runs / "two")
     for key, value in params(out).items():
         torch.testing.assert_close(value, whole[key], rtol=1e-4, atol=1e-6)
+
+
+# A plain DDP-style loop: each rank observes its own layer means; LayerwiseUpdate averages them before the dual step.
+UPDATE_RUNNER = textwrap.dedent(
+    """
+    import json, os, sys
+    import torch
+    import torch.distributed as dist
+    import layerdescent as ld
+
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    param = torch.nn.Parameter(torch.zeros(1))
+    update = ld.LayerwiseUpdate([ld.Descent(alpha=0.0)], num_layers=1, optimizer=torch.optim.SGD([param], lr=0.1), dual_lr=1.0)
+    update.zero_grad()
+    update.observe(torch.tensor([1.0, 1.0 + 2.0 * rank]))  # violation 0 on rank 0, 2 on rank 1: mean 1
+    update.step()
+    with open(os.path.join(sys.argv[1], f"rank{rank}.json"), "w") as handle:
+        json.dump(update.multipliers()["descent"].tolist(), handle)
+    dist.destroy_process_group()
+    """
+)
+
+
+def test_the_update_object_averages_layer_means_over_ranks_before_the_dual_step(tmp_path):
+    script = tmp_path / "update.py"
+    script.write_text(UPDATE_RUNNER)
+    env = {**os.environ, "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1"}
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script), str(tmp_path)], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)] == [[1.0], [1.0]]

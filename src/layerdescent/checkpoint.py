@@ -183,3 +183,25 @@ def load_model_file(path: Path) -> dict[str, torch.Tensor]:
     if nonfinite is not None:
         raise CheckpointError(f"model file {path} holds non-finite (NaN or infinite) weights in {nonfinite!r}")
     return state
+
+
+def load_model_state(path: Path, model: torch.nn.Module, state: dict[str, Any], task: str) -> None:
+    """Load ``state`` into ``model``, or CheckpointError naming ``path`` when it belongs to another model."""
+    try:
+        model.load_state_dict(state)
+    except (RuntimeError, KeyError, TypeError, ValueError) as exc:
+        first = next((line.strip() for line in str(exc).splitlines()[1:] if line.strip()), str(exc).splitlines()[0] if str(exc) else "")
+        raise CheckpointError(f"{path} does not fit this model ({first[:200]}): it was written by another config of task {task!r}") from None
+
+
+def restore_run(path: Path, state: dict[str, Any], model: torch.nn.Module, update: Any, rank: int, task: str) -> None:
+    """Put a run checkpoint's model, solver, multipliers and this rank's RNG back, or one CheckpointError naming the file."""
+    load_model_state(path, model, state["model"], task)
+    try:
+        update.load_state_dict(state)
+        set_rng_state(state["rng"][rank % len(state["rng"])])  # one state per rank it ran with
+    except (RuntimeError, KeyError, TypeError, ValueError, IndexError, AttributeError) as exc:
+        raise CheckpointError(
+            f"checkpoint {path} holds solver, multiplier or RNG state this run cannot use ({type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:160]}); "
+            f"it was written by another config or edited by hand"
+        ) from None

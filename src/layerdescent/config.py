@@ -308,7 +308,11 @@ def build_solver_options(solver_cls: type, data: dict[str, Any], registry: Regis
     unknown = [k for k in options if k not in fields]
     if unknown:
         accepts = ", ".join(sorted(fields)) or "no options"
-        raise ConfigError("\n".join(f"unknown key solver.{k}{closest(k, fields)} (solver {solver_cls.name!r} accepts: {accepts})" for k in unknown))
+        lines = []
+        for key in unknown:
+            hint = closest(key, fields) or closest(key, others)  # a typo of another solver's key, in a shared base table
+            lines.append(f"unknown key solver.{key}{hint} (solver {solver_cls.name!r} accepts: {accepts})")
+        raise ConfigError("\n".join(lines))
     return build_dataclass(solver_cls.Options, options, "solver")
 
 

@@ -252,3 +252,51 @@ def final_model_file(run_dir: Path, config: Any) -> Path:
         if (run_dir / name).exists():
             return run_dir / name
     raise ConfigError(f"{run_dir} has neither {MODEL_FILE} nor a checkpoint, so its model is gone: re-run it to evaluate it again")
+
+
+class LogWindow:
+    """Sums of what one metrics.jsonl line reports, over the steps since the last line."""
+
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        """Start a new log line."""
+        self.steps = 0
+        self.full = 0  # steps that read every layer, so whose violations are known
+        self.feasible = 0
+        self.loss: Any = None
+        self.counts: Any = None
+        self.violation: dict[str, Any] = {}
+
+    def add(self, means: Any, violations: dict[str, Any]) -> None:
+        """Count one step's layer means and violations."""
+        import torch
+
+        self.steps += 1
+        read = ~torch.isnan(means)  # a step that read the last layer alone leaves the others NaN
+        self.loss = means.nan_to_num() if self.loss is None else self.loss + means.nan_to_num()
+        self.counts = read.float() if self.counts is None else self.counts + read
+        if not bool(read.all()):
+            return
+        self.full += 1
+        self.feasible += all(bool((v <= 0).all()) for v in violations.values())
+        for name, value in violations.items():
+            self.violation[name] = value.clone() if name not in self.violation else self.violation[name] + value
+
+    def line(self, position: dict[str, Any], dual: dict[str, Any]) -> str:
+        """The metrics.jsonl line of the window (``dual``: the update's multipliers and relaxations), which then starts again."""
+        import json
+
+        full = max(self.full, 1)
+        record: dict[str, Any] = {
+            "event": "train",
+            "epoch": position["epoch"],
+            "step": position["step"],
+            "loss": (self.loss / self.counts.clamp(min=1)).tolist(),
+            "feasible": self.feasible / full,
+            "violation": {k: (v / full).tolist() for k, v in self.violation.items()},
+            **dual,
+        }
+        self.reset()
+        return json.dumps(record) + "\n"

@@ -4,8 +4,8 @@
     results = train(config, "runs/lista", resume=True)          # continues where it stopped
 
 The update itself is :class:`~layerdescent.update.LayerwiseUpdate`, the object any loop can use;
-the run directory's files are :mod:`layerdescent.rundir`'s and the stopping rules
-:mod:`layerdescent.stopping`'s.
+what a run trains is built by :mod:`layerdescent.session`, the run directory's files are
+:mod:`layerdescent.rundir`'s and the stopping rules :mod:`layerdescent.stopping`'s.
 """
 
 from __future__ import annotations
@@ -13,108 +13,23 @@ from __future__ import annotations
 import json
 import math
 import os
-import random
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
-import numpy as np
 import torch
 
 from layerdescent import rundir, stopping
-from layerdescent.checkpoint import load_checkpoint, rng_state, save_checkpoint, set_rng_state
-from layerdescent.config import RunConfig, TrainConfig
-from layerdescent.data import Rows
-from layerdescent.distributed import World, init_world, to_device
-from layerdescent.errors import CheckpointError, ConfigError, DataError, DiskError, DivergenceError, PluginError
+from layerdescent.checkpoint import load_checkpoint, load_model_state, restore_run, rng_state, save_checkpoint
+from layerdescent.config import RunConfig
+from layerdescent.distributed import to_device
+from layerdescent.errors import DiskError, DivergenceError, PluginError
 from layerdescent.evaluator import evaluate, evaluate_all
 from layerdescent.guard import CheckedTask, calling, describe
-from layerdescent.problem import ExtraSGD, LayerwiseProblem
 from layerdescent.progress import progress_bar
 from layerdescent.registry import Registry, get_registry
+from layerdescent.session import Session, build_session, epoch_steps
 from layerdescent.update import LayerwiseUpdate
-
-
-def seed_everything(seed: int) -> None:
-    """Seed python, numpy and torch."""
-    random.seed(seed)
-    np.random.seed(seed % 2**32)  # a rank's offset seed may pass numpy's 32 bits; below them nothing changes
-    torch.manual_seed(seed)
-
-
-def epoch_steps(samples: int, train: TrainConfig) -> tuple[int, int]:
-    """Micro-batches and optimizer steps in one epoch over ``samples`` training rows."""
-    micro = math.ceil(samples / train.batch_size)
-    return micro, math.ceil(micro / train.accumulate)
-
-
-def build_primal_optimizer(model: torch.nn.Module, config: TrainConfig, extragradient: bool = False) -> torch.optim.Optimizer:
-    """The model's optimizer as the config names it (Cooper's ExtraAdam/ExtraSGD for an extrapolation scheme)."""
-    import cooper
-
-    params = [p for p in model.parameters() if p.requires_grad]
-    if extragradient and config.optimizer == "adamw":
-        raise ConfigError("solver.scheme = 'extrapolation' has no extragradient AdamW: set train.optimizer = 'adam' (or 'sgd') and train.weight_decay as L2")
-    if config.optimizer == "sgd":
-        cls = ExtraSGD if extragradient else torch.optim.SGD
-        return cls(params, lr=config.lr, momentum=config.momentum, weight_decay=config.weight_decay)
-    cls = cooper.optim.ExtraAdam if extragradient else torch.optim.AdamW if config.optimizer == "adamw" else torch.optim.Adam
-    return cls(params, lr=config.lr, weight_decay=config.weight_decay)
-
-
-class _Window:
-    """Sums of what one log line reports, over the steps since the last line."""
-
-    def __init__(self) -> None:
-        self.reset()
-
-    def reset(self) -> None:
-        """Start a new log line."""
-        self.steps = 0
-        self.full = 0  # steps that read every layer, so whose violations are known
-        self.feasible = 0
-        self.loss: torch.Tensor | None = None
-        self.counts: torch.Tensor | None = None
-        self.violation: dict[str, torch.Tensor] = {}
-
-    def add(self, means: torch.Tensor, violations: dict[str, torch.Tensor]) -> None:
-        self.steps += 1
-        read = ~torch.isnan(means)  # a step that read the last layer alone leaves the others NaN
-        self.loss = means.nan_to_num() if self.loss is None else self.loss + means.nan_to_num()
-        self.counts = read.float() if self.counts is None else self.counts + read
-        if not bool(read.all()):
-            return
-        self.full += 1
-        self.feasible += all(bool((v <= 0).all()) for v in violations.values())
-        for name, value in violations.items():
-            self.violation[name] = value.clone() if name not in self.violation else self.violation[name] + value
-
-
-def set_dropout(model: torch.nn.Module, rate: float, task: str) -> None:
-    """Give every dropout layer of ``model`` the rate ``train.dropout`` asks for."""
-    layers = [m for m in model.modules() if isinstance(m, torch.nn.modules.dropout._DropoutNd)]
-    if not layers:
-        raise ConfigError(f"train.dropout = {rate:g}, but task {task!r} builds a model with no dropout layer; remove train.dropout")
-    for layer in layers:
-        layer.p = rate
-
-
-@dataclass
-class Session:
-    """What a run trains: its splits in memory, model, and the constrained update."""
-
-    rows: dict[str, Rows]
-    model: torch.nn.Module
-    update: LayerwiseUpdate
-    labels: list[str]
-    world: World = World()
-    device: torch.device = torch.device("cpu")
-
-    @property
-    def problem(self) -> LayerwiseProblem:
-        """The constraints' Cooper problem (multipliers, labels)."""
-        return self.update.problem
 
 
 class Trainer:
@@ -132,32 +47,7 @@ class Trainer:
 
     def setup(self) -> Session:
         """Join the data-parallel world (if any), seed, build splits, model and the constrained update."""
-        train = self.config.train
-        if train.device == "cuda" and not torch.cuda.is_available():
-            raise ConfigError("train.device = 'cuda', but this torch has no usable GPU (a CPU build, or no device visible): use 'auto' or 'cpu'")
-        world, device = init_world(train.device)
-        if train.threads:
-            torch.set_num_threads(train.threads)
-        seed_everything(self.config.seed)
-        splits = self.task.build_datasets()
-        rows = {}
-        for split in ("train", "validation", "test"):
-            if split not in splits or len(splits[split]) == 0:
-                raise DataError(f"task {self.task.name!r} built an empty or missing {split!r} split; check its data options")
-            rows[split] = Rows(splits[split])
-            rows[split].check_finite(split)
-        model = self.task.build_model().to(device)
-        if train.dropout is not None:
-            set_dropout(model, train.dropout, self.task.name)
-        if world.rank:  # the same initial model everywhere, independent perturbations per rank
-            seed_everything(self.config.seed + 1_000_003 * world.rank)
-        solver = self.config.solver
-        extragradient = self.registry.solver(solver.name).gradient_passes(solver.options) == 2
-        primal = build_primal_optimizer(model, train, extragradient)
-        # sync=False: the step below averages the layer means over ranks itself, before its checks
-        update = LayerwiseUpdate(self.config.constraints, self.task.num_layers, primal, solver.name, sync=False, registry=self.registry, **vars(solver.options))
-        update.problem.cmp.to(device)
-        return Session(rows, model, update, [f"l{k}" for k in range(self.task.num_layers + 1)], world, device)
+        return build_session(self.config, self.task, self.registry)
 
     def fit(self, resume: bool = False) -> dict[str, Any]:
         """Train (or continue), evaluate on the gamma grid, write and return ``results.json``."""
@@ -188,7 +78,7 @@ class Trainer:
         metrics_file = self.run_dir / "metrics.jsonl"
         if resume and self.checkpoint_path.exists():
             state = load_checkpoint(self.checkpoint_path, self.task.name, kind="run")
-            self._restore(self.checkpoint_path, state, session)
+            restore_run(self.checkpoint_path, state, model, update, world.rank, self.task.name)
             position, step_times = {**position, **state["position"]}, list(state["step_times"])
             skipped_steps = int(state["skipped_steps"])
             if world.is_main:
@@ -198,12 +88,12 @@ class Trainer:
         # batch_size is global: ranks split each batch, so a config means the same run however it
         # is launched, and a run resumes on another number of processes on the same trajectory.
         micro_per_epoch, steps_per_epoch = epoch_steps(len(train_set), train)
-        window = _Window()
+        window = rundir.LogWindow()
         # Line-buffered so that `tail -f metrics.jsonl` follows a run; only rank 0 writes.
         log = metrics_file.open("a", buffering=1) if world.is_main else open(os.devnull, "w")
 
         def checkpoint() -> None:
-            self._flush(log, window, position, update)
+            self._log(log, window, position, update)
             log.flush()
             rngs = world.gather(rng_state())
             if world.is_main:
@@ -232,11 +122,11 @@ class Trainer:
                     position["step"] += 1
                     bar.update(1)
                     if window.steps >= train.log_every:
-                        self._flush(log, window, position, update)
+                        self._log(log, window, position, update)
                     if train.checkpoint_every and position["step"] % train.checkpoint_every == 0:
                         checkpoint()
                 update.end_epoch()
-                self._flush(log, window, position, update)
+                self._log(log, window, position, update)
                 if train.validate:
                     val = evaluate(self.task, model, rows["validation"], [train.validation_gamma], config.eval.batch_size, config.eval.seed, world)[0]
                     log.write(json.dumps({"event": "epoch", "epoch": position["epoch"], "step": position["step"], "val_loss": val["layer_loss"], "val_metrics": val["metrics"]}) + "\n")
@@ -267,23 +157,12 @@ class Trainer:
 
     def load_model(self, path: Path, model: torch.nn.Module, state: dict[str, Any]) -> None:
         """Load ``state`` into ``model``, or CheckpointError naming ``path`` when it belongs to another model."""
-        try:
-            model.load_state_dict(state)
-        except (RuntimeError, KeyError, TypeError, ValueError) as exc:
-            first = next((line.strip() for line in str(exc).splitlines()[1:] if line.strip()), str(exc).splitlines()[0] if str(exc) else "")
-            raise CheckpointError(f"{path} does not fit this model ({first[:200]}): it was written by another config of task {self.task.name!r}") from None
+        load_model_state(path, model, state, self.task.name)
 
-    def _restore(self, path: Path, state: dict[str, Any], session: Session) -> None:
-        """Put a run checkpoint's model, solver, multipliers and RNG back, or one CheckpointError naming the file."""
-        self.load_model(path, session.model, state["model"])
-        try:
-            session.update.load_state_dict(state)
-            set_rng_state(state["rng"][session.world.rank % len(state["rng"])])  # one state per rank it ran with
-        except (RuntimeError, KeyError, TypeError, ValueError, IndexError, AttributeError) as exc:
-            raise CheckpointError(
-                f"checkpoint {path} holds solver, multiplier or RNG state this run cannot use ({type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:160]}); "
-                f"it was written by another config or edited by hand"
-            ) from None
+    @staticmethod
+    def _log(log, window: rundir.LogWindow, position: dict[str, Any], update: LayerwiseUpdate) -> None:
+        if window.steps:
+            log.write(window.line(position, update.record()))
 
     def step(self, session: Session, group: Sequence[torch.Tensor], step: int, full: bool = True) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """One optimizer step over micro-batches of training-row indices; the step's layer means and violations.
@@ -360,22 +239,6 @@ class Trainer:
         if world.size == 1:
             return means, means.detach(), not last_only
         return means, world.sum(means.detach() * len(shard)) / len(idx), not last_only
-
-    def _flush(self, log, window: _Window, position: dict[str, int], update: LayerwiseUpdate) -> None:
-        if window.steps == 0:
-            return
-        full = max(window.full, 1)
-        record: dict[str, Any] = {
-            "event": "train",
-            "epoch": position["epoch"],
-            "step": position["step"],
-            "loss": (window.loss / window.counts.clamp(min=1)).tolist(),
-            "feasible": window.feasible / full,
-            "violation": {k: (v / full).tolist() for k, v in window.violation.items()},
-        }
-        record.update(update.record())
-        log.write(json.dumps(record) + "\n")
-        window.reset()
 
 
 def train(config: RunConfig, run_dir: str | Path, resume: bool = False, registry: Registry | None = None) -> dict[str, Any]:
