@@ -83,17 +83,27 @@ def test_a_violated_constraint_raises_its_multipliers_in_the_trainer_logs(tmp_pa
 
 
 @needs_hf
-def test_lambda_steps_once_per_optimizer_step_under_gradient_accumulation(tmp_path, monkeypatch):
+def test_lambda_steps_once_per_optimizer_step_from_the_mean_of_its_micro_batches(tmp_path, monkeypatch):
+    from layerdescent.hf import DescentTrainer
     from layerdescent.update import LayerwiseUpdate
 
-    calls = {"dual": 0, "observe": []}
-    dual_step, observe = LayerwiseUpdate.dual_step, LayerwiseUpdate.observe
-    monkeypatch.setattr(LayerwiseUpdate, "dual_step", lambda self: (calls.__setitem__("dual", calls["dual"] + 1), dual_step(self))[1])
-    monkeypatch.setattr(LayerwiseUpdate, "observe", lambda self, means, weight=1.0: (calls["observe"].append(weight), observe(self, means, weight))[1])
+    micro, observed, dual_steps = [], [], []
+    layer_losses, observe, dual_step = DescentTrainer.layer_losses, LayerwiseUpdate.observe, LayerwiseUpdate.dual_step
+
+    def spy_losses(self, outputs, inputs):
+        losses = layer_losses(self, outputs, inputs)
+        micro.append(losses.detach().mean(0))
+        return losses
+
+    monkeypatch.setattr(DescentTrainer, "layer_losses", spy_losses)
+    monkeypatch.setattr(LayerwiseUpdate, "observe", lambda self, means, weight=1.0: (observed.append((means.clone(), weight)), observe(self, means, weight))[1])
+    monkeypatch.setattr(LayerwiseUpdate, "dual_step", lambda self: (dual_steps.append(len(observed)), dual_step(self))[1])
     trainer = _trainer(tmp_path, steps=3, accumulate=2, constraints=[ld.Descent(alpha=0.5)], dual_lr=1.0)
     trainer.train()
+    assert len(micro) == 6 and dual_steps == [1, 2, 3]  # each dual step follows its own step's means, once
+    for step, (means, weight) in enumerate(observed):
+        assert weight == 1.0 and torch.allclose(means, (micro[2 * step] + micro[2 * step + 1]) / 2)
     primal = trainer.update.optimizer.primal_optimizers[0]
-    assert calls["dual"] == 3 and calls["observe"] == [0.5] * 6  # two micro-batches, each half of the step's means
     assert {int(state["step"]) for state in primal.state.values()} == {3}  # the Trainer's optimizer stepped once a step, never twice
 
 
@@ -118,6 +128,16 @@ def test_resuming_from_a_checkpoint_continues_with_the_saved_multipliers(tmp_pat
     got = {line["step"]: line[key] for line in _lines(resumed) if line["step"] > 2}
     assert expected[3] > 2 * _lines(whole)[0][key]  # lambda had grown for two steps before the checkpoint
     assert got == pytest.approx(expected, rel=1e-4)
+
+
+@needs_hf
+def test_resuming_from_a_checkpoint_without_the_update_state_is_refused_naming_the_file(tmp_path):
+    first = _trainer(tmp_path, steps=2, save_strategy="steps", save_steps=2)
+    first.train()
+    checkpoint = tmp_path / "out" / "checkpoint-2"
+    (checkpoint / "layerdescent_update.pt").unlink()  # as a plain Trainer's checkpoint
+    with pytest.raises(ld.ConfigError, match=r"checkpoint-2 holds no layerdescent_update.pt: it was not saved by a DescentTrainer"):
+        _trainer(tmp_path, steps=3).train(resume_from_checkpoint=str(checkpoint))
 
 
 @needs_hf

@@ -19,25 +19,24 @@ from __future__ import annotations
 
 import inspect
 import os
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import Any, Callable, Sequence
+
+import torch
+import torch.distributed as dist
 
 from layerdescent.config import build_solver_options
 from layerdescent.constraints import ConstraintSpec
 from layerdescent.errors import ConfigError, PluginError
 from layerdescent.optional import require
 from layerdescent.registry import Registry, get_registry
-
-if TYPE_CHECKING:
-    import torch
-
-    from layerdescent.update import LayerwiseUpdate
+from layerdescent.update import LayerwiseUpdate
 
 transformers = require("transformers", extra="hf", purpose="layerdescent.DescentTrainer")
 require("accelerate", extra="hf", purpose="layerdescent.DescentTrainer")  # the Trainer's own dependency, named here rather than deep in it
 
 STATE_FILE = "layerdescent_update.pt"  # beside the Trainer's optimizer.pt in each checkpoint-N folder
 
-Readout = Callable[["torch.Tensor", dict], "torch.Tensor"]
+Readout = Callable[[torch.Tensor, dict], torch.Tensor]
 
 
 class DescentTrainer(transformers.Trainer):
@@ -67,7 +66,8 @@ class DescentTrainer(transformers.Trainer):
         self._check(options)
         # The loss is a per-batch mean: the Trainer divides it by the accumulation steps, never the model's loss kwargs.
         self.model_accepts_loss_kwargs = False
-        self._window: torch.Tensor | None = None  # weighted layer means since the last log line
+        self._pending: torch.Tensor | None = None  # this optimizer step's layer means, over its micro-batches so far
+        self._window: torch.Tensor | None = None  # the sum of the steps' means since the last log line
         self._steps = 0  # optimizer steps in that window
         self.add_callback(_DualStep(self))
 
@@ -96,9 +96,8 @@ class DescentTrainer(transformers.Trainer):
         """The Trainer's optimizer, and the one LayerwiseUpdate around it."""
         optimizer = super().create_optimizer(*args, **kwargs)
         if self.update is None:
-            from layerdescent.update import LayerwiseUpdate
-
-            self.update = LayerwiseUpdate(self.constraints, self.num_layers, optimizer, self.solver_name, registry=self.registry, **self.solver_options)
+            # sync=False: _end_step averages the means over ranks itself, for the logged violations too
+            self.update = LayerwiseUpdate(self.constraints, self.num_layers, optimizer, self.solver_name, sync=False, registry=self.registry, **self.solver_options)
             self.update.problem.cmp.to(self.args.device)
         return optimizer
 
@@ -109,8 +108,7 @@ class DescentTrainer(transformers.Trainer):
         if model.training and self.update is not None:
             means = losses.detach().mean(dim=0)
             weight = 1.0 / getattr(self, "current_gradient_accumulation_steps", self.args.gradient_accumulation_steps)
-            self.update.observe(means, weight)
-            self._window = means * weight if self._window is None else self._window + means * weight
+            self._pending = means * weight if self._pending is None else self._pending + means * weight
             loss = self.update.loss(losses.float())  # the multipliers are float32, whatever the model's precision
         else:
             loss = losses[:, -1].mean()
@@ -122,8 +120,6 @@ class DescentTrainer(transformers.Trainer):
 
     def layer_losses(self, outputs: Any, inputs: dict[str, Any]) -> torch.Tensor:
         """B x (L+1) per-sample losses: the readout of each hidden state, column 0 the embeddings'."""
-        import torch
-
         hidden = outputs.get("hidden_states") if isinstance(outputs, dict) else getattr(outputs, "hidden_states", None)
         if hidden is None:
             raise PluginError(f"{type(self.model).__name__} returned no hidden_states with output_hidden_states=True: DescentTrainer needs a model that returns one hidden state per layer (a transformers model with config.output_hidden_states support)")
@@ -139,7 +135,20 @@ class DescentTrainer(transformers.Trainer):
             columns.append(loss)
         return torch.stack(columns, dim=1)
 
-    def dual_record(self) -> dict[str, float]:
+    def _end_step(self) -> None:
+        """After each optimizer step: the multipliers' step from its layer means, averaged over ranks."""
+        means, self._pending = self._pending, None
+        if means is not None:
+            if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+                means = means.clone()
+                dist.all_reduce(means, op=dist.ReduceOp.SUM)
+                means /= dist.get_world_size()
+            self.update.observe(means)
+            self._window = means if self._window is None else self._window + means
+            self._steps += 1
+        self.update.dual_step()
+
+    def _log_record(self) -> dict[str, float]:
         """What a training log line adds: each entry's lambda, its violation and each layer's loss since the last line."""
         update = self.update
         out: dict[str, float] = {}
@@ -159,25 +168,23 @@ class DescentTrainer(transformers.Trainer):
     def log(self, logs: dict[str, float], *args: Any, **kwargs: Any) -> None:
         """The Trainer's log, with the multipliers and violations on every training line."""
         if "loss" in logs and self.update is not None:  # a training line; evaluation's keys are eval_*
-            logs = {**logs, **self.dual_record()}
+            logs = {**logs, **self._log_record()}
         super().log(logs, *args, **kwargs)
 
     def _save_optimizer_and_scheduler(self, output_dir: str) -> None:
+        """The Trainer's optimizer and scheduler, and beside them the update's multipliers and solver state."""
         super()._save_optimizer_and_scheduler(output_dir)
         if self.update is not None and self.args.should_save:
-            import torch
-
             torch.save(self.update.state_dict(), os.path.join(output_dir, STATE_FILE))
 
     def _load_optimizer_and_scheduler(self, checkpoint: str | None) -> None:
+        """Restore what ``_save_optimizer_and_scheduler`` saved."""
         super()._load_optimizer_and_scheduler(checkpoint)
         if checkpoint is None or self.update is None:
             return
         path = os.path.join(checkpoint, STATE_FILE)
         if not os.path.isfile(path):
-            raise ConfigError(f"{checkpoint} holds no {STATE_FILE}: it was not saved by a DescentTrainer, so its multipliers are unknown")
-        import torch
-
+            raise ConfigError(f"{checkpoint} holds no {STATE_FILE}: it was not saved by a DescentTrainer, so its multipliers are unknown: resume from a checkpoint-N this DescentTrainer wrote, or train without resume_from_checkpoint")
         self.update.load_state_dict(torch.load(path, map_location="cpu", weights_only=True))
 
 
@@ -188,10 +195,9 @@ class _DualStep(transformers.TrainerCallback):
         self.trainer = trainer
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        """After each optimizer step: lambda from the step's layer means."""
+        """After each optimizer step, the multipliers' step."""
         if self.trainer.update is not None:
-            self.trainer.update.dual_step()
-            self.trainer._steps += 1
+            self.trainer._end_step()
 
 
 def _depth(model: Any) -> int:
