@@ -35,6 +35,7 @@ _LAZY = {
     "Bound": "layerdescent.constraints",
     "ConstraintSpec": "layerdescent.constraints",
     "Descent": "layerdescent.constraints",
+    "DescentTrainer": "layerdescent.hf",
     "evaluate": "layerdescent.evaluator",
     "Registry": "layerdescent.registry",
     "get_registry": "layerdescent.registry",
@@ -51,6 +52,7 @@ if TYPE_CHECKING:  # what static tools see; at run time __getattr__ imports them
     from layerdescent.config import RunConfig, config_from_dict, load_config
     from layerdescent.constraints import Bound, ConstraintSpec, Descent
     from layerdescent.evaluator import evaluate
+    from layerdescent.hf import DescentTrainer
     from layerdescent.prox import soft_threshold
     from layerdescent.registry import Registry, get_registry
     from layerdescent.task import LayerOutput, Task
@@ -83,6 +85,7 @@ __all__ = [
     "ConstraintSpec",
     "DataError",
     "Descent",
+    "DescentTrainer",
     "DivergenceError",
     "LayerOutput",
     "LayerwiseUpdate",

@@ -107,21 +107,24 @@ class LayerwiseUpdate:
             self.optimizer.dual_step()
             return
         self.optimizer.primal_step()
-        if not self.solver.enforces_constraints:
-            means = self._take()
-            if means is not None:
-                self.solver.observe(means)  # no multipliers to step: a solver may still keep a schedule
-            return
         if self._alternating():
             self._take()  # its dual step came before the primal one, in backward()
             return
-        if getattr(self.solver.options, "scheme", "") == "alternating-primal-dual":
+        if self.solver.enforces_constraints and getattr(self.solver.options, "scheme", "") == "alternating-primal-dual":
             self._require(closure, "alternating-primal-dual")
             self._take()
             with torch.no_grad():  # lambda follows the updated model: only the means are needed
                 closure()
             self._passes = 0
-        self._dual(self._take())
+        self._after_primal()
+
+    def dual_step(self) -> None:
+        """The multipliers' step alone, for a loop whose own code took the primal step (a Hugging Face ``Trainer``)."""
+        scheme = getattr(self.solver.options, "scheme", "simultaneous")
+        if self.solver.gradient_evaluations != 1 or (self.solver.enforces_constraints and scheme != "simultaneous"):
+            raise ConfigError(f"dual_step() follows a primal step taken elsewhere, which only scheme = 'simultaneous' allows (got {scheme!r}): use step() for it")
+        self._passes = 0
+        self._after_primal()
 
     def end_epoch(self) -> None:
         """Epoch boundary: the dual step of ``dual_every = "epoch"``."""
@@ -160,6 +163,15 @@ class LayerwiseUpdate:
         self.optimizer.load_state_dict(state["solver"]["optimizer"])
         self.solver.load_state_dict(state["solver"])
         self.problem.load_state_dict(state["problem"])
+
+    def _after_primal(self) -> None:
+        """The dual side of a step once its primal step is taken: lambda from this step's means."""
+        means = self._take()
+        if not self.solver.enforces_constraints:
+            if means is not None:
+                self.solver.observe(means)  # no multipliers to step: a solver may still keep a schedule
+            return
+        self._dual(means)
 
     def _alternating(self) -> bool:
         return self.solver.enforces_constraints and getattr(self.solver.options, "scheme", "") == "alternating"
