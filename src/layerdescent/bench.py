@@ -281,7 +281,7 @@ def evaluate_bench(
         raise ConfigError(f"{root} is not a directory of runs")
     if out.resolve() == root.resolve() or out.resolve().is_relative_to(root.resolve()):
         raise ConfigError(f"--out {out} lies inside {root}: the new results would mix with the runs they test; --out a directory outside it")
-    runs = sorted(p.parent for p in root.rglob("results.json"))
+    runs = [p.parent for p in rundir.result_files(root)]
     if not runs:
         raise ConfigError(f"no finished run (results.json) under {root}")
     status = {}

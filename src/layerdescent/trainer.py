@@ -38,6 +38,7 @@ from layerdescent.problem import LayerwiseProblem
 from layerdescent.progress import progress_bar
 from layerdescent.registry import Registry, get_registry
 from layerdescent.solvers import Solver, build_solver
+from layerdescent.trackers import open_trackers
 
 RESULTS_SCHEMA = 1
 
@@ -250,6 +251,7 @@ class Trainer:
         window = _Window()
         # Line-buffered so that `tail -f metrics.jsonl` follows a run; only rank 0 writes.
         log = metrics_file.open("a", buffering=1) if world.is_main else open(os.devnull, "w")
+        self._trackers = open_trackers(config, self.run_dir, position["step"])
 
         def checkpoint() -> None:
             self._flush(log, window, position, problem)
@@ -301,7 +303,9 @@ class Trainer:
                 self._flush(log, window, position, problem)
                 if train.validate:
                     val = evaluate(self.task, model, rows["validation"], [train.validation_gamma], config.eval.batch_size, config.eval.seed, world)[0]
-                    log.write(json.dumps({"event": "epoch", "epoch": position["epoch"], "step": position["step"], "val_loss": val["layer_loss"], "val_metrics": val["metrics"]}) + "\n")
+                    record = {"event": "epoch", "epoch": position["epoch"], "step": position["step"], "val_loss": val["layer_loss"], "val_metrics": val["metrics"]}
+                    log.write(json.dumps(record) + "\n")
+                    self._trackers.log(record)
                     if train.early_stopping and val["layer_loss"][-1] < position["best_loss"]:
                         position["best_loss"], position["best_epoch"] = val["layer_loss"][-1], position["epoch"]
                         position["best_val_loss"] = val["layer_loss"]  # every layer's, for tuning and the reports
@@ -357,6 +361,7 @@ class Trainer:
             # What evaluation needs outlives the run; optimizer state only on request (it is most of the bytes).
             save_model_file(self.run_dir / MODEL_FILE, model.state_dict())
             _write_atomic(self.run_dir / "results.json", json.dumps(results, indent=2) + "\n")
+            self._trackers.close(results, self.run_dir)
             if not train.keep_checkpoint:
                 for stale in (self.checkpoint_path, self.best_path):
                     stale.unlink(missing_ok=True)
@@ -499,6 +504,7 @@ class Trainer:
             record["lambda"] = {k: v.tolist() for k, v in problem.multipliers().items()}
             record["relaxation"] = {k: v.tolist() for k, v in problem.relaxations().items()}
         log.write(json.dumps(record) + "\n")
+        self._trackers.log(record)
         window.reset()
 
     def _prepare_run_dir(self, resume: bool, write: bool = True) -> None:
