@@ -113,3 +113,20 @@ def test_a_missing_tracker_package_names_its_extra(tiny, tmp_path, monkeypatch, 
     code, lines = cli("run", str(config_file(tmp_path, tracked(tiny, [name]))), "--out", str(tmp_path / "out"))
     assert (code, lines) == (2, [f"layerdescent: error: train.trackers: {name!r} needs the {name} package: pip install 'layerdescent[{name}]'"])
     assert not os.path.exists(tmp_path / "out")
+
+
+def test_a_bench_groups_its_runs_in_one_mlflow_experiment_named_after_it(tiny, tmp_path, monkeypatch):
+    pytest.importorskip("mlflow", reason="the mlflow tracker needs pip install 'layerdescent[mlflow]'")
+    from mlflow.tracking import MlflowClient
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.delenv("MLFLOW_EXPERIMENT_NAME", raising=False)
+    tiny["train"]["epochs"] = 1
+    bench = {**tracked(tiny, ["mlflow"]), "bench": {"seeds": [0, 1], "variants": {"erm": {"solver": {"name": "erm"}}}}}
+    out = tmp_path / "out"
+    assert cli("bench", str(config_file(tmp_path, bench, "sweep.toml")), "--out", str(out))[0] == 0
+    client = MlflowClient(tracking_uri=(out / "mlruns").as_uri())
+    runs = client.search_runs([client.get_experiment_by_name("sweep").experiment_id])
+    assert sorted((r.data.tags["variant"], r.data.tags["seed"], r.data.tags["bench"]) for r in runs) == [("erm", "0", "sweep"), ("erm", "1", "sweep")]
+    assert "2 runs of 1 variant" in (out / "summary.md").read_text()  # not 4: the store's copies of results.json are no runs
+    assert "mlruns" not in os.environ.get(trackers.STORE_ENV, "")  # the bench's settings end with it

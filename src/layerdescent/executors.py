@@ -21,6 +21,7 @@ import errno
 import fcntl
 import json
 import os
+import re
 import shutil
 import socket
 import time
@@ -186,13 +187,13 @@ class RunFailure:
     tail: list[str]
 
 
-def _failure(run: Any, out: Path, exc: BaseException | str) -> RunFailure:
-    text = exc if isinstance(exc, str) else "".join(traceback.format_exception_only(type(exc), exc))
+def _failure(run: Any, out: Path, exc: BaseException) -> RunFailure:
     cause = getattr(exc, "cause", None)  # Ray wraps the run's own exception
-    if isinstance(cause, BaseException):
-        text = "".join(traceback.format_exception_only(type(cause), cause))
-    lines = [line for line in str(text).strip().splitlines() if line.strip()]
-    error = lines[-1] if lines else "failed without a message"
+    exc = cause if isinstance(cause, BaseException) else exc
+    lines = [line for line in str(exc).strip().splitlines() if line.strip()]
+    error = f"{type(exc).__name__}: {lines[-1] if lines else 'failed without a message'}"
+    if lines and re.match(r"(?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*: ", lines[-1]):  # submitit's error ends with the job's own
+        error = re.sub(r"^(?:[A-Za-z_]\w*\.)+", "", lines[-1])
     log = log_path(out, run)
     tail = log.read_text(errors="replace").splitlines()[-LOG_TAIL:] if log.exists() else lines[-LOG_TAIL:]
     return RunFailure(run, error, tail)
@@ -261,10 +262,14 @@ class _Slurm:
             return {}
 
     def adopt(self, run: Any) -> Any | None:
-        """The job a bench submitted earlier (with --no-wait) for ``run``, if SLURM still has it queued or running."""
+        """The job an earlier call submitted (with --no-wait) for ``run``, if it is still queued or running."""
         job_id = self.recorded().get(_key(run))
-        if self.cluster != "slurm" or job_id is None:
-            return None  # a local job's process belongs to the call that started it; a duplicate finds the run done
+        if job_id is None:
+            return None
+        if self.cluster == "local":
+            # submitit's local job id is its controller's pid, which outlives the call that started it
+            job = self.submitit.LocalJob(str(self.folder), job_id)
+            return _LocalJob(job) if _alive(int(job_id)) else None
         job = self.submitit.SlurmJob(str(self.folder), job_id)
         return job if job.state.split()[0] in ACTIVE_SLURM_STATES else None
 
@@ -287,6 +292,32 @@ class _Slurm:
 
     def close(self) -> None:
         pass
+
+
+class _LocalJob:
+    """A local job started by another call: done once its controller process is gone."""
+
+    def __init__(self, job: Any) -> None:
+        self.job = job
+
+    def done(self) -> bool:
+        return not _alive(int(self.job.job_id))
+
+    def result(self) -> Any:
+        return self.job.result()
+
+
+def _alive(pid: int) -> bool:
+    """Whether process ``pid`` runs (a zombie, finished but not yet reaped, does not)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        try:
+            os.kill(pid, 0)  # no /proc (macOS): existence is all that can be known
+        except OSError:
+            return False
+        return True
+    return state not in ("Z", "X")
 
 
 def _key(run: Any) -> str:
