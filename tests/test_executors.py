@@ -119,6 +119,7 @@ def test_a_worker_that_does_not_see_the_output_directory_refuses_to_train(refere
         (["--executor", "local", "--no-wait"], "--no-wait is for --executor slurm"),
         (["--executor", "local", "--ray-address", "host:6379"], "--ray-address needs --executor ray"),
         (["--executor", "ray", "--cpus-per-run", "0"], "--cpus-per-run must be at least 1"),
+        (["--partition", "gpu"], "--partition needs --executor slurm"),
     ],
 )
 def test_executor_flags_that_cannot_work_are_one_line(reference, tmp_path, argv, message):

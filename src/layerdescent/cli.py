@@ -118,6 +118,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
         "workers": workers, "ray_address": args.ray_address, "cpus_per_run": args.cpus_per_run, "gpus_per_run": args.gpus_per_run,
         "partition": args.partition, "time": args.time, "mem_gb": args.mem_gb, **({"wait": False} if args.no_wait else {}),
     }
+    remote = {"--ray-address": args.ray_address, "--cpus-per-run": args.cpus_per_run, "--gpus-per-run": args.gpus_per_run, "--partition": args.partition, "--time": args.time, "--mem-gb": args.mem_gb}
+    for flag, value in remote.items():
+        wanted = "ray" if flag == "--ray-address" else "slurm" if flag in ("--partition", "--time", "--mem-gb") else "ray or slurm"
+        if value is not None and args.executor not in wanted.split(" or "):
+            raise ConfigError(f"{flag} needs --executor {wanted}")
     executor = executor_options(args.config, args.set, args.executor, **given)
     flags = [*(["--workers", str(workers)] if workers not in (1, None) else []), *(["--executor", args.executor] if args.executor != "local" else [])]
     command = " ".join(["layerdescent bench", str(args.config), "--out", str(out), *(f"--set {o}" for o in args.set), *flags])
