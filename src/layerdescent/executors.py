@@ -339,17 +339,18 @@ def run_remote(
     try:
         queue = [run for run, _ in pending]
         active: dict[Any, Any] = {}
-        if not options.wait:
-            for run in queue:
-                backend.submit(run)
-                if on_run:
-                    on_run(run, f"submitted ({backend.jobs_file.parent})")
-            return failures, None
-        for run in list(queue):
+        for run in list(queue):  # jobs an earlier --no-wait call submitted are waited for, never submitted twice
             job = backend.adopt(run) if isinstance(backend, _Slurm) else None
             if job is not None:
                 queue.remove(run)
                 active[job] = run
+        if not options.wait:
+            for run in queue:
+                backend.submit(run)
+            for run in [*active.values(), *queue]:
+                if on_run:
+                    on_run(run, f"{'queued or running' if run in active.values() else 'submitted'} ({backend.jobs_file.parent})")
+            return failures, None
         for run in queue:
             log_path(out, run).unlink(missing_ok=True)  # a log that exists is a run that started
         cap = options.workers
