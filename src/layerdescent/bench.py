@@ -28,6 +28,7 @@ with the bench.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import ctypes
 import dataclasses
@@ -45,9 +46,11 @@ from typing import Any, Callable
 from layerdescent import rundir
 from layerdescent.config import RunConfig, apply_overrides, check_seed, config_from_dict, read_toml, set_path
 from layerdescent.errors import ConfigError
+from layerdescent.executors import ExecutorOptions, failure_report, run_remote, slurm_table
 from layerdescent.registry import Registry
 from layerdescent.report import write_report
 from layerdescent.reevaluate import evaluate_config, evaluate_run
+from layerdescent.trackers import BENCH_ENV, STORE_ENV
 from layerdescent.trainer import train
 
 
@@ -127,9 +130,10 @@ def plan(path: str | Path, out: str | Path, overrides: list[str] = (), registry:
     bench = data.pop("bench", None)
     if not isinstance(bench, dict):
         raise ConfigError(f"{path} has no [bench] table (a plain run file goes to `layerdescent run`)")
-    unknown = set(bench) - {"seeds", "variants", "grid"}
+    unknown = set(bench) - {"seeds", "variants", "grid", "slurm"}
     if unknown:
-        raise ConfigError(f"unknown key bench.{sorted(unknown)[0]} (allowed: seeds, variants, grid)")
+        raise ConfigError(f"unknown key bench.{sorted(unknown)[0]} (allowed: seeds, variants, grid, slurm)")
+    slurm_table(bench)
     seeds = _check_seeds(bench.get("seeds", [0]), "bench.seeds")
     variants = bench.get("variants", {})
     if not isinstance(variants, dict) or not variants:
@@ -211,6 +215,33 @@ def _train_one(run: BenchRun, resume: bool) -> None:
     train(config, run.run_dir, resume=resume)
 
 
+def tracker_env(path: str | Path, out: str | Path) -> dict[str, str]:
+    """What a bench tells its runs' trackers: one MLflow experiment named after the bench, one store in ``out``."""
+    return {BENCH_ENV: Path(path).stem, STORE_ENV: str(Path(out).resolve() / "mlruns")}
+
+
+@contextlib.contextmanager
+def _environment(env: dict[str, str]):
+    """``env`` in os.environ for the block (and the worker processes started in it)."""
+    saved = {key: os.environ.get(key) for key in env}
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def executor_options(path: str | Path, overrides: list[str] = (), executor: str = "local", **given: Any) -> ExecutorOptions:
+    """The executor's settings: the bench file's ``[bench.slurm]`` table, then the flags that were given."""
+    table = apply_overrides(read_toml(path), list(overrides)).get("bench", {})
+    settings = slurm_table(table) if executor == "slurm" and isinstance(table, dict) else {}
+    return ExecutorOptions(name=executor, **{**settings, **{k: v for k, v in given.items() if v is not None}})
+
+
 def run_bench(
     path: str | Path,
     out: str | Path,
@@ -219,12 +250,18 @@ def run_bench(
     on_run: Callable[[BenchRun, str], None] | None = None,
     command: str | None = None,
     workers: int = 1,
-) -> Path:
+    executor: ExecutorOptions | None = None,
+) -> Path | None:
     """Train every pending run of the bench file, then write ``summary.md`` and plots in ``out``.
 
     ``command`` is how the summary says it was made (default: the equivalent `layerdescent bench`).
     Worker processes find plugins through entry points, so ``registry`` applies only with one worker.
+    ``executor`` (default: the local pool of ``workers``) may train the runs on Ray or SLURM instead;
+    with ``executor.wait`` false the jobs are submitted and None is returned, with no summary yet.
     """
+    executor = executor or ExecutorOptions(workers=workers)
+    if executor.name == "local":
+        workers = executor.workers or workers
     if workers < 1:
         raise ConfigError(f"--workers must be at least 1, got {workers}")
     pending, done = [], []
@@ -249,20 +286,32 @@ def run_bench(
     for run in done:  # reported once every run is known to match, so nothing is called done and then refused
         if on_run:
             on_run(run, "done")
-    if workers == 1:
-        for run, resume in pending:
-            train(run.config, run.run_dir, resume=resume, registry=registry)
-            if on_run:
-                on_run(run, "resumed" if resume else "trained")
+    env = tracker_env(path, out)
+    failures = []
+    if executor.name != "local":
+        failures, workers = run_remote(executor, pending, Path(out), env, on_run)
+        if not executor.wait:
+            return None
+    elif workers == 1:
+        with _environment(env):
+            for run, resume in pending:
+                train(run.config, run.run_dir, resume=resume, registry=registry)
+                if on_run:
+                    on_run(run, "resumed" if resume else "trained")
     else:
-        with ProcessPoolExecutor(workers, initializer=_worker_init, initargs=(os.getpid(),)) as pool:
+        with _environment(env), ProcessPoolExecutor(workers, initializer=_worker_init, initargs=(os.getpid(),)) as pool:
             jobs = [(run, resume, pool.submit(_train_one, run, resume)) for run, resume in pending]
             for run, resume, job in jobs:
                 job.result()  # the first failure stops the bench with its own error
                 if on_run:
                     on_run(run, "resumed" if resume else "trained")
     command = command or " ".join(["layerdescent bench", str(path), "--out", str(out), *(f"--set {o}" for o in overrides)])
-    return write_report(Path(out), title=f"Bench {Path(path).name}", note=f"Made by `{command}`.", workers=workers)
+    if failures and len(failures) == len(runs):
+        raise failure_report(failures, len(runs), None)
+    summary = write_report(Path(out), title=f"Bench {Path(path).name}", note=f"Made by `{command}`.", workers=workers)
+    if failures:
+        raise failure_report(failures, len(runs), summary)
+    return summary
 
 
 def evaluate_bench(
@@ -282,7 +331,7 @@ def evaluate_bench(
         raise ConfigError(f"{root} is not a directory of runs")
     if out.resolve() == root.resolve() or out.resolve().is_relative_to(root.resolve()):
         raise ConfigError(f"--out {out} lies inside {root}: the new results would mix with the runs they test; --out a directory outside it")
-    runs = sorted(p.parent for p in root.rglob("results.json"))
+    runs = [p.parent for p in rundir.result_files(root)]
     if not runs:
         raise ConfigError(f"no finished run (results.json) under {root}")
     status = {}

@@ -122,12 +122,27 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from layerdescent.bench import run_bench
+    from layerdescent.bench import executor_options, run_bench
 
     out = Path(args.out) if args.out else Path("runs") / f"bench-{Path(args.config).stem}"
-    command = " ".join(["layerdescent bench", str(args.config), "--out", str(out), *(f"--set {o}" for o in args.set), *(["--workers", str(args.workers)] if args.workers != 1 else [])])
-    summary = run_bench(args.config, out, args.set, on_run=_status, workers=args.workers, command=command)
-    print(f"summary: {summary}")
+    workers = 1 if args.workers is None and args.executor == "local" else args.workers
+    given = {
+        "workers": workers, "ray_address": args.ray_address, "cpus_per_run": args.cpus_per_run, "gpus_per_run": args.gpus_per_run,
+        "partition": args.partition, "time": args.time, "mem_gb": args.mem_gb, **({"wait": False} if args.no_wait else {}),
+    }
+    remote = {"--ray-address": args.ray_address, "--cpus-per-run": args.cpus_per_run, "--gpus-per-run": args.gpus_per_run, "--partition": args.partition, "--time": args.time, "--mem-gb": args.mem_gb}
+    for flag, value in remote.items():
+        wanted = "ray" if flag == "--ray-address" else "slurm" if flag in ("--partition", "--time", "--mem-gb") else "ray or slurm"
+        if value is not None and args.executor not in wanted.split(" or "):
+            raise ConfigError(f"{flag} needs --executor {wanted}")
+    executor = executor_options(args.config, args.set, args.executor, **given)
+    flags = [*(["--workers", str(workers)] if workers not in (1, None) else []), *(["--executor", args.executor] if args.executor != "local" else [])]
+    command = " ".join(["layerdescent bench", str(args.config), "--out", str(out), *(f"--set {o}" for o in args.set), *flags])
+    summary = run_bench(args.config, out, args.set, on_run=_status, workers=workers or 1, command=command, executor=executor)
+    if summary is None:
+        print(f"submitted; `{command}` again waits for the jobs and writes the summary (`layerdescent report {out}` summarizes what finished)")
+    else:
+        print(f"summary: {summary}")
     return 0
 
 
@@ -215,7 +230,15 @@ def build_parser() -> argparse.ArgumentParser:
         if name == "run":
             p.add_argument("--resume", action="store_true", help="continue from the run directory's checkpoint")
         else:
-            p.add_argument("--workers", type=int, default=1, help="runs trained at once, in processes of one torch thread each")
+            p.add_argument("--workers", type=int, help="runs trained at once (local: processes of one torch thread each, default 1; ray, slurm: default as many as fit)")
+            p.add_argument("--executor", choices=["local", "ray", "slurm"], default="local", help="where runs train: a local process pool, Ray tasks, or SLURM jobs (submitit)")
+            p.add_argument("--ray-address", help="join this Ray cluster (default: start a local Ray instance)")
+            p.add_argument("--cpus-per-run", type=int, help="CPUs (and torch threads) per run on ray or slurm (default 1)")
+            p.add_argument("--gpus-per-run", type=float, help="GPUs per run on ray or slurm (default 0)")
+            p.add_argument("--partition", help="SLURM partition (default: [bench.slurm] partition, else the cluster's)")
+            p.add_argument("--time", type=int, help="minutes a SLURM job may run (default: [bench.slurm] time, else 60)")
+            p.add_argument("--mem-gb", type=float, help="memory per SLURM job in GB")
+            p.add_argument("--no-wait", action="store_true", help="slurm: submit the jobs and return; the same command again collects them")
         p.set_defaults(func=func)
 
     p = sub.add_parser("evaluate", help="test finished runs again, e.g. under another perturbation")

@@ -25,6 +25,7 @@ from layerdescent.constraints import ConstraintSpec
 from layerdescent.errors import ConfigError
 from layerdescent.registry import Registry, closest, get_registry
 from layerdescent.solvers import PrimalDualOptions
+from layerdescent.trackers import check_tracker
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -113,6 +114,7 @@ class TrainConfig:
     progress: bool = True
     on_nonfinite: Literal["stop", "skip"] = "stop"
     keep_checkpoint: bool = False  # keep checkpoint.pt (optimizer state) of a finished run, to train it further
+    trackers: tuple[Literal["tensorboard", "mlflow"], ...] = ()  # listeners on the metrics log (layerdescent.trackers)
 
     def __post_init__(self) -> None:
         for key in ("epochs", "batch_size", "accumulate", "log_every"):
@@ -126,6 +128,9 @@ class TrainConfig:
         for key in ("weight_decay", "momentum", "grad_clip", "train_gamma", "validation_gamma", "threads", "checkpoint_every"):
             _require(getattr(self, key) >= 0, f"train.{key}", "must be >= 0")
         _require(self.threads <= MAX_THREADS, "train.threads", f"must be at most {MAX_THREADS} (this machine has {os.cpu_count()} cores; 0 keeps torch's default), got {self.threads}")
+        _require(len(set(self.trackers)) == len(self.trackers), "train.trackers", "lists a tracker twice")
+        for tracker in self.trackers:
+            check_tracker(tracker)
 
 
 @dataclass(frozen=True)
@@ -186,10 +191,12 @@ class RunConfig:
         if self.label:
             out["label"] = self.label
         out["task"] = {"name": self.task.name, **self.task.options}
-        for section in ("train", "eval"):
-            out[section] = _plain(dataclasses.asdict(getattr(self, section)))
+        out["train"] = _plain(dataclasses.asdict(self.train))
         out["solver"] = {"name": self.solver.name, **_plain(dataclasses.asdict(self.solver.options))}
+        out["eval"] = _plain(dataclasses.asdict(self.eval))
         out["constraints"] = [{"kind": c.kind, **_plain(dataclasses.asdict(c))} for c in self.constraints]
+        if not self.train.trackers:  # a run without trackers records the same config.toml as before they existed
+            del out["train"]["trackers"]
         return out
 
 

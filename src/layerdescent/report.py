@@ -29,6 +29,7 @@ from pathlib import Path
 import numpy as np
 from scipy import stats
 
+from layerdescent import rundir
 from layerdescent.errors import LayerdescentError
 
 # How a model was trained, as opposed to what it is and what it is tested on (its context).
@@ -53,7 +54,7 @@ def collect(root: Path) -> list[dict]:
     root = Path(root)
     if not root.is_dir():
         raise LayerdescentError(f"{root} is not a directory: point at a run or bench directory")
-    paths = sorted(root.rglob("results.json"))
+    paths = rundir.result_files(root)
     if not paths:
         raise LayerdescentError(f"no results.json under {root}: train a run first or point at a run/bench directory")
     results = []

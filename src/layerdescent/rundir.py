@@ -23,7 +23,16 @@ LOCK = ".layerdescent.lock"  # also marks the directory as a run's, even before 
 WRITES = ("config.toml", "metrics.jsonl", "checkpoint.pt", "checkpoint.prev.pt", "best.pt", "results.json", "model.safetensors")
 FINISHED = ("checkpoint.pt", "results.json")  # a directory holding one of these is a run, lock file or not (older runs)
 # How a run executes, not what it computes: a finished run is the same run whatever these say.
-EXECUTION_KEYS = ("train.threads", "train.progress", "train.keep_checkpoint")
+EXECUTION_KEYS = ("train.threads", "train.progress", "train.keep_checkpoint", "train.trackers")
+
+
+TRACKER_STORES = ("mlruns",)  # the default MLflow store keeps a copy of each results.json as an artifact
+
+
+def result_files(root: Path) -> list[Path]:
+    """Every run's results.json under ``root``, without the copies a tracker's store holds."""
+    root = Path(root)
+    return sorted(p for p in root.rglob("results.json") if not set(p.relative_to(root).parts[:-1]) & set(TRACKER_STORES))
 
 
 def usable_dir(path: Path, what: str = "--out") -> Path:
@@ -284,10 +293,8 @@ class LogWindow:
         for name, value in violations.items():
             self.violation[name] = value.clone() if name not in self.violation else self.violation[name] + value
 
-    def line(self, position: dict[str, Any], dual: dict[str, Any]) -> str:
-        """The metrics.jsonl line of the window (``dual``: the update's multipliers and relaxations), which then starts again."""
-        import json
-
+    def record(self, position: dict[str, Any], dual: dict[str, Any]) -> dict[str, Any]:
+        """The metrics.jsonl record of the window (``dual``: the update's multipliers and relaxations), which then starts again."""
         full = max(self.full, 1)
         record: dict[str, Any] = {
             "event": "train",
@@ -299,4 +306,4 @@ class LogWindow:
             **dual,
         }
         self.reset()
-        return json.dumps(record) + "\n"
+        return record

@@ -29,6 +29,7 @@ from layerdescent.guard import CheckedTask, calling, describe
 from layerdescent.progress import progress_bar
 from layerdescent.registry import Registry, get_registry
 from layerdescent.session import Session, build_session, epoch_steps
+from layerdescent.trackers import open_trackers
 from layerdescent.update import LayerwiseUpdate
 
 
@@ -91,6 +92,7 @@ class Trainer:
         window = rundir.LogWindow()
         # Line-buffered so that `tail -f metrics.jsonl` follows a run; only rank 0 writes.
         log = metrics_file.open("a", buffering=1) if world.is_main else open(os.devnull, "w")
+        self._trackers = open_trackers(config, self.run_dir, position["step"])
 
         def checkpoint() -> None:
             self._log(log, window, position, update)
@@ -129,7 +131,9 @@ class Trainer:
                 self._log(log, window, position, update)
                 if train.validate:
                     val = evaluate(self.task, model, rows["validation"], [train.validation_gamma], config.eval.batch_size, config.eval.seed, world)[0]
-                    log.write(json.dumps({"event": "epoch", "epoch": position["epoch"], "step": position["step"], "val_loss": val["layer_loss"], "val_metrics": val["metrics"]}) + "\n")
+                    record = {"event": "epoch", "epoch": position["epoch"], "step": position["step"], "val_loss": val["layer_loss"], "val_metrics": val["metrics"]}
+                    log.write(json.dumps(record) + "\n")
+                    self._trackers.log(record)
                     if stopping.improved(train, position, val["layer_loss"]) and world.is_main:
                         # written before the checkpoint that records it, so a resume finds it
                         save_checkpoint(self.best_path, {"task": self.task.name, "model": model.state_dict(), "epoch": position["epoch"]})
@@ -153,16 +157,18 @@ class Trainer:
         results = rundir.results_table(config, self.task, position, step_times, skipped_steps, update, evaluation)
         if world.is_main:
             rundir.finish(self.run_dir, model.state_dict(), results, train.keep_checkpoint)
+            self._trackers.close(results, self.run_dir)
         return results
 
     def load_model(self, path: Path, model: torch.nn.Module, state: dict[str, Any]) -> None:
         """Load ``state`` into ``model``, or CheckpointError naming ``path`` when it belongs to another model."""
         load_model_state(path, model, state, self.task.name)
 
-    @staticmethod
-    def _log(log, window: rundir.LogWindow, position: dict[str, Any], update: LayerwiseUpdate) -> None:
+    def _log(self, log, window: rundir.LogWindow, position: dict[str, Any], update: LayerwiseUpdate) -> None:
         if window.steps:
-            log.write(window.line(position, update.record()))
+            record = window.record(position, update.record())
+            log.write(json.dumps(record) + "\n")
+            self._trackers.log(record)
 
     def step(self, session: Session, group: Sequence[torch.Tensor], step: int, full: bool = True) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """One optimizer step over micro-batches of training-row indices; the step's layer means and violations.

@@ -1,0 +1,387 @@
+"""Executors: where a bench's pending runs train, beyond the local process pool.
+
+    layerdescent bench FILE --out DIR --executor ray [--ray-address HOST:PORT] [--cpus-per-run 2] [--gpus-per-run 1]
+    layerdescent bench FILE --out DIR --executor slurm [--partition gpu] [--time 120] [--no-wait]
+
+``ray`` makes every run a Ray task (a local Ray instance unless ``--ray-address`` names a
+cluster); ``slurm`` submits every run as a job through submitit (``[bench.slurm]`` holds the same
+settings as the flags). Both keep the run directory layout, the skip and resume rules and the
+summary of the local executor, and every worker decides again, when its run starts, whether to
+resume it, so a run submitted twice trains once. ``--out`` must lie on a filesystem every worker
+sees: each worker checks that it finds the bench's marker file there before it trains. Each run's
+output goes to ``OUT/logs/VARIANT/seed-N.log``; a failed run is reported by name with the last
+lines of that log, and the other runs go on.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import errno
+import fcntl
+import json
+import os
+import re
+import shutil
+import socket
+import time
+import traceback
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from layerdescent import rundir
+from layerdescent.errors import ConfigError, LayerdescentError
+from layerdescent.optional import require
+
+EXECUTORS = ("local", "ray", "slurm")
+MARKER = ".layerdescent-out"  # written by the bench in --out; a worker that cannot read it sees another filesystem
+LOG_TAIL = 12  # lines of a failed run's log in the bench's report
+SLURM_KEYS = ("partition", "time", "mem_gb", "cpus_per_run", "gpus_per_run", "account", "cluster")
+ACTIVE_SLURM_STATES = ("PENDING", "RUNNING", "REQUEUED", "CONFIGURING", "COMPLETING", "RESIZING", "SUSPENDED")
+POLL_SECONDS = 0.5
+
+
+class RunsFailed(LayerdescentError):
+    """Some runs of a bench failed on their executor; the others finished."""
+
+
+@dataclass(frozen=True)
+class ExecutorOptions:
+    """How and where a bench's runs execute: flags of `layerdescent bench`, or its ``[bench.slurm]`` table."""
+
+    name: str = "local"
+    workers: int | None = None  # runs at once; None: as many as the executor's resources allow
+    ray_address: str | None = None
+    cpus_per_run: int = 1
+    gpus_per_run: float = 0.0
+    partition: str | None = None
+    time: int = 60  # minutes a SLURM job may run
+    mem_gb: float | None = None
+    account: str | None = None
+    cluster: str = "slurm"  # submitit's cluster: slurm, or local (jobs as processes here, for trying a bench out)
+    wait: bool = True
+
+    def __post_init__(self) -> None:
+        if self.name not in EXECUTORS:
+            raise ConfigError(f"--executor {self.name!r} is not one of {', '.join(EXECUTORS)}")
+        if self.workers is not None and self.workers < 1:
+            raise ConfigError(f"--workers must be at least 1, got {self.workers}")
+        if self.cpus_per_run < 1 or self.gpus_per_run < 0:
+            raise ConfigError(f"--cpus-per-run must be at least 1 and --gpus-per-run at least 0, got {self.cpus_per_run} and {self.gpus_per_run}")
+        if self.time < 1:
+            raise ConfigError(f"bench.slurm.time must be at least 1 (minutes), got {self.time}")
+        if self.cluster not in ("slurm", "local"):
+            raise ConfigError(f"bench.slurm.cluster = {self.cluster!r} is not allowed (allowed: 'slurm', or 'local' to run the jobs as processes here)")
+        if not self.wait and self.name != "slurm":
+            raise ConfigError("--no-wait is for --executor slurm, whose jobs outlive the bench; a local or Ray run ends with it")
+        if self.ray_address and self.name != "ray":
+            raise ConfigError("--ray-address needs --executor ray")
+
+
+def slurm_table(bench: dict[str, Any]) -> dict[str, Any]:
+    """The ``[bench.slurm]`` table's settings, checked: ExecutorOptions field names and values."""
+    table = bench.get("slurm", {})
+    if not isinstance(table, dict):
+        raise ConfigError("bench.slurm must be a table, e.g. [bench.slurm] partition = \"gpu\"")
+    unknown = sorted(set(table) - set(SLURM_KEYS))
+    if unknown:
+        from layerdescent.registry import closest
+
+        raise ConfigError(f"unknown key bench.slurm.{unknown[0]}{closest(unknown[0], SLURM_KEYS)} (allowed: {', '.join(SLURM_KEYS)})")
+    kinds = {"partition": str, "account": str, "cluster": str, "time": int, "cpus_per_run": int, "mem_gb": (int, float), "gpus_per_run": (int, float)}
+    for key, value in table.items():
+        if isinstance(value, bool) or not isinstance(value, kinds[key]):
+            raise ConfigError(f"bench.slurm.{key} must be {'a string' if kinds[key] is str else 'a number'}, got {value!r}")
+    return dict(table)
+
+
+def mark_out(out: Path) -> str:
+    """The id of ``out`` that workers must find there (written once), proof that they see the same directory."""
+    rundir.usable_dir(out)
+    marker = out / MARKER
+    if not marker.exists():
+        marker.write_text(uuid.uuid4().hex + "\n")
+    return marker.read_text().strip()
+
+
+def _check_visible(out: Path, token: str) -> None:
+    marker = out / MARKER
+    try:
+        seen = marker.read_text().strip()
+    except OSError:
+        seen = None
+    if seen != token:
+        raise ConfigError(
+            f"--out {out} is not the bench's directory on worker {socket.gethostname()} ({marker} is missing or another one): "
+            "put --out on a filesystem every worker sees (a shared or network filesystem, not a node's local disk)"
+        )
+
+
+def _in_use(run_dir: Path) -> bool:
+    """Whether another process holds ``run_dir``'s lock (trains it) right now."""
+    try:
+        fd = os.open(run_dir / rundir.LOCK, os.O_RDONLY)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as exc:
+        return exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES)
+    finally:
+        os.close(fd)
+    return False
+
+
+def log_path(out: Path, run: Any) -> Path:
+    """Where a run's output goes when it trains on an executor."""
+    return out / "logs" / run.variant / f"seed-{run.seed}.log"
+
+
+def execute(run: Any, out: str, token: str, threads: int, env: dict[str, str]) -> str:
+    """One run on a worker: check that it sees ``out``, wait out another holder, then skip, resume or train it."""
+    from layerdescent.trainer import train
+
+    out_dir = Path(out)
+    _check_visible(out_dir, token)
+    log = log_path(out_dir, run)
+    log.parent.mkdir(parents=True, exist_ok=True)
+    saved = {key: os.environ.get(key) for key in env}
+    os.environ.update(env)
+    try:
+        with log.open("a", buffering=1) as handle, contextlib.redirect_stdout(handle), contextlib.redirect_stderr(handle):
+            print(f"{run.variant} seed {run.seed} on {socket.gethostname()} (pid {os.getpid()})", flush=True)
+            try:
+                config = dataclasses.replace(run.config, train=dataclasses.replace(run.config.train, threads=threads))
+                while True:
+                    while _in_use(run.run_dir):  # the same run submitted twice: the second waits, then finds it done
+                        time.sleep(1.0)
+                    if (run.run_dir / "results.json").exists():
+                        return "done"
+                    resume = (run.run_dir / "checkpoint.pt").exists()
+                    try:
+                        train(config, run.run_dir, resume=resume)
+                    except ConfigError:
+                        if _in_use(run.run_dir) or (run.run_dir / "results.json").exists():
+                            continue  # the twin took the lock between the check and the start
+                        raise
+                    return "resumed" if resume else "trained"
+            except BaseException:
+                traceback.print_exc()
+                raise
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+@dataclass
+class RunFailure:
+    """A run that failed on its executor: its error and the last lines of its log."""
+
+    run: Any
+    error: str
+    tail: list[str]
+
+
+def _failure(run: Any, out: Path, exc: BaseException) -> RunFailure:
+    cause = getattr(exc, "cause", None)  # Ray wraps the run's own exception
+    exc = cause if isinstance(cause, BaseException) else exc
+    lines = [line for line in str(exc).strip().splitlines() if line.strip()]
+    error = f"{type(exc).__name__}: {lines[-1] if lines else 'failed without a message'}"
+    if lines and re.match(r"(?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*: ", lines[-1]):  # submitit's error ends with the job's own
+        error = re.sub(r"^(?:[A-Za-z_]\w*\.)+", "", lines[-1])
+    log = log_path(out, run)
+    tail = log.read_text(errors="replace").splitlines()[-LOG_TAIL:] if log.exists() else lines[-LOG_TAIL:]
+    return RunFailure(run, error, tail)
+
+
+class _Ray:
+    """Every run a Ray task on a local instance or an existing cluster."""
+
+    def __init__(self, options: ExecutorOptions, out: Path, token: str, env: dict[str, str]) -> None:
+        self.ray = ray = require("ray", "ray", "--executor ray")
+        self.started = False
+        if not ray.is_initialized():
+            if options.ray_address:
+                ray.init(address=options.ray_address, log_to_driver=False)
+            else:
+                cpus = (options.workers or 0) * options.cpus_per_run or os.cpu_count() or 1
+                ray.init(num_cpus=cpus, num_gpus=options.gpus_per_run * (options.workers or 0) or None, include_dashboard=False, log_to_driver=False)
+            self.started = True
+        self.remote = ray.remote(num_cpus=options.cpus_per_run, num_gpus=options.gpus_per_run, max_retries=0)(execute)
+        self.args = (str(out), token, options.cpus_per_run, env)
+        self.slots = max(1, int(ray.cluster_resources().get("CPU", 1) // options.cpus_per_run))
+
+    def submit(self, run: Any) -> Any:
+        return self.remote.remote(run, *self.args)
+
+    def ready(self, handles: list[Any]) -> list[Any]:
+        done, _ = self.ray.wait(handles, num_returns=len(handles), timeout=POLL_SECONDS)
+        return done
+
+    def outcome(self, handle: Any) -> str:
+        return self.ray.get(handle)
+
+    def close(self) -> None:
+        if self.started:
+            self.ray.shutdown()
+
+
+class _Slurm:
+    """Every run a job submitted through submitit: to SLURM, or as a local process (cluster = "local")."""
+
+    def __init__(self, options: ExecutorOptions, out: Path, token: str, env: dict[str, str]) -> None:
+        self.submitit = submitit = require("submitit", "slurm", "--executor slurm")
+        if options.cluster == "slurm" and shutil.which("sbatch") is None:
+            raise ConfigError("--executor slurm: there is no sbatch here; run the bench on a SLURM login node (or set [bench.slurm] cluster = \"local\" to try it as local jobs)")
+        self.folder = out / ".submitit"
+        self.jobs_file = self.folder / "jobs.json"
+        self.executor = submitit.AutoExecutor(folder=str(self.folder), cluster=options.cluster)
+        parameters: dict[str, Any] = {"timeout_min": options.time, "cpus_per_task": options.cpus_per_run, "tasks_per_node": 1, "nodes": 1}
+        if options.gpus_per_run:
+            parameters["gpus_per_node"] = int(options.gpus_per_run)
+        if options.mem_gb:
+            parameters["mem_gb"] = options.mem_gb
+        if options.partition:
+            parameters["slurm_partition"] = options.partition
+        if options.account:
+            parameters["slurm_account"] = options.account
+        self.executor.update_parameters(**parameters)
+        self.cluster = options.cluster
+        self.args = (str(out), token, options.cpus_per_run, env)
+        self.slots = None
+
+    def recorded(self) -> dict[str, str]:
+        try:
+            return json.loads(self.jobs_file.read_text())
+        except (OSError, ValueError):
+            return {}
+
+    def adopt(self, run: Any) -> Any | None:
+        """The job an earlier call submitted (with --no-wait) for ``run``, if it is still queued or running."""
+        job_id = self.recorded().get(_key(run))
+        if job_id is None:
+            return None
+        if self.cluster == "local":
+            # submitit's local job id is its controller's pid, which outlives the call that started it
+            job = self.submitit.LocalJob(str(self.folder), job_id)
+            return _LocalJob(job) if _alive(int(job_id)) else None
+        job = self.submitit.SlurmJob(str(self.folder), job_id)
+        return job if job.state.split()[0] in ACTIVE_SLURM_STATES else None
+
+    def submit(self, run: Any) -> Any:
+        self.executor.update_parameters(name=f"layerdescent-{run.variant}-seed-{run.seed}")
+        job = self.executor.submit(execute, run, *self.args)
+        jobs = self.recorded()
+        jobs[_key(run)] = job.job_id
+        self.jobs_file.write_text(json.dumps(jobs, indent=2) + "\n")
+        return job
+
+    def ready(self, handles: list[Any]) -> list[Any]:
+        done = [job for job in handles if job.done()]
+        if not done:
+            time.sleep(POLL_SECONDS)
+        return done
+
+    def outcome(self, handle: Any) -> str:
+        return handle.result()
+
+    def close(self) -> None:
+        pass
+
+
+class _LocalJob:
+    """A local job started by another call: done once its controller process is gone."""
+
+    def __init__(self, job: Any) -> None:
+        self.job = job
+
+    def done(self) -> bool:
+        return not _alive(int(self.job.job_id))
+
+    def result(self) -> Any:
+        return self.job.result()
+
+
+def _alive(pid: int) -> bool:
+    """Whether process ``pid`` runs (a zombie, finished but not yet reaped, does not)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        try:
+            os.kill(pid, 0)  # no /proc (macOS): existence is all that can be known
+        except OSError:
+            return False
+        return True
+    return state not in ("Z", "X")
+
+
+def _key(run: Any) -> str:
+    return f"{run.variant}/seed-{run.seed}"
+
+
+def run_remote(
+    options: ExecutorOptions,
+    pending: list[tuple[Any, bool]],
+    out: Path,
+    env: dict[str, str],
+    on_run: Callable[[Any, str], None] | None = None,
+) -> tuple[list[RunFailure], int | None]:
+    """Train ``pending`` runs on the Ray or SLURM executor; returns the failures and how many ran at once (None: unknown)."""
+    out = Path(out).resolve()
+    token = mark_out(out)
+    backend = _Ray(options, out, token, env) if options.name == "ray" else _Slurm(options, out, token, env)
+    failures: list[RunFailure] = []
+    try:
+        queue = [run for run, _ in pending]
+        active: dict[Any, Any] = {}
+        for run in list(queue):  # jobs an earlier --no-wait call submitted are waited for, never submitted twice
+            job = backend.adopt(run) if isinstance(backend, _Slurm) else None
+            if job is not None:
+                queue.remove(run)
+                active[job] = run
+        if not options.wait:
+            for run in queue:
+                backend.submit(run)
+            for run in [*active.values(), *queue]:
+                if on_run:
+                    on_run(run, f"{'queued or running' if run in active.values() else 'submitted'} ({backend.jobs_file.parent})")
+            return failures, None
+        for run in queue:
+            log_path(out, run).unlink(missing_ok=True)  # a log that exists is a run that started
+        cap = options.workers
+        finished = 0
+        while queue or active:
+            while queue and (cap is None or len(active) < cap):
+                run = queue.pop(0)
+                active[backend.submit(run)] = run
+            for handle in backend.ready(list(active)):
+                run = active.pop(handle)
+                try:
+                    status = backend.outcome(handle)
+                    finished += 1
+                except Exception as exc:  # noqa: BLE001 - any failure of one run is reported, the others go on
+                    failures.append(_failure(run, out, exc))
+                    status = f"failed: {failures[-1].error}"
+                if on_run:
+                    running = sum(1 for r in active.values() if log_path(out, r).exists())
+                    counts = f"{finished} finished, {running} running, {len(failures)} failed, {len(active) - running + len(queue)} waiting"
+                    on_run(run, f"{status} [{options.name}: {counts}]")
+        slots = backend.slots
+        return failures, (min(slots, cap) if slots and cap else slots or cap)
+    finally:
+        backend.close()
+
+
+def failure_report(failures: list[RunFailure], total: int, summary: Path | None) -> RunsFailed:
+    """One error naming every failed run, its error and its log's last lines."""
+    where = f"; {summary} covers the runs that finished" if summary else ""
+    lines = [f"{len(failures)} of {total} runs failed{where}; run the same command again to retry them"]
+    for failure in failures:
+        lines.append(f"{failure.run.variant} seed {failure.run.seed}: {failure.error}")
+        lines.extend(f"  | {line}" for line in failure.tail)
+    return RunsFailed("\n".join(lines))

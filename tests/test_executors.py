@@ -1,0 +1,142 @@
+"""A bench trains the same runs whichever executor runs them: the local pool, Ray, or submitit's jobs."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from layerdescent import executors
+from layerdescent.bench import run_bench
+from layerdescent.errors import ConfigError
+from layerdescent.executors import ExecutorOptions, RunsFailed
+from layerdescent.trainer import Trainer
+from test_one_line_errors import RUN, cli, config_file, with_
+
+# checkpoints along the way, so a killed bench has something to resume
+BENCH = {
+    **with_(with_(RUN, "train.epochs", 3), "train.checkpoint_every", 1),
+    "bench": {"seeds": [0], "variants": {"erm": {"solver": {"name": "erm"}}, "primal-dual": {}}},
+}
+VARIANTS = ("erm", "primal-dual")
+LOCAL_JOBS = {"slurm": {"cluster": "local", "time": 10}}
+
+
+def results(out: Path) -> dict[str, dict]:
+    """Each run's results.json without its timing, the one field that differs between identical runs."""
+    found = {}
+    for variant in VARIANTS:
+        data = json.loads((out / variant / "seed-0" / "results.json").read_text())
+        data["train"].pop("step_time_median")
+        found[variant] = data
+    return found
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory) -> tuple[Path, dict]:
+    """The bench file and what the local executor makes of it."""
+    tmp = tmp_path_factory.mktemp("local")
+    path = config_file(tmp, {**BENCH, "bench": {**BENCH["bench"], **LOCAL_JOBS}}, "bench.toml")
+    run_bench(path, tmp / "out")
+    return path, results(tmp / "out")
+
+
+@pytest.fixture(scope="module")
+def ray_instance():
+    """One local Ray instance for the module: starting one takes seconds."""
+    ray = pytest.importorskip("ray", reason="the ray executor needs pip install 'layerdescent[ray]' (about 240 MB)")
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield ray
+    ray.shutdown()
+
+
+def test_ray_trains_the_same_runs_as_the_local_executor(reference, ray_instance, tmp_path):
+    path, expected = reference
+    seen = []
+    summary = run_bench(path, tmp_path / "out", executor=ExecutorOptions(name="ray", workers=2), on_run=lambda run, status: seen.append(status))
+    assert results(tmp_path / "out") == expected
+    assert summary.exists() and ray_instance.is_initialized()  # the bench leaves an instance it did not start
+    assert seen[-1].endswith("[ray: 2 finished, 0 running, 0 failed, 0 waiting]")
+
+
+def test_a_failed_ray_run_is_named_with_its_log_and_the_others_finish(reference, ray_instance, tmp_path):
+    path, _ = reference
+    table = json.loads(json.dumps(BENCH))
+    table["bench"]["variants"]["primal-dual"] = {"solver": {"dual_lr": 1e6, "max_multiplier": 1e-3}}  # diverges at once
+    bench = config_file(tmp_path, table, "bench.toml")
+    with pytest.raises(RunsFailed) as failed:
+        run_bench(bench, tmp_path / "out", executor=ExecutorOptions(name="ray"))
+    lines = str(failed.value).splitlines()
+    assert lines[0].startswith(f"1 of 2 runs failed; {tmp_path / 'out' / 'summary.md'} covers the runs that finished")
+    assert lines[1].startswith("primal-dual seed 0: DivergenceError:")
+    assert any(line.startswith("  | ") and "DivergenceError" in line for line in lines[2:])
+    assert (tmp_path / "out" / "erm" / "seed-0" / "results.json").exists()
+
+
+def test_an_interrupted_bench_resumes_through_submitted_jobs_to_the_same_results(reference, tmp_path, monkeypatch):
+    pytest.importorskip("submitit", reason="the slurm executor needs pip install 'layerdescent[slurm]'")
+    path, expected = reference
+    out = tmp_path / "out"
+    original, calls = Trainer.step, []
+
+    def interrupt_at_step_4(self, *args, **kwargs):
+        calls.append(1)
+        if len(calls) == 4:  # erm is halfway, with a checkpoint; primal-dual has not started
+            raise KeyboardInterrupt
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(Trainer, "step", interrupt_at_step_4)
+    with pytest.raises(KeyboardInterrupt):
+        run_bench(path, out)
+    monkeypatch.setattr(Trainer, "step", original)
+    assert (out / "erm" / "seed-0" / "checkpoint.pt").exists() and not (out / "primal-dual" / "seed-0").exists()
+    # submitted and left, then collected by a second call: the bench a SLURM user runs from a login node
+    assert run_bench(path, out, executor=ExecutorOptions(name="slurm", cluster="local", wait=False)) is None
+    jobs = json.loads((out / ".submitit" / "jobs.json").read_text())
+    assert jobs.keys() == {"erm/seed-0", "primal-dual/seed-0"}
+    seen = []
+    summary = run_bench(path, out, executor=ExecutorOptions(name="slurm", cluster="local"), on_run=lambda run, status: seen.append(status))
+    assert summary.exists() and results(out) == expected
+    assert sorted(s.split(" [")[0] for s in seen) == ["resumed", "trained"]
+    assert json.loads((out / ".submitit" / "jobs.json").read_text()) == jobs  # collected, not submitted again
+
+
+def test_a_worker_that_does_not_see_the_output_directory_refuses_to_train(reference, tmp_path):
+    path, _ = reference
+    from layerdescent.bench import plan
+
+    (run,) = [r for r in plan(path, tmp_path / "out") if r.variant == "erm"]
+    with pytest.raises(ConfigError, match="put --out on a filesystem every worker sees"):
+        executors.execute(run, str(tmp_path / "out"), "not-the-token", 1, {})
+    assert not (tmp_path / "out" / "erm").exists()
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--executor", "local", "--no-wait"], "--no-wait is for --executor slurm"),
+        (["--executor", "local", "--ray-address", "host:6379"], "--ray-address needs --executor ray"),
+        (["--executor", "ray", "--cpus-per-run", "0"], "--cpus-per-run must be at least 1"),
+        (["--partition", "gpu"], "--partition needs --executor slurm"),
+    ],
+)
+def test_executor_flags_that_cannot_work_are_one_line(reference, tmp_path, argv, message):
+    path, _ = reference
+    code, lines = cli("bench", str(path), "--out", str(tmp_path / "out"), *argv)
+    assert code == 2 and len(lines) == 1 and message in lines[0], lines
+
+
+def test_a_misspelled_slurm_setting_gets_the_closest_name(tmp_path):
+    bench = config_file(tmp_path, {**BENCH, "bench": {**BENCH["bench"], "slurm": {"partion": "gpu"}}}, "bench.toml")
+    code, lines = cli("bench", str(bench), "--out", str(tmp_path / "out"), "--executor", "slurm")
+    assert code == 2 and len(lines) == 1 and "bench.slurm.partion" in lines[0] and "'partition'" in lines[0], lines
+
+
+def test_slurm_without_a_scheduler_says_how_to_try_it_locally(tmp_path, monkeypatch):
+    pytest.importorskip("submitit", reason="the slurm executor needs pip install 'layerdescent[slurm]'")
+    monkeypatch.setenv("PATH", str(tmp_path))  # no sbatch on it
+    code, lines = cli("bench", str(config_file(tmp_path, BENCH, "bench.toml")), "--out", str(tmp_path / "out"), "--executor", "slurm")
+    assert code == 2 and len(lines) == 1 and "no sbatch here" in lines[0] and 'cluster = "local"' in lines[0], lines
+    assert not os.path.exists(tmp_path / "out" / "erm")

@@ -1,0 +1,132 @@
+"""TensorBoard and MLflow receive what metrics.jsonl holds, read back through their own readers."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from layerdescent import trackers
+from layerdescent.config import config_from_dict
+from layerdescent.trainer import Trainer, train
+from test_one_line_errors import cli, config_file
+
+
+def records(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def expected(run_dir: Path) -> dict[tuple[str, int], float]:
+    """Every (name, step) a tracker must hold, with its value in metrics.jsonl."""
+    return {(name, record["step"]): value for record in records(run_dir) for name, value in trackers.scalars(record).items()}
+
+
+def tracked(tiny: dict, names: list[str]) -> dict:
+    tiny["train"]["trackers"] = names
+    return tiny
+
+
+def test_tensorboard_holds_every_logged_value_of_the_run(tiny, tmp_path):
+    pytest.importorskip("tensorboard", reason="the tensorboard tracker needs pip install 'layerdescent[tensorboard]'")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    run_dir = tmp_path / "run"
+    results = train(config_from_dict(tracked(tiny, ["tensorboard"])), run_dir)
+    events = EventAccumulator(str(run_dir / "tensorboard"), size_guidance={"scalars": 0})
+    events.Reload()
+    want = expected(run_dir)
+    assert {"train/loss/l0", "train/lambda/descent/0", "train/violation/descent/3", "val/loss/l4", trackers.STEP_TIME} <= set(events.Tags()["scalars"])
+    got = {(tag, e.step): e.value for tag in events.Tags()["scalars"] for e in events.Scalars(tag)}
+    for key, value in want.items():
+        assert got[key] == pytest.approx(value, rel=1e-6, abs=1e-12), key  # TensorBoard stores float32
+    assert all(e.value > 0 for e in events.Scalars(trackers.STEP_TIME))
+    last = results["train"]["steps"]
+    assert got[("test/gamma_0.5/loss/l4", last)] == pytest.approx(results["gammas"][1]["layer_loss"][4], rel=1e-6)
+
+
+def test_a_resumed_run_shows_in_tensorboard_what_metrics_jsonl_holds(tiny, tmp_path, monkeypatch):
+    pytest.importorskip("tensorboard", reason="the tensorboard tracker needs pip install 'layerdescent[tensorboard]'")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    run_dir = tmp_path / "run"
+    tiny["train"].update(log_every=2, checkpoint_every=3)
+    config = config_from_dict(tracked(tiny, ["tensorboard"]))
+    original, calls = Trainer.step, []
+
+    def crash_at_step_12(self, *args, **kwargs):
+        calls.append(1)
+        if len(calls) == 12:  # after the checkpoint at step 9 and the log line at step 10
+            raise KeyboardInterrupt
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(Trainer, "step", crash_at_step_12)
+    with pytest.raises(KeyboardInterrupt):
+        train(config, run_dir)
+    monkeypatch.setattr(Trainer, "step", original)
+    train(config, run_dir, resume=True)
+    events = EventAccumulator(str(run_dir / "tensorboard"), size_guidance={"scalars": 0})
+    events.Reload()
+    for (tag, step), value in expected(run_dir).items():
+        logged = [e.value for e in events.Scalars(tag) if e.step == step]
+        assert logged == [pytest.approx(value, rel=1e-6, abs=1e-12)], (tag, step)
+
+
+def test_mlflow_holds_the_config_the_metrics_and_the_files_of_the_run(tiny, tmp_path, monkeypatch):
+    pytest.importorskip("mlflow", reason="the mlflow tracker needs pip install 'layerdescent[mlflow]'")
+    from mlflow.tracking import MlflowClient
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.delenv("MLFLOW_EXPERIMENT_NAME", raising=False)
+    run_dir = tmp_path / "run"
+    config = config_from_dict(tracked(tiny, ["mlflow"]))
+    train(config, run_dir)
+    client = MlflowClient(tracking_uri=(run_dir / "mlruns").as_uri())
+    (run,) = client.search_runs([client.get_experiment_by_name("layerdescent").experiment_id])
+    assert run.info.status == "FINISHED"
+    assert run.data.params["train.lr"] == "0.01" and run.data.params["constraints.0.alpha"] == "0.05" and run.data.params["task.layers"] == "4"
+    for (name, step), value in expected(run_dir).items():
+        assert [(m.step, m.value) for m in client.get_metric_history(run.info.run_id, name) if m.step == step] == [(step, value)], name
+    files = {f.path for f in client.list_artifacts(run.info.run_id)} | {f.path for f in client.list_artifacts(run.info.run_id, "plots")}
+    assert {"results.json", "config.toml", "plots/loss_vs_layer.png", "plots/summary.md"} <= files
+    local = Path(client.download_artifacts(run.info.run_id, "results.json", str(tmp_path)))
+    assert json.loads(local.read_text()) == json.loads((run_dir / "results.json").read_text())
+    assert cli("report", str(run_dir))[0] == 0  # the store's copy of results.json is not taken for a second run
+
+
+def test_a_config_without_trackers_records_no_trackers_key(tiny, tmp_path):
+    train(config_from_dict(tiny), tmp_path / "run")
+    assert "trackers" not in (tmp_path / "run" / "config.toml").read_text()
+
+
+def test_an_unknown_tracker_is_one_line_with_the_closest_name(tiny, tmp_path):
+    code, lines = cli("run", str(config_file(tmp_path, tracked(tiny, ["tensorbord"]))), "--out", str(tmp_path / "out"))
+    assert code == 2 and len(lines) == 1 and "train.trackers[0]" in lines[0] and "'tensorboard'" in lines[0]
+
+
+@pytest.mark.parametrize("name", ["tensorboard", "mlflow"])
+def test_a_missing_tracker_package_names_its_extra(tiny, tmp_path, monkeypatch, name):
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda module, *a: None if module == name else real(module, *a))
+    code, lines = cli("run", str(config_file(tmp_path, tracked(tiny, [name]))), "--out", str(tmp_path / "out"))
+    assert (code, lines) == (2, [f"layerdescent: error: train.trackers: {name!r} needs the {name} package: pip install 'layerdescent[{name}]'"])
+    assert not os.path.exists(tmp_path / "out")
+
+
+def test_a_bench_groups_its_runs_in_one_mlflow_experiment_named_after_it(tiny, tmp_path, monkeypatch):
+    pytest.importorskip("mlflow", reason="the mlflow tracker needs pip install 'layerdescent[mlflow]'")
+    from mlflow.tracking import MlflowClient
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.delenv("MLFLOW_EXPERIMENT_NAME", raising=False)
+    tiny["train"]["epochs"] = 1
+    bench = {**tracked(tiny, ["mlflow"]), "bench": {"seeds": [0, 1], "variants": {"erm": {"solver": {"name": "erm"}}}}}
+    out = tmp_path / "out"
+    assert cli("bench", str(config_file(tmp_path, bench, "sweep.toml")), "--out", str(out))[0] == 0
+    client = MlflowClient(tracking_uri=(out / "mlruns").as_uri())
+    runs = client.search_runs([client.get_experiment_by_name("sweep").experiment_id])
+    assert sorted((r.data.tags["variant"], r.data.tags["seed"], r.data.tags["bench"]) for r in runs) == [("erm", "0", "sweep"), ("erm", "1", "sweep")]
+    assert "2 runs of 1 variant" in (out / "summary.md").read_text()  # not 4: the store's copies of results.json are no runs
+    assert "mlruns" not in os.environ.get(trackers.STORE_ENV, "")  # the bench's settings end with it
