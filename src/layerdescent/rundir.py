@@ -114,7 +114,7 @@ def claim(run_dir: Path) -> Iterator[None]:
         yield
 
 
-def _flat(table: Any, prefix: str = "") -> dict[str, Any]:
+def flat_keys(table: Any, prefix: str = "") -> dict[str, Any]:
     """Dotted keys for nested tables; constraints are numbered: constraints.0.alpha."""
     if isinstance(table, list) and table and all(isinstance(x, dict) for x in table):
         table = {str(i): x for i, x in enumerate(table)}
@@ -122,7 +122,7 @@ def _flat(table: Any, prefix: str = "") -> dict[str, Any]:
         return {prefix.rstrip("."): table}
     out: dict[str, Any] = {}
     for key, value in table.items():
-        out.update(_flat(value, f"{prefix}{key}."))
+        out.update(flat_keys(value, f"{prefix}{key}."))
     return out
 
 
@@ -138,7 +138,7 @@ def config_difference(recorded: dict[str, Any], wanted: Any, registry: Any = Non
         resolved = config_from_dict(recorded, registry).as_dict()
     except LayerdescentError as exc:
         return f"the recorded config no longer loads ({(str(exc).splitlines() or [''])[0]})"
-    have, want = _flat(resolved), _flat(wanted.as_dict())
+    have, want = flat_keys(resolved), flat_keys(wanted.as_dict())
     missing = object()
     for key in dict.fromkeys([*want, *have]):
         if key in EXECUTION_KEYS:

@@ -28,6 +28,7 @@ from typing import Any
 
 from layerdescent.errors import ConfigError
 from layerdescent.optional import require
+from layerdescent.rundir import flat_keys
 
 # tracker name -> (the module it needs, the extra that installs it)
 TRACKERS = {"tensorboard": ("tensorboard", "tensorboard"), "mlflow": ("mlflow", "mlflow")}
@@ -139,7 +140,7 @@ class _MLflow:
     def _params(self, config: Any) -> None:
         from mlflow.entities import Param
 
-        flat = _flatten(config.as_dict())
+        flat = flat_keys(config.as_dict())
         params = [Param(key, str(value)[:6000]) for key, value in flat.items()]
         for start in range(0, len(params), 100):  # MLflow takes at most 100 params a call
             self.client.log_batch(self.run_id, params=params[start : start + 100])
@@ -173,18 +174,6 @@ class _MLflow:
     def _fail(self) -> None:
         if not self._closed:
             self.client.set_terminated(self.run_id, "FAILED")
-
-
-def _flatten(table: Any, prefix: str = "") -> dict[str, Any]:
-    """Dotted keys for a nested config table; constraints are numbered: constraints.0.alpha."""
-    if isinstance(table, list) and table and all(isinstance(x, dict) for x in table):
-        table = {str(i): x for i, x in enumerate(table)}
-    if not isinstance(table, dict):
-        return {prefix.rstrip("."): table}
-    out: dict[str, Any] = {}
-    for key, value in table.items():
-        out.update(_flatten(value, f"{prefix}{key}."))
-    return out
 
 
 def _mlflow_key(key: str) -> str:
