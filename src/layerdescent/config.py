@@ -383,7 +383,7 @@ def _depth(value: Any, limit: int) -> int:
 
 def config_from_dict(data: dict[str, Any], registry: Registry | None = None) -> RunConfig:
     """Validate a config table (as parsed from TOML) into a RunConfig; every mistake is reported, one line each."""
-    from layerdescent.guard import calling, describe  # guard imports task, which this module must not need first
+    from layerdescent.guard import build_task  # guard imports task, which this module must not need first
 
     registry = registry or get_registry()
     if _depth(data, MAX_DEPTH + 1) > MAX_DEPTH:
@@ -411,25 +411,31 @@ def config_from_dict(data: dict[str, Any], registry: Registry | None = None) -> 
     constraints = problems.attempt(_build_constraints, data.get("constraints", []), registry)
     problems.raise_any()
     config = RunConfig(task=task_config, seed=seed, label=label, constraints=constraints, **parts)
-    who = describe(registry, config.task.name)
-    with calling(who, "__init__"):
-        task = registry.task(config.task.name)(**config.task.options)
-    from layerdescent.guard import CheckedTask
-
+    task = build_task(registry, config.task.name, config.task.options)
     task.check_gammas(config.eval.gammas, "eval.gammas")
     task.check_gammas([config.train.train_gamma], "train.train_gamma")
     task.check_gammas([config.train.validation_gamma], "train.validation_gamma")
-    num_layers = CheckedTask(task, who).num_layers
     for name in config.eval.domains:
         if name not in task.domains:
             offered = f"it offers: {', '.join(task.domains)}" if task.domains else "it offers none with these options"
             problems.add(ConfigError(f"eval.domains: {name!r} is not a domain of task {task.name!r}{closest(name, task.domains)} ({offered})"))
+    problems.raise_any()
+    return config
+
+
+def check_depth(config: RunConfig, num_layers: int, registry: Registry | None = None) -> None:
+    """Raise ConfigError, one line per problem, where the solver or a constraint names a layer a model of ``num_layers`` lacks.
+
+    Apart from ``config_from_dict`` because the depth is known only once the task has read its
+    model's config (a tokenizer, a converted checkpoint); the trainer calls it when it builds the task.
+    """
+    registry = registry or get_registry()
+    problems = _Problems()
     for line in registry.solver(config.solver.name).check(config.solver.options, num_layers, config.constraints):
         problems.add(ConfigError(line))
     for i, spec in enumerate(config.constraints):
         problems.attempt(spec.check_layers, num_layers, prefix=f"constraints[{i}]")
     problems.raise_any()
-    return config
 
 
 def read_toml(path: str | Path) -> dict[str, Any]:

@@ -18,6 +18,7 @@ import torch
 import torchmetrics
 
 from layerdescent.errors import LayerdescentError, PluginError
+from layerdescent.registry import Registry, get_registry
 from layerdescent.task import LayerOutput, Task
 
 SPLITS = ("train", "validation", "test")
@@ -48,6 +49,15 @@ def calling(who: str, method: str) -> Iterator[None]:
         if _out_of_memory(exc):
             raise PluginError(f"{who}: {method} ran out of memory: the model or data are too large for this machine; lower the task's size options (e.g. task.layers)") from None
         raise PluginError(f"{who}: {method} raised {type(exc).__name__}: {_first_line(exc)}") from None
+
+
+def build_task(registry: Registry | None, name: str, options: dict[str, Any]) -> CheckedTask:
+    """Task ``name`` of ``registry`` (None: the installed plugins) built from ``options``, every call into it checked against the contract."""
+    registry = registry or get_registry()
+    who = describe(registry, name)
+    with calling(who, "__init__"):
+        task = registry.task(name)(**options)
+    return CheckedTask(task, who)
 
 
 class CheckedTask:

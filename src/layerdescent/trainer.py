@@ -21,11 +21,11 @@ import torch
 
 from layerdescent import rundir, stopping
 from layerdescent.checkpoint import load_checkpoint, load_model_state, restore_run, rng_state, save_checkpoint
-from layerdescent.config import RunConfig
+from layerdescent.config import RunConfig, check_depth
 from layerdescent.distributed import to_device
 from layerdescent.errors import DiskError, DivergenceError, PluginError
 from layerdescent.evaluator import evaluate, evaluate_all
-from layerdescent.guard import CheckedTask, calling, describe
+from layerdescent.guard import build_task, describe
 from layerdescent.progress import progress_bar
 from layerdescent.registry import Registry, get_registry
 from layerdescent.session import Session, build_session, epoch_steps
@@ -41,9 +41,8 @@ class Trainer:
         self.run_dir = Path(run_dir)
         self.registry = registry or get_registry()
         self.who = describe(self.registry, config.task.name)
-        with calling(self.who, "__init__"):
-            task = self.registry.task(config.task.name)(**config.task.options)
-        self.task = CheckedTask(task, self.who)  # every call into the plugin is checked against the contract
+        self.task = build_task(self.registry, config.task.name, config.task.options)
+        check_depth(config, self.task.num_layers, self.registry)
         self.checkpoint_path, self.best_path = self.run_dir / "checkpoint.pt", self.run_dir / "best.pt"
 
     def setup(self) -> Session:

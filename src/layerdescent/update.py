@@ -60,8 +60,9 @@ class LayerwiseUpdate:
         return self.problem.labels
 
     def zero_grad(self) -> None:
-        """Clear the model's and the multipliers' gradients."""
-        self.optimizer.zero_grad()
+        """Clear the model's gradients (each dual pass clears the multipliers' own before it writes them)."""
+        for optimizer in self.optimizer.primal_optimizers:
+            optimizer.zero_grad()
 
     def loss(self, losses: torch.Tensor) -> torch.Tensor:
         """The primal loss (objective plus multiplier-weighted violations) of B x (L+1) per-sample losses or L+1 means."""
