@@ -43,7 +43,7 @@ def _trainer(tmp_path, model=None, readout=None, steps: int = 4, accumulate: int
     import transformers
 
     model = model or _tiny_bert()
-    trainer_args = {k: kwargs.pop(k) for k in ("save_steps", "save_strategy") if k in kwargs}
+    trainer_args = {k: kwargs.pop(k) for k in ("save_steps", "save_strategy", "label_smoothing_factor") if k in kwargs}
     args = transformers.TrainingArguments(
         str(tmp_path / "out"), max_steps=steps, per_device_train_batch_size=8, gradient_accumulation_steps=accumulate, learning_rate=1e-3,
         logging_steps=1, report_to=[], use_cpu=True, disable_tqdm=True, save_strategy=trainer_args.pop("save_strategy", "no"), **trainer_args,
@@ -105,6 +105,25 @@ def test_lambda_steps_once_per_optimizer_step_from_the_mean_of_its_micro_batches
         assert weight == 1.0 and torch.allclose(means, (micro[2 * step] + micro[2 * step + 1]) / 2)
     primal = trainer.update.optimizer.primal_optimizers[0]
     assert {int(state["step"]) for state in primal.state.values()} == {3}  # the Trainer's optimizer stepped once a step, never twice
+
+
+@needs_hf
+def test_a_step_the_mixed_precision_scaler_skips_leaves_the_multipliers_where_they_were(tmp_path, monkeypatch):
+    trainer = _trainer(tmp_path, constraints=[ld.Descent(alpha=0.5)], dual_lr=1.0)
+    # fp16 needs a GPU; its scaler's verdict is what the Trainer reads, so every step here is a skipped one
+    monkeypatch.setattr(type(trainer.accelerator), "optimizer_step_was_skipped", property(lambda self: True))
+    trainer.train()
+    assert all(line["lambda/descent/l2<=l1"] == 0.0 for line in _lines(trainer))
+    monkeypatch.undo()
+    trainer = _trainer(tmp_path, constraints=[ld.Descent(alpha=0.5)], dual_lr=1.0)
+    trainer.train()
+    assert _lines(trainer)[-1]["lambda/descent/l2<=l1"] > 0.0
+
+
+@needs_hf
+def test_label_smoothing_in_the_training_arguments_is_refused_pointing_at_the_readout(tmp_path):
+    with pytest.raises(ld.ConfigError, match=r"label_smoothing_factor = 0.1 .*cross_entropy\(\.\.\., label_smoothing=0.1\)"):
+        _trainer(tmp_path, label_smoothing_factor=0.1)
 
 
 @needs_hf

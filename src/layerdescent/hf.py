@@ -73,6 +73,8 @@ class DescentTrainer(transformers.Trainer):
 
     def _check(self, options: dict[str, Any]) -> None:
         """Refuse what cannot train before anything runs: bad constraints, readout, solver or options."""
+        if self.args.label_smoothing_factor:
+            raise ConfigError(f"TrainingArguments.label_smoothing_factor = {self.args.label_smoothing_factor:g} smooths the model's own loss, which DescentTrainer replaces by the readout's: set it to 0 and smooth in the readout (cross_entropy(..., label_smoothing={self.args.label_smoothing_factor:g}))")
         if not callable(self.readout):
             raise ConfigError(f"readout must be a function readout(hidden_state, inputs) -> per-sample losses (B,), got {type(self.readout).__name__}")
         for spec in self.constraints:
@@ -138,6 +140,8 @@ class DescentTrainer(transformers.Trainer):
     def _end_step(self) -> None:
         """After each optimizer step: the multipliers' step from its layer means, averaged over ranks."""
         means, self._pending = self._pending, None
+        if self.accelerator.optimizer_step_was_skipped:
+            return  # fp16's scaler found inf gradients and left the model as it was: lambda waits too
         if means is not None:
             if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
                 means = means.clone()
