@@ -28,7 +28,6 @@ with the bench.
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import ctypes
 import dataclasses
@@ -42,6 +41,7 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
+from unittest import mock
 
 from layerdescent import rundir
 from layerdescent.config import RunConfig, apply_overrides, check_depth, check_seed, config_from_dict, read_toml, set_path
@@ -226,21 +226,6 @@ def tracker_env(path: str | Path, out: str | Path) -> dict[str, str]:
     return {BENCH_ENV: Path(path).stem, STORE_ENV: str(Path(out).resolve() / "mlruns")}
 
 
-@contextlib.contextmanager
-def _environment(env: dict[str, str]):
-    """``env`` in os.environ for the block (and the worker processes started in it)."""
-    saved = {key: os.environ.get(key) for key in env}
-    os.environ.update(env)
-    try:
-        yield
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
-
-
 def executor_options(path: str | Path, overrides: list[str] = (), executor: str = "local", **given: Any) -> ExecutorOptions:
     """The executor's settings: the bench file's ``[bench.slurm]`` table, then the flags that were given."""
     table = apply_overrides(read_toml(path), list(overrides)).get("bench", {})
@@ -299,13 +284,13 @@ def run_bench(
         if not executor.wait:
             return None
     elif workers == 1:
-        with _environment(env):
+        with mock.patch.dict(os.environ, env):  # for the block and the workers it starts
             for run, resume in pending:
                 train(run.config, run.run_dir, resume=resume, registry=registry)
                 if on_run:
                     on_run(run, "resumed" if resume else "trained")
     else:
-        with _environment(env), ProcessPoolExecutor(workers, initializer=_worker_init, initargs=(os.getpid(),)) as pool:
+        with mock.patch.dict(os.environ, env), ProcessPoolExecutor(workers, initializer=_worker_init, initargs=(os.getpid(),)) as pool:
             jobs = [(run, resume, pool.submit(_train_one, run, resume)) for run, resume in pending]
             for run, resume, job in jobs:
                 job.result()  # the first failure stops the bench with its own error

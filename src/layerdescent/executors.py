@@ -30,6 +30,7 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
+from unittest import mock
 
 from layerdescent import rundir
 from layerdescent.errors import ConfigError, LayerdescentError
@@ -147,35 +148,26 @@ def execute(run: Any, out: str, token: str, threads: int, env: dict[str, str]) -
     _check_visible(out_dir, token)
     log = log_path(out_dir, run)
     log.parent.mkdir(parents=True, exist_ok=True)
-    saved = {key: os.environ.get(key) for key in env}
-    os.environ.update(env)
-    try:
-        with log.open("a", buffering=1) as handle, contextlib.redirect_stdout(handle), contextlib.redirect_stderr(handle):
-            print(f"{run.variant} seed {run.seed} on {socket.gethostname()} (pid {os.getpid()})", flush=True)
-            try:
-                config = dataclasses.replace(run.config, train=dataclasses.replace(run.config.train, threads=threads))
-                while True:
-                    while _in_use(run.run_dir):  # the same run submitted twice: the second waits, then finds it done
-                        time.sleep(1.0)
-                    if (run.run_dir / "results.json").exists():
-                        return "done"
-                    resume = (run.run_dir / "checkpoint.pt").exists()
-                    try:
-                        train(config, run.run_dir, resume=resume)
-                    except ConfigError:
-                        if _in_use(run.run_dir) or (run.run_dir / "results.json").exists():
-                            continue  # the twin took the lock between the check and the start
-                        raise
-                    return "resumed" if resume else "trained"
-            except BaseException:
-                traceback.print_exc()
-                raise
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
+    with mock.patch.dict(os.environ, env), log.open("a", buffering=1) as handle, contextlib.redirect_stdout(handle), contextlib.redirect_stderr(handle):
+        print(f"{run.variant} seed {run.seed} on {socket.gethostname()} (pid {os.getpid()})", flush=True)
+        try:
+            config = dataclasses.replace(run.config, train=dataclasses.replace(run.config.train, threads=threads))
+            while True:
+                while _in_use(run.run_dir):  # the same run submitted twice: the second waits, then finds it done
+                    time.sleep(1.0)
+                if (run.run_dir / "results.json").exists():
+                    return "done"
+                resume = (run.run_dir / "checkpoint.pt").exists()
+                try:
+                    train(config, run.run_dir, resume=resume)
+                except ConfigError:
+                    if _in_use(run.run_dir) or (run.run_dir / "results.json").exists():
+                        continue  # the twin took the lock between the check and the start
+                    raise
+                return "resumed" if resume else "trained"
+        except BaseException:
+            traceback.print_exc()
+            raise
 
 
 @dataclass
