@@ -115,6 +115,19 @@ def test_a_missing_tracker_package_names_its_extra(tiny, tmp_path, monkeypatch, 
     assert not os.path.exists(tmp_path / "out")
 
 
+def test_a_recorded_run_naming_a_tracker_whose_package_is_missing_still_reports_and_evaluates(tiny, tmp_path, monkeypatch):
+    pytest.importorskip("tensorboard", reason="recording the run needs pip install 'layerdescent[tensorboard]'")
+    tiny["train"]["epochs"] = 1
+    run_dir = tmp_path / "run"
+    train(config_from_dict(tracked(tiny, ["tensorboard"])), run_dir)
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda module, *a: None if module == "tensorboard" else real(module, *a))
+    assert cli("report", str(run_dir))[0] == 0
+    assert cli("evaluate", str(run_dir), "--out", str(tmp_path / "again"))[0] == 0
+    assert (tmp_path / "again" / "results.json").exists()
+    assert cli("run", str(run_dir / "config.toml"), "--out", str(tmp_path / "new"))[0] == 2  # training it again still needs the package
+
+
 def test_a_bench_groups_its_runs_in_one_mlflow_experiment_named_after_it(tiny, tmp_path, monkeypatch):
     pytest.importorskip("mlflow", reason="the mlflow tracker needs pip install 'layerdescent[mlflow]'")
     from mlflow.tracking import MlflowClient

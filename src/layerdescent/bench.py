@@ -51,7 +51,7 @@ from layerdescent.executors import ExecutorOptions, failure_report, run_remote, 
 from layerdescent.registry import Registry
 from layerdescent.report import write_report
 from layerdescent.reevaluate import evaluate_config, evaluate_run
-from layerdescent.trackers import BENCH_ENV, STORE_ENV
+from layerdescent.trackers import BENCH_ENV, STORE_ENV, check_trackers
 from layerdescent.trainer import train
 
 
@@ -167,6 +167,7 @@ def plan(path: str | Path, out: str | Path, overrides: list[str] = (), registry:
                     if key not in depths:
                         depths[key] = build_task(registry, config.task.name, config.task.options).num_layers
                     check_depth(config, depths[key], registry)
+                    check_trackers(config.train.trackers)
                 except ConfigError as exc:
                     raise ConfigError("\n".join(f"bench.variants.{name}: {line.removeprefix('--set ')}" for line in str(exc).splitlines())) from None
                 runs.append(BenchRun(name, seed, config, Path(out) / name / f"seed-{seed}"))

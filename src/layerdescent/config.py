@@ -25,7 +25,6 @@ from layerdescent.constraints import ConstraintSpec
 from layerdescent.errors import ConfigError
 from layerdescent.registry import Registry, closest, get_registry
 from layerdescent.solvers import PrimalDualOptions
-from layerdescent.trackers import check_tracker
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -128,9 +127,9 @@ class TrainConfig:
         for key in ("weight_decay", "momentum", "grad_clip", "train_gamma", "validation_gamma", "threads", "checkpoint_every"):
             _require(getattr(self, key) >= 0, f"train.{key}", "must be >= 0")
         _require(self.threads <= MAX_THREADS, "train.threads", f"must be at most {MAX_THREADS} (this machine has {os.cpu_count()} cores; 0 keeps torch's default), got {self.threads}")
+        # whether each tracker's package is installed is checked when a run trains (check_trackers),
+        # so that report and evaluate still read a recorded run on a machine without it
         _require(len(set(self.trackers)) == len(self.trackers), "train.trackers", "lists a tracker twice")
-        for tracker in self.trackers:
-            check_tracker(tracker)
 
 
 @dataclass(frozen=True)

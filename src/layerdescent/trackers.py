@@ -24,7 +24,7 @@ import shutil
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
 
 from layerdescent.errors import ConfigError
 from layerdescent.optional import require
@@ -39,11 +39,12 @@ STEP_TIME = "time/seconds_per_step"
 RUN_DIR_TAG = "layerdescent.run_dir"
 
 
-def check_tracker(name: str) -> None:
-    """Raise ConfigError naming the extra to install when tracker ``name``'s package is missing."""
-    module, extra = TRACKERS[name]
-    if importlib.util.find_spec(module) is None:
-        raise ConfigError(f"train.trackers: {name!r} needs the {module} package: pip install 'layerdescent[{extra}]'")
+def check_trackers(names: Iterable[str]) -> None:
+    """Raise ConfigError naming the extra to install when a tracker's package is missing (before a run trains)."""
+    for name in names:
+        module, extra = TRACKERS[name]
+        if importlib.util.find_spec(module) is None:
+            raise ConfigError(f"train.trackers: {name!r} needs the {module} package: pip install 'layerdescent[{extra}]'")
 
 
 def scalars(record: dict[str, Any]) -> dict[str, float]:

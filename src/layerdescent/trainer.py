@@ -29,7 +29,7 @@ from layerdescent.guard import build_task, describe
 from layerdescent.progress import progress_bar
 from layerdescent.registry import Registry, get_registry
 from layerdescent.session import Session, build_session, epoch_steps
-from layerdescent.trackers import open_trackers
+from layerdescent.trackers import check_trackers, open_trackers
 from layerdescent.update import LayerwiseUpdate
 
 
@@ -51,6 +51,7 @@ class Trainer:
 
     def fit(self, resume: bool = False) -> dict[str, Any]:
         """Train (or continue), evaluate on the gamma grid, write and return ``results.json``."""
+        check_trackers(self.config.train.trackers)
         with rundir.claim(self.run_dir):
             try:
                 session = self.setup()
