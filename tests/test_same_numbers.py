@@ -1,15 +1,26 @@
 """A refactor must not move the numbers: each built-in solver's results.json equals the one recorded before the solver redesign.
 
-The recorded files in ``tests/data/same_numbers/`` were written by main at dfa1fff (before solvers
-became plugins) with ``LAYERDESCENT_RECORD=1 python -m pytest tests/test_same_numbers.py``, on
-the CPU with one torch thread. Timings and the package version are the only keys left out.
+Float results depend on the machine as well as the code: another CPU model runs other kernels
+(MKL picks its blocking by cache size), which moves evaluation losses in their eighth digit. So
+the recordings in ``tests/data/same_numbers/MACHINE/`` are kept per machine, each written by the
+last commit before the redesign (a579cd4, whose solvers are dfa1fff's) with one torch thread:
+
+    git worktree add /tmp/before a579cd4 && cd /tmp/before
+    LAYERDESCENT_RECORD=1 PYTHONPATH=$PWD/src:$PWD/plugins python -m pytest tests/test_same_numbers.py
+    mkdir -p DEST && cp tests/data/same_numbers/*.json DEST    # DEST: the directory the failure names
+
+On a machine that has one the comparison is exact; elsewhere every number must be within a
+relative 1e-4 of a recorded machine's (counts and strings exactly). Timings and the package
+version are the only keys left out.
 """
 
 from __future__ import annotations
 
 import copy
+import hashlib
 import json
 import os
+import platform
 from pathlib import Path
 
 import pytest
@@ -54,14 +65,52 @@ def _without_timings(value):
     return value
 
 
+def machine() -> dict[str, str]:
+    """What decides float results beside the code: torch and its kernels, and the CPU model."""
+    import torch
+
+    cpu = Path("/proc/cpuinfo").read_text().split("\n\n")[0] if Path("/proc/cpuinfo").exists() else platform.processor()
+    fields = {key.strip(): value.strip() for key, _, value in (line.partition(":") for line in cpu.splitlines())}
+    keep = ("model name", "cpu family", "model", "cache size")
+    return {
+        "torch": torch.__version__,
+        "capability": torch.backends.cpu.get_cpu_capability(),
+        "cpu": " / ".join(fields.get(k, "") for k in keep) if fields.get("model name") else platform.machine(),
+    }
+
+
+def machine_id(described: dict[str, str]) -> str:
+    return hashlib.sha256(json.dumps(described, sort_keys=True).encode()).hexdigest()[:12]
+
+
+def _close(got, recorded, rel: float = 1e-4) -> bool:
+    if isinstance(recorded, dict):
+        return isinstance(got, dict) and got.keys() == recorded.keys() and all(_close(got[k], recorded[k], rel) for k in recorded)
+    if isinstance(recorded, list):
+        return isinstance(got, list) and len(got) == len(recorded) and all(_close(g, r, rel) for g, r in zip(got, recorded))
+    if isinstance(recorded, float) and isinstance(got, (int, float)):
+        return abs(got - recorded) <= rel * max(abs(recorded), 1e-12)
+    return got == recorded
+
+
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_a_solver_gives_the_results_recorded_before_the_redesign(case, tmp_path):
     if case.startswith("text"):
         pytest.importorskip("transformers")
     results = ld.train(ld.config_from_dict(CASES[case]), tmp_path / "run")
     got = _without_timings(json.loads(json.dumps(results)))  # as results.json holds it
-    path = RECORDED / f"{case}.json"
+    here = RECORDED / machine_id(machine())
+    path = here / f"{case}.json"
     if os.environ.get("LAYERDESCENT_RECORD"):
-        path.parent.mkdir(parents=True, exist_ok=True)
+        here.mkdir(parents=True, exist_ok=True)
+        (here / "machine.json").write_text(json.dumps(machine(), indent=1, sort_keys=True) + "\n")
         path.write_text(json.dumps(got, indent=1, sort_keys=True) + "\n")
-    assert got == json.loads(path.read_text())  # exact floats: the same operations in the same order
+    if path.exists():
+        assert got == json.loads(path.read_text())  # exact floats: the same operations in the same order
+        return
+    recordings = sorted(RECORDED.glob(f"*/{case}.json"))
+    assert recordings, f"no recording of {case}"
+    # another machine's kernels: the same operations agree to float32 rounding, not bit for bit
+    assert any(_close(got, json.loads(p.read_text())) for p in recordings), (
+        f"{case} is not within 1e-4 of any recorded machine's results; to compare exactly here, record into {here} (see the module docstring)"
+    )

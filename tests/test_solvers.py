@@ -251,6 +251,24 @@ def test_augmented_lagrangian_adds_the_quadratic_term_to_the_primal_loss():
 
 
 @pytest.mark.parametrize("formulation", ["lagrangian", "augmented-lagrangian"])
+def test_the_dual_gradient_is_the_backward_of_cooper_dual_lagrangian(formulation):
+    # The update writes it without an autograd pass; Cooper's own dual Lagrangian must agree, entry for entry.
+    specs = [Descent(alpha=0.1, layers=(1, 3)), Descent(name="strict", alpha=0.3, reference="live", resilience=2.0), ld.Bound(value=0.5)]
+    update = ld.LayerwiseUpdate(specs, num_layers=3, optimizer=torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1), formulation=formulation, dual_lr=1.0)
+    means = torch.tensor([1.0, 1.2, 0.7, 0.9])
+    with torch.no_grad():
+        state = update.problem.cmp.compute_cmp_state(means, primal=False)
+    update.problem.dual_gradient(state)
+    written = {spec.name: update.problem.constraint(spec).multiplier.weight.grad.clone() for spec in specs}
+    for multiplier in update.problem.cmp.multipliers():
+        multiplier.weight.grad = None
+    state.compute_dual_lagrangian().lagrangian.backward()
+    for spec in specs:
+        assert torch.equal(written[spec.name], update.problem.constraint(spec).multiplier.weight.grad), spec.name
+    assert not torch.equal(written["descent"], torch.zeros(2))
+
+
+@pytest.mark.parametrize("formulation", ["lagrangian", "augmented-lagrangian"])
 @pytest.mark.parametrize("scheme", ["simultaneous", "alternating", "alternating-primal-dual", "extrapolation"])
 def test_every_formulation_and_scheme_trains_and_resumes_on_the_same_trajectory(tiny, tmp_path, monkeypatch, formulation, scheme):
     tiny["solver"].update(formulation=formulation, scheme=scheme, penalty_growth=1.01)

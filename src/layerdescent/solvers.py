@@ -235,8 +235,7 @@ class PrimalDual(Solver):
         means = (self._window / self._count).to(self.problem.device)
         with torch.no_grad():
             state = self.problem.cmp.compute_cmp_state(means, primal=False)
-        self.problem.zero_dual_grad()  # the primal pass put none there; an extrapolation's first one did
-        state.compute_dual_lagrangian().backward()
+        self.problem.dual_gradient(state)
         self.problem.grow_penalties(state)
         self._window.zero_()
         self._count = 0
