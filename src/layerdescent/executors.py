@@ -179,7 +179,8 @@ class RunFailure:
     tail: list[str]
 
 
-def _failure(run: Any, out: Path, exc: BaseException) -> RunFailure:
+def run_failure(run: Any, out: Path, exc: BaseException) -> RunFailure:
+    """What a failed run tells: its own error, and the last lines of its log (of the error, where it kept none)."""
     cause = getattr(exc, "cause", None)  # Ray wraps the run's own exception
     exc = cause if isinstance(cause, BaseException) else exc
     lines = [line for line in str(exc).strip().splitlines() if line.strip()]
@@ -357,7 +358,7 @@ def run_remote(
                     status = backend.outcome(handle)
                     finished += 1
                 except Exception as exc:  # noqa: BLE001 - any failure of one run is reported, the others go on
-                    failures.append(_failure(run, out, exc))
+                    failures.append(run_failure(run, out, exc))
                     status = f"failed: {failures[-1].error}"
                 if on_run:
                     running = sum(1 for r in active.values() if log_path(out, r).exists())
