@@ -142,6 +142,7 @@ UPDATE_RUNNER = textwrap.dedent(
     update.step()
     with open(os.path.join(sys.argv[1], f"rank{rank}.json"), "w") as handle:
         json.dump(update.multipliers()["descent"].tolist(), handle)
+    dist.barrier()  # torn down together: a rank that leaves first aborts the other's gloo threads
     dist.destroy_process_group()
     """
 )

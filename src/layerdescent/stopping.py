@@ -35,6 +35,8 @@ def diverged(reason: str) -> DivergenceError:
 
 def check_multipliers(update: LayerwiseUpdate, step: int) -> None:
     """Raise DivergenceError when a multiplier is not finite or passed the solver's ``max_multiplier``."""
+    if not update.solver.enforces_constraints:
+        return  # its multipliers never move
     bound = update.solver.max_multiplier
     for name, value in update.multipliers().items():
         if bound is not None and bool((value <= bound).all()):  # one test per step: NaN fails it too, and is told apart below

@@ -180,7 +180,7 @@ class Trainer:
         """
         update = session.update
         update.zero_grad()
-        step_means = self._gradients(session, group, step, full)
+        step_means, violations = self._gradients(session, group, step, full)
         if self.config.train.lr_schedule == "cosine":  # from the step count alone, so a resumed run follows the same schedule
             total = self.config.train.epochs * epoch_steps(len(session.rows["train"]), self.config.train)[1]
             for optimizer in update.optimizer.primal_optimizers:
@@ -189,20 +189,24 @@ class Trainer:
         # a scheme that evaluates the batch again (extragradient, or a dual pass after the primal step) re-runs the same micro-batches
         update.step(closure=lambda: self._gradients(session, group, step, full=True))
         stopping.check_multipliers(update, step)
-        return step_means, update.violations(step_means)
+        return step_means, violations
 
-    def _gradients(self, session: Session, group: Sequence[torch.Tensor], step: int, full: bool) -> torch.Tensor:
-        """Backpropagate the primal loss of every micro-batch in ``group`` (summed over ranks, clipped); the all-rank layer means."""
+    def _gradients(self, session: Session, group: Sequence[torch.Tensor], step: int, full: bool) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """Backpropagate the primal loss of every micro-batch in ``group`` (summed over ranks, clipped); the all-rank layer means and their violations."""
         train, update, labels = self.config.train, session.update, session.labels
         total = sum(len(idx) for idx in group)
         step_means = torch.zeros(len(labels), device=session.device)
+        violations: dict[str, torch.Tensor] = {}
+        every_layer = True
         for idx in group:
             means, micro_mean, read_all = self._shard_means(session, idx, full)
+            every_layer = every_layer and read_all
             reason = stopping.nonfinite(step, "loss", micro_mean if read_all else micro_mean[-1:], labels if read_all else labels[-1:])
             if read_all:
                 update.problem.start(micro_mean)  # anchors come from the whole first batch, not one shard
                 # Every rank must agree on stopping, so the check reads the all-rank numbers.
-                for name, value in update.violations(micro_mean).items():
+                violations = update.violations(micro_mean)
+                for name, value in violations.items():
                     reason = reason or stopping.nonfinite(step, f"violation of constraint {name!r}", value, update.labels[name])
                 if reason is None:
                     stopping.check_nonnegative(self.who, step, micro_mean, update, labels)
@@ -219,7 +223,11 @@ class Trainer:
             session.world.sum_gradients(session.model.parameters())
             if train.grad_clip:
                 torch.nn.utils.clip_grad_norm_(session.model.parameters(), train.grad_clip)
-        return step_means
+        if not every_layer:
+            violations = {}  # a log line counts no violations of a step that read the last layer alone
+        elif len(group) > 1:
+            violations = update.violations(step_means)  # a single micro-batch's are the step's already
+        return step_means, violations
 
     def _shard_means(self, session: Session, idx: torch.Tensor, full: bool) -> tuple[torch.Tensor, torch.Tensor, bool]:
         """This rank's layer means on its shard of ``idx`` (differentiable), the mean over all of ``idx``, and whether every layer was read."""
