@@ -212,6 +212,20 @@ def test_erm_variants_trained_otherwise_share_the_context_and_pair_with_the_erm_
     assert {"erm-clean − erm", "primal-dual − erm"} <= rows and not any("− erm-clean" in row for row in rows)
 
 
+def test_a_run_recorded_before_a_task_option_existed_pairs_with_one_that_records_its_default(tmp_path):
+    from layerdescent_lista import SparseCoding
+
+    option, default = next((k, v) for k, v in SparseCoding.options.items() if isinstance(v, (int, float)) and not isinstance(v, bool))
+    for label, solver, mse, task_extra in (("erm", "erm", 1.0, ""), ("primal-dual", "primal-dual", 0.5, f"{option} = {default!r}\n")):
+        for seed in (0, 1):
+            run = tmp_path / label / f"seed-{seed}"
+            run.mkdir(parents=True)
+            (run / "config.toml").write_text(f'seed = {seed}\n[task]\nname = "lista"\n{task_extra}[solver]\nname = "{solver}"\n')
+            (run / "results.json").write_text(json.dumps(fake_results(label, solver, seed, mse + 0.01 * seed, mse, 0.002)))
+    text = write_report(tmp_path).read_text()
+    assert "| primal-dual − erm |" in text.split("### mse")[1]
+
+
 def test_reproduction_report_judges_each_claim_by_its_rule(tmp_path):
     import subprocess
     import sys

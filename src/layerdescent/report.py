@@ -119,6 +119,9 @@ def _config(run_dir: Path) -> dict:
         defaults = {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(cls()).items() if v is not None}
         if isinstance(config.get(section, {}), dict):
             config[section] = {**defaults, **config.get(section, {})}
+    task = config.get("task", {})
+    if isinstance(task, dict) and task.get("name") in get_registry().tasks:  # a task option added since the run: its default
+        config["task"] = {**get_registry().tasks[task["name"]].options, **task}
     return config
 
 
