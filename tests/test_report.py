@@ -199,14 +199,18 @@ def test_traces_plot_the_multipliers_and_violations_of_constrained_runs_only(ben
     assert steps.tolist() == [10, 20] and lam[:, 0].tolist() == pytest.approx([0.1, 0.2]) and violation.shape == (2, 2)
 
 
+def two_seeds(root, label: str, solver: str, mse: float, task: str = "", train: str = "") -> None:
+    """Seeds 0 and 1 of a lista run labelled ``label``, with extra ``[task]`` and ``[train]`` lines in its config.toml."""
+    for seed in (0, 1):
+        run = root / label / f"seed-{seed}"
+        run.mkdir(parents=True)
+        (run / "config.toml").write_text(f'seed = {seed}\n[task]\nname = "lista"\n{task}[train]\n{train}[solver]\nname = "{solver}"\n')
+        (run / "results.json").write_text(json.dumps(fake_results(label, solver, seed, mse + 0.01 * seed, mse, 0.002)))
+
+
 def test_erm_variants_trained_otherwise_share_the_context_and_pair_with_the_erm_label(tmp_path):
     for label, gamma, mse in (("erm-clean", 0.0, 2.0), ("erm", 0.1, 1.0), ("primal-dual", 0.1, 0.5)):
-        solver = "primal-dual" if label == "primal-dual" else "erm"
-        for seed in (0, 1):
-            run = tmp_path / label / f"seed-{seed}"
-            run.mkdir(parents=True)
-            (run / "config.toml").write_text(f'seed = {seed}\n[task]\nname = "lista"\n[train]\ntrain_gamma = {gamma}\n[solver]\nname = "{solver}"\n')
-            (run / "results.json").write_text(json.dumps(fake_results(label, solver, seed, mse + 0.01 * seed, mse, 0.002)))
+        two_seeds(tmp_path, label, "primal-dual" if label == "primal-dual" else "erm", mse, train=f"train_gamma = {gamma}\n")
     text = write_report(tmp_path).read_text()
     rows = {line.split("|")[1].strip() for line in text.split("### mse")[1].split("###")[0].splitlines() if line.startswith("| ")}
     assert {"erm-clean − erm", "primal-dual − erm"} <= rows and not any("− erm-clean" in row for row in rows)
@@ -216,12 +220,8 @@ def test_a_run_recorded_before_a_task_option_existed_pairs_with_one_that_records
     from layerdescent_lista import SparseCoding
 
     option, default = next((k, v) for k, v in SparseCoding.options.items() if isinstance(v, (int, float)) and not isinstance(v, bool))
-    for label, solver, mse, task_extra in (("erm", "erm", 1.0, ""), ("primal-dual", "primal-dual", 0.5, f"{option} = {default!r}\n")):
-        for seed in (0, 1):
-            run = tmp_path / label / f"seed-{seed}"
-            run.mkdir(parents=True)
-            (run / "config.toml").write_text(f'seed = {seed}\n[task]\nname = "lista"\n{task_extra}[solver]\nname = "{solver}"\n')
-            (run / "results.json").write_text(json.dumps(fake_results(label, solver, seed, mse + 0.01 * seed, mse, 0.002)))
+    two_seeds(tmp_path, "erm", "erm", 1.0)
+    two_seeds(tmp_path, "primal-dual", "primal-dual", 0.5, task=f"{option} = {default!r}\n")
     text = write_report(tmp_path).read_text()
     assert "| primal-dual − erm |" in text.split("### mse")[1]
 
