@@ -1,7 +1,7 @@
 """A refactor must not move the numbers: each built-in solver's results.json equals the one recorded before the solver redesign.
 
 Float results depend on the machine as well as the code: on another CPU model the same torch
-wheel gave evaluation losses that differ in their eighth digit (training steps matched). So
+wheel gave evaluation losses and final multipliers that differ in their seventh or eighth digit. So
 the recordings in ``tests/data/same_numbers/MACHINE/`` are kept per machine, each written by the
 last commit before the redesign (a579cd4, whose solvers are dfa1fff's) with one torch thread:
 
