@@ -72,12 +72,17 @@ def _save(fig, out: Path, name: str) -> str:
 
 
 def regimes(groups: dict) -> dict[str, list[str]]:
-    """Labels by training regime: the ``train_gamma=X`` part of their name ('' when they have none)."""
+    """Labels by training regime: the ``train_gamma=X`` part of their name ('' when none has one)."""
     found: dict[str, list[str]] = {}
+    shared = []
     for label in groups:
         match = re.search(r"train_gamma=([0-9.]+)", label)
-        found.setdefault(match.group(1) if match else "", []).append(label)
-    return found
+        if match:
+            found.setdefault(match.group(1), []).append(label)
+        else:
+            shared.append(label)
+    # A variant that names no regime (erm trained clean) is a baseline for every regime, not a regime of its own.
+    return {regime: labels + shared for regime, labels in found.items()} if found else {"": shared}
 
 
 def main_labels(labels: list[str]) -> list[str]:

@@ -1,4 +1,4 @@
-"""``bench --workers N``: a killed bench leaves no worker training on, and a failed run stops no other."""
+"""``bench --workers N``: a killed bench leaves no worker training on, and a failed run stops no other (one worker or many)."""
 
 from __future__ import annotations
 
@@ -70,18 +70,20 @@ def test_killing_a_bench_with_two_workers_kills_its_workers(tmp_path):
             proc.kill()
 
 
-def test_a_failed_run_in_a_worker_is_reported_as_it_ends_and_the_others_finish_with_a_summary(tmp_path):
-    # primal-dual's multipliers pass a limit of 1e-9 on the first step where a constraint binds (alpha 0.9)
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_failed_run_is_reported_as_it_ends_and_the_others_finish_with_a_summary(tmp_path, workers):
+    # primal-dual's multipliers pass a limit of 1e-9 on the first step where a constraint binds (alpha 0.9);
+    # it is planned first, so with one worker the run after it must still train
     bench = {
         **RUN,
         "bench": {
             "seeds": [0],
-            "variants": {"erm": {"solver": {"name": "erm"}}, "diverges": {"solver": {"max_multiplier": 1e-9}, "constraints": [{"kind": "descent", "alpha": 0.9}]}},
+            "variants": {"diverges": {"solver": {"max_multiplier": 1e-9}, "constraints": [{"kind": "descent", "alpha": 0.9}]}, "erm": {"solver": {"name": "erm"}}},
         },
     }
     path, out, told = config_file(tmp_path, bench, "bench.toml"), tmp_path / "out", []
     with pytest.raises(ld.LayerdescentError) as failed:
-        run_bench(path, out, workers=2, on_run=lambda run, status: told.append((run.variant, status)))
+        run_bench(path, out, workers=workers, on_run=lambda run, status: told.append((run.variant, status)))
     assert str(failed.value).startswith("1 of 2 runs failed; ") and "diverges seed 0: DivergenceError: multiplier of constraint 'descent' exploded" in str(failed.value)
     assert ("erm", "trained") in told and any(v == "diverges" and s.startswith("failed: DivergenceError") for v, s in told)
     assert (out / "erm" / "seed-0" / "results.json").exists() and (out / "summary.md").exists()

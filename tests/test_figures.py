@@ -34,12 +34,14 @@ def _draw(bench: str, root: Path) -> list[str]:
 
 
 def test_text_figures_give_one_figure_1_and_5_per_regime_and_a_figure_4_panel_per_domain(tmp_path):
+    """A variant that names no regime (erm trained clean) is drawn in every regime's figures, not in a figure of its own."""
     for regime in ("0.2", "0.8"):
         for label, solver, alpha in (("erm", "erm", 0.05), ("primal-dual", "primal-dual", 0.05), ("alpha=0.1", "primal-dual", 0.1), ("alpha=0.4", "primal-dual", 0.4)):
             for seed in (0, 1):
                 constraint = f'[[constraints]]\nkind = "descent"\nalpha = {alpha}'
                 _run(tmp_path, f"{label},train_gamma={regime}", solver, seed, "accuracy", f"[train]\ntrain_gamma = {regime}\n{constraint}",
                      domains=("amazon", "nyt"), best_val_loss=[0.7, 0.6, 0.5 - alpha])
+    _run(tmp_path, "erm-clean", "erm", 0, "accuracy", "[train]\ntrain_gamma = 0.0", domains=("amazon", "nyt"))
     names = _draw("text_paper", tmp_path)
     assert sorted(names) == sorted(["figure1_train_gamma=0.2.png", "figure1_train_gamma=0.8.png", "figure4.png",
                                     "figure5_train_gamma=0.2.png", "figure5_train_gamma=0.8.png"])

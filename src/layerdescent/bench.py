@@ -222,6 +222,18 @@ def _train_one(run: BenchRun, resume: bool) -> None:
     train(config, run.run_dir, resume=resume)
 
 
+def _settle(run: BenchRun, resume: bool, outcome: Callable[[], Any], out: Path, failures: list, on_run: Callable[[BenchRun, str], None] | None) -> None:
+    """Wait for one run's ``outcome`` and tell how it ended; a failed run is recorded and the others go on."""
+    try:
+        outcome()
+        status = "resumed" if resume else "trained"
+    except Exception as exc:  # noqa: BLE001 - as on the remote executors: every failure is named at the end
+        failures.append(run_failure(run, out, exc))
+        status = f"failed: {failures[-1].error}"
+    if on_run:
+        on_run(run, status)
+
+
 def tracker_env(path: str | Path, out: str | Path) -> dict[str, str]:
     """What a bench tells its runs' trackers: one MLflow experiment named after the bench, one store in ``out``."""
     return {BENCH_ENV: Path(path).stem, STORE_ENV: str(Path(out).resolve() / "mlruns")}
@@ -287,22 +299,12 @@ def run_bench(
     elif workers == 1:
         with mock.patch.dict(os.environ, env):  # for the block and the workers it starts
             for run, resume in pending:
-                train(run.config, run.run_dir, resume=resume, registry=registry)
-                if on_run:
-                    on_run(run, "resumed" if resume else "trained")
+                _settle(run, resume, lambda: train(run.config, run.run_dir, resume=resume, registry=registry), Path(out), failures, on_run)
     else:
         with mock.patch.dict(os.environ, env), ProcessPoolExecutor(workers, initializer=_worker_init, initargs=(os.getpid(),)) as pool:
             jobs = {pool.submit(_train_one, run, resume): (run, resume) for run, resume in pending}
-            for job in as_completed(jobs):  # told as each ends; a failed run is reported and the others go on
-                run, resume = jobs[job]
-                try:
-                    job.result()
-                    status = "resumed" if resume else "trained"
-                except Exception as exc:  # noqa: BLE001 - as on the remote executors
-                    failures.append(run_failure(run, Path(out), exc))
-                    status = f"failed: {failures[-1].error}"
-                if on_run:
-                    on_run(run, status)
+            for job in as_completed(jobs):  # told as each ends
+                _settle(*jobs[job], job.result, Path(out), failures, on_run)
     command = command or " ".join(["layerdescent bench", str(path), "--out", str(out), *(f"--set {o}" for o in overrides)])
     if failures and len(failures) == len(runs):
         raise failure_report(failures, len(runs), None)
