@@ -91,10 +91,10 @@ def test_a_bench_under_a_changed_config_refuses_the_finished_runs_by_the_first_d
     assert {p: p.stat().st_mtime_ns for p in out.rglob("results.json")} == before
 
 
-def test_a_bench_with_only_another_thread_count_still_counts_its_runs_done(tmp_path, benched, monkeypatch):
+def test_a_bench_with_only_another_thread_count_or_checkpoint_interval_still_counts_its_runs_done(tmp_path, benched, monkeypatch):
     path, out = benched
     monkeypatch.setattr(bench_module, "train", lambda *a, **k: pytest.fail("a finished run was trained again"))
-    status, lines = cli("bench", path, "--out", out, "--set", "train.threads=2", "--set", "train.progress=true")
+    status, lines = cli("bench", path, "--out", out, "--set", "train.threads=2", "--set", "train.progress=true", "--set", "train.checkpoint_every=7")
     assert status == 0, lines
 
 

@@ -23,7 +23,7 @@ LOCK = ".layerdescent.lock"  # also marks the directory as a run's, even before 
 WRITES = ("config.toml", "metrics.jsonl", "checkpoint.pt", "checkpoint.prev.pt", "best.pt", "results.json", "model.safetensors")
 FINISHED = ("checkpoint.pt", "results.json")  # a directory holding one of these is a run, lock file or not (older runs)
 # How a run executes, not what it computes: a finished run is the same run whatever these say.
-EXECUTION_KEYS = ("train.threads", "train.progress", "train.keep_checkpoint", "train.trackers")
+EXECUTION_KEYS = ("train.threads", "train.progress", "train.keep_checkpoint", "train.checkpoint_every", "train.trackers")
 
 
 TRACKER_STORES = ("mlruns",)  # the default MLflow store keeps a copy of each results.json as an artifact
