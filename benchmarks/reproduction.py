@@ -74,16 +74,42 @@ def _falls(layer_loss: list[float]) -> tuple[int, int]:
     return sum(b < a for a, b in zip(layer_loss, layer_loss[1:])), len(layer_loss) - 1
 
 
-def views(results: list[dict], bench: Bench) -> dict[str, list[dict]]:
-    """The results judged separately: per training regime (runs of none join every regime), then per domain."""
-    sets = {"": results, **{f"domain {name}": view for name, view in domain_results(results).items()}}
+def views(results: list[dict], bench: Bench) -> dict[tuple[str, str], list[dict]]:
+    """The results judged separately, keyed (regime, domain): per training regime (runs of none join every regime), then per domain."""
+    sets = {"": results, **domain_results(results)}
     out = {}
-    for where, subset in sets.items():
+    for domain, subset in sets.items():
         regimes = {m.group(1) for r in subset if bench.regime and (m := re.search(bench.regime, r["label"]))}
         for regime in sorted(regimes) or [""]:
-            chosen = [r for r in subset if not regime or (m := re.search(bench.regime, r["label"])) is None or m.group(1) == regime]
-            out[", ".join(filter(None, [f"trained at {regime}" if regime else "", where]))] = chosen
+            out[regime, domain] = [r for r in subset if not regime or (m := re.search(bench.regime, r["label"])) is None or m.group(1) == regime]
     return out
+
+
+def view_title(regime: str, domain: str) -> str:
+    """How a view is named in the report: "trained at 0.8, domain amazon", or "" for the whole bench."""
+    return ", ".join(filter(None, [f"trained at {regime}" if regime else "", f"domain {domain}" if domain else ""]))
+
+
+def figures_for(folder: Path, regime: str, domain: str) -> list[str]:
+    """The figures a view's section shows: the paper-layout ones of benchmarks/figures.py that fit it, else the report's plots.
+
+    A figure named ``figureN_train_gamma=X`` or ``figureN_domain=Y`` belongs to that regime or
+    domain only. Figure 4 (the paper's domain-shift figure) and the ``domain=`` figures go with the
+    domain views, the others with the test split's.
+    """
+    wanted = {"train_gamma": regime, "domain": domain}
+
+    def fits(name: str) -> bool:
+        parts = dict(re.findall(r"(train_gamma|domain)=([^_]+)", Path(name).stem))
+        on_domains = "domain" in parts or name.startswith("figure4")
+        return on_domains == bool(domain) and all(wanted[key] == value for key, value in parts.items())
+
+    paper = sorted(f.name for f in folder.glob("figure[0-9]*.png") if fits(f.name))
+    if domain:
+        rest = () if paper else ("metric_vs_gamma_domains.png",)
+    else:
+        rest = ("loss_vs_layer.png",) if paper else ("metric_vs_gamma.png", "loss_vs_layer.png", "ablation_depth.png")
+    return paper + [f for f in rest if (folder / f).exists()]
 
 
 def _pairs(results: list[dict], bench: Bench) -> list[Pair]:
@@ -160,7 +186,7 @@ def _judge(pairs: list[Pair]) -> dict[str, tuple[str, str]]:
     return judged
 
 
-def _section(name: str, bench: Bench, pairs: list[Pair], judged: dict[str, tuple[str, str]], root: Path) -> list[str]:
+def _section(name: str, bench: Bench, pairs: list[Pair], judged: dict[str, tuple[str, str]], figures: list[str]) -> list[str]:
     command = f"layerdescent bench benchmarks/{bench.config} --out benchmarks/{bench.results}"
     direction = "higher" if bench.higher_is_better else "lower"
     lines = [
@@ -182,7 +208,6 @@ def _section(name: str, bench: Bench, pairs: list[Pair], judged: dict[str, tuple
             f"| {p.label} | {p.context} | {p.descent[0]}/{p.descent[1]} | {p.erm_descent[0]}/{p.erm_descent[1]} | "
             f"{format_difference(p.differences[min(p.differences)])} | {upper} |"
         )
-    figures = [f for f in ("metric_vs_gamma.png", "loss_vs_layer.png", "ablation_depth.png") if (root / bench.results / f).exists()]
     return lines + [""] + [f"![{Path(f).stem}]({bench.results}/{f})" for f in figures] + [""]
 
 
@@ -195,14 +220,15 @@ def main() -> None:
     for name, bench in BENCHES.items():
         root = args.root / bench.results
         judged_any = False
-        for where, results in (views(collect(root), bench) if any(root.rglob("results.json")) else {}).items():
+        for (regime, domain), results in (views(collect(root), bench) if any(root.rglob("results.json")) else {}).items():
             pairs = _pairs(results, bench)
             if not pairs:
                 continue
+            where = view_title(regime, domain)
             judged_any, title = True, f"{name} [{where}]" if where else name
             judged = _judge(pairs)
             summary_rows.append(f"| {title} | " + " | ".join(judged[c][0] for c in CLAIMS) + " |")
-            sections += _section(title, bench, pairs, judged, args.root)
+            sections += _section(title, bench, pairs, judged, figures_for(root, regime, domain))
         if not judged_any:
             summary_rows.append(f"| {name} | " + " | ".join(["not run"] * len(CLAIMS)) + " |")
     lines = [

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 
 import numpy as np
 import pytest
@@ -250,12 +251,12 @@ def test_reproduction_report_judges_each_claim_by_its_rule(tmp_path):
     assert "falls at every layer in 1 of 1 pairs (erm's in 0)" in out.read_text()
 
 
-def test_reproduction_report_judges_each_training_regime_and_each_domain_on_its_own(tmp_path):
+def regime_bench(tmp_path):
+    """A text_paper bench of two training regimes and one domain; at 0.8 primal-dual is clearly better at gamma 1 on the test split."""
     import subprocess
     import sys
     from pathlib import Path
 
-    # At train_gamma 0.8 primal-dual's accuracy is clearly higher at gamma 1 on the test split; on the domain it is level.
     for regime, gain in (("0.2", 0.0), ("0.8", 0.2)):
         for solver in ("erm", "primal-dual"):
             for seed in (0, 1, 2):
@@ -270,13 +271,35 @@ def test_reproduction_report_judges_each_training_regime_and_each_domain_on_its_
                     record["metrics"] = {"accuracy": record["metrics"]["mse"]}
                 (run / "results.json").write_text(json.dumps(result))
     script = Path(__file__).parents[1] / "benchmarks" / "reproduction.py"
-    out = tmp_path / "REPORT.md"
-    subprocess.run([sys.executable, str(script), "--root", str(tmp_path), "--out", str(out)], check=True, capture_output=True)
-    rows = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:-1]] for line in out.read_text().splitlines() if line.startswith("| ")}
+
+    def report():
+        out = tmp_path / "REPORT.md"
+        subprocess.run([sys.executable, str(script), "--root", str(tmp_path), "--out", str(out)], check=True, capture_output=True)
+        return out.read_text()
+
+    return report
+
+
+def test_reproduction_report_judges_each_training_regime_and_each_domain_on_its_own(tmp_path):
+    text = regime_bench(tmp_path)()
+    rows = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:-1]] for line in text.splitlines() if line.startswith("| ")}
     name = "text classification in the paper's regimes (MiniLM, best validation epoch)"
     assert rows[f"{name} [trained at 0.8]"][1] == "holds"  # graceful degradation: better at gamma 1 in every seed
     assert rows[f"{name} [trained at 0.2]"][1] == "does not hold"
     assert rows[f"{name} [trained at 0.8, domain amazon]"][1] == "does not hold"
+
+
+def test_reproduction_report_shows_each_view_the_paper_figures_of_its_regime_and_domain(tmp_path):
+    report = regime_bench(tmp_path)
+    folder = tmp_path / "results" / "text_paper"
+    assert "metric_vs_gamma.png" not in report()  # no figure drawn yet: none embedded
+    for name in ("metric_vs_gamma.png", "figure1_train_gamma=0.2.png", "figure1_train_gamma=0.8.png", "figure4.png", "figure5_train_gamma=0.8.png"):
+        (folder / name).write_bytes(b"")
+    sections = {s.split("\n", 1)[0]: s for s in report().split("\n## ")[1:]}
+    shown = {title.split("[")[1].rstrip("]"): re.findall(r"!\[[^\]]*\]\(results/text_paper/([^)]+)\)", body) for title, body in sections.items()}
+    assert shown["trained at 0.2"] == ["figure1_train_gamma=0.2.png"]
+    assert shown["trained at 0.8"] == ["figure1_train_gamma=0.8.png", "figure5_train_gamma=0.8.png"]
+    assert shown["trained at 0.8, domain amazon"] == shown["trained at 0.2, domain amazon"] == ["figure4.png"]
 
 
 def no_metric_run(root, label: str, solver: str, seed: int, task: str = "refine") -> None:
