@@ -153,9 +153,13 @@ def _stats(values) -> dict:
 
 def paired_difference(a, b, level: float = 0.95) -> dict:
     """Mean of a - b over paired seeds, its t interval, and whether that interval excludes 0."""
-    d = np.asarray(a, dtype=float) - np.asarray(b, dtype=float)
+    a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
+    d = a - b
     n, mean = len(d), float(d.mean())
-    if n < 2:  # one pair has no spread to judge it by
+    # One pair has no spread to judge it by; nor have pairs that all differ alike (a metric counted
+    # on a fixed test set, such as accuracy, takes few values), where t's interval would shrink to a
+    # point and call any difference certain. "Alike" is up to float32 rounding of the metrics.
+    if n < 2 or np.ptp(d) <= 1e-6 * float(np.abs(np.concatenate([a, b])).max()):
         return {"mean": mean, "low": None, "high": None, "n": n, "distinct": False}
     half = float(stats.t.ppf((1 + level) / 2, n - 1) * d.std(ddof=1) / np.sqrt(n))
     low, high = mean - half, mean + half
@@ -204,7 +208,7 @@ def format_difference(d: dict) -> str:
     """A paired difference as markdown: 'mean [low, high]' to the interval's precision, bold when it excludes 0."""
     bold = "**" if d["distinct"] else ""
     if d["low"] is None:
-        return f"{bold}{d['mean']:+.3g}{bold}"
+        return f"{d['mean']:+.3g}" + (f" (alike in all {d['n']} pairs)" if d["n"] > 1 else "")
     half = (d["high"] - d["low"]) / 2
     last = _last_digit(half, max(abs(d["low"]), abs(d["high"]))) if half > 0 else _last_digit(abs(d["mean"]) or 1.0)
     mean, low, high = (_at(v, last, sign=True) for v in (d["mean"], d["low"], d["high"]))
