@@ -274,6 +274,19 @@ def test_a_bench_variant_may_run_its_own_seeds(tmp_path):
         plan(write(tmp_path, bench.replace("seeds = [0]\n", "seeds = 0\n"), "bad.toml"), tmp_path / "out")
 
 
+def test_bench_only_trains_the_matching_variants_then_the_rest_on_the_next_call(tmp_path, capsys):
+    bench = textwrap.dedent(GOOD) + '\n[bench]\n[bench.variants."tune-a"]\n[bench.variants."tune-b"]\n[bench.variants.erm]\nsolver.name = "erm"\n'
+    path, out = write(tmp_path, bench, "tune.toml"), tmp_path / "out"
+    assert main(["bench", str(path), "--out", str(out), "--only", "tune-*"]) == 0
+    assert sorted(p.parent.parent.name for p in out.rglob("results.json")) == ["tune-a", "tune-b"]
+    assert "--only 'tune-*'" in (out / "summary.md").read_text()
+    capsys.readouterr()
+    assert main(["bench", str(path), "--out", str(out)]) == 0
+    assert capsys.readouterr().out.count(": done") == 2 and (out / "erm" / "seed-0" / "results.json").exists()
+    assert main(["bench", str(path), "--out", str(out), "--only", "tune"]) == 2
+    assert "--only tune matches no variant; the bench's are: tune-a, tune-b, erm" in capsys.readouterr().err
+
+
 def test_bench_grid_typo_names_the_run_and_the_key(tmp_path, capsys):
     bench = textwrap.dedent(GOOD) + '\n[bench]\n[bench.variants.erm]\nsolver.name = "erm"\n[bench.grid]\n"solver.dual_rl" = [0.1]\n'
     assert main(["bench", str(write(tmp_path, bench, "grid.toml")), "--out", str(tmp_path / "out")]) == 2

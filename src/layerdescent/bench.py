@@ -31,6 +31,7 @@ from __future__ import annotations
 import copy
 import ctypes
 import dataclasses
+import fnmatch
 import itertools
 import os
 import signal
@@ -246,6 +247,17 @@ def executor_options(path: str | Path, overrides: list[str] = (), executor: str 
     return ExecutorOptions(name=executor, **{**settings, **{k: v for k, v in given.items() if v is not None}})
 
 
+def select(runs: list[BenchRun], only: list[str]) -> list[BenchRun]:
+    """The runs whose variant label matches one of the shell-style patterns ``only`` (all runs when it is empty)."""
+    if not only:
+        return runs
+    chosen = [run for run in runs if any(fnmatch.fnmatchcase(run.variant, pattern) for pattern in only)]
+    if not chosen:
+        labels = ", ".join(dict.fromkeys(run.variant for run in runs))
+        raise ConfigError(f"--only {' '.join(only)} matches no variant; the bench's are: {labels} (patterns as in the shell: * ? [seq])")
+    return chosen
+
+
 def run_bench(
     path: str | Path,
     out: str | Path,
@@ -255,9 +267,12 @@ def run_bench(
     command: str | None = None,
     workers: int = 1,
     executor: ExecutorOptions | None = None,
+    only: list[str] = (),
 ) -> Path | None:
     """Train every pending run of the bench file, then write ``summary.md`` and plots in ``out``.
 
+    ``only`` (shell-style patterns on variant labels) trains those variants alone, say the tuning
+    runs a later variant's setting is chosen from; every run is still validated first.
     ``command`` is how the summary says it was made (default: the equivalent `layerdescent bench`).
     Worker processes find plugins through entry points, so ``registry`` applies only with one worker.
     ``executor`` (default: the local pool of ``workers``) may train the runs on Ray or SLURM instead;
@@ -269,7 +284,7 @@ def run_bench(
     if workers < 1:
         raise ConfigError(f"--workers must be at least 1, got {workers}")
     pending, done = [], []
-    runs = plan(path, out, overrides, registry)
+    runs = select(plan(path, out, overrides, registry), list(only))
     for run in runs:
         _check_same_task(run)  # before anything trains: a folder of another task's runs is never mixed in
     for run in runs:
@@ -305,7 +320,7 @@ def run_bench(
             jobs = {pool.submit(_train_one, run, resume): (run, resume) for run, resume in pending}
             for job in as_completed(jobs):  # told as each ends
                 _settle(*jobs[job], job.result, Path(out), failures, on_run)
-    command = command or " ".join(["layerdescent bench", str(path), "--out", str(out), *(f"--set {o}" for o in overrides)])
+    command = command or " ".join(["layerdescent bench", str(path), "--out", str(out), *(f"--set {o}" for o in overrides), *(f"--only '{o}'" for o in only)])
     if failures and len(failures) == len(runs):
         raise failure_report(failures, len(runs), None)
     summary = write_report(Path(out), title=f"Bench {Path(path).name}", note=f"Made by `{command}`.", workers=workers)

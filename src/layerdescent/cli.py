@@ -137,8 +137,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
             raise ConfigError(f"{flag} needs --executor {wanted}")
     executor = executor_options(args.config, args.set, args.executor, **given)
     flags = [*(["--workers", str(workers)] if workers not in (1, None) else []), *(["--executor", args.executor] if args.executor != "local" else [])]
-    command = " ".join(["layerdescent bench", str(args.config), "--out", str(out), *(f"--set {o}" for o in args.set), *flags])
-    summary = run_bench(args.config, out, args.set, on_run=_status, workers=workers or 1, command=command, executor=executor)
+    command = " ".join(["layerdescent bench", str(args.config), "--out", str(out), *(f"--set {o}" for o in args.set), *(f"--only '{o}'" for o in args.only), *flags])
+    summary = run_bench(args.config, out, args.set, on_run=_status, workers=workers or 1, command=command, executor=executor, only=args.only)
     if summary is None:
         print(f"submitted; `{command}` again waits for the jobs and writes the summary (`layerdescent report {out}` summarizes what finished)")
     else:
@@ -230,6 +230,7 @@ def build_parser() -> argparse.ArgumentParser:
         if name == "run":
             p.add_argument("--resume", action="store_true", help="continue from the run directory's checkpoint")
         else:
+            p.add_argument("--only", action="append", default=[], metavar="PATTERN", help="train only the variants whose label matches, e.g. 'tune-*' (repeatable)")
             p.add_argument("--workers", type=int, help="runs trained at once (local: processes of one torch thread each, default 1; ray, slurm: default as many as fit)")
             p.add_argument("--executor", choices=["local", "ray", "slurm"], default="local", help="where runs train: a local process pool, Ray tasks, or SLURM jobs (submitit)")
             p.add_argument("--ray-address", help="join this Ray cluster (default: start a local Ray instance)")
