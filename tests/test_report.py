@@ -298,6 +298,27 @@ def test_reproduction_report_judges_each_training_regime_and_each_domain_on_its_
     assert rows[f"{name} [trained at 0.8, domain amazon]"][1] == "does not hold"
 
 
+def test_reproduction_report_names_the_evaluate_command_of_a_re_evaluated_bench(tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    for solver in ("erm", "primal-dual"):
+        for seed in (0, 1):
+            run = tmp_path / "results" / "video_paper_saltpepper" / solver / f"seed-{seed}"
+            run.mkdir(parents=True)
+            (run / "config.toml").write_text(f'seed = {seed}\n[task]\nname = "v"\n[solver]\nname = "{solver}"\n')
+            result = fake_results(solver, solver, seed, 0.1 + 0.01 * seed, 0.3 + 0.002 * seed * (solver == "erm"), 0.002)
+            for record in result["gammas"]:
+                record["metrics"] = {"rmse": record["metrics"]["mse"]}
+            (run / "results.json").write_text(json.dumps(result))
+    out = tmp_path / "REPORT.md"
+    script = Path(__file__).parents[1] / "benchmarks" / "reproduction.py"
+    subprocess.run([sys.executable, str(script), "--root", str(tmp_path), "--out", str(out)], check=True, capture_output=True)
+    section = out.read_text().split("## video denoising at the chosen setting, salt-and-pepper noise")[1]
+    assert section.split("\n")[2].startswith("Runs: `layerdescent evaluate benchmarks/results/video_paper --out benchmarks/results/video_paper_saltpepper --set task.perturbation=salt-pepper")
+
+
 def test_reproduction_report_shows_each_view_the_paper_figures_of_its_regime_and_domain(tmp_path):
     report = regime_bench(tmp_path)
     folder = tmp_path / "results" / "text_paper"
