@@ -22,7 +22,8 @@ from layerdescent_llm.data import PROMPT  # noqa: E402
 from layerdescent_llm.model import read_layers  # noqa: E402
 from layerdescent_language import GGUF_MEMBER, ORANGE_TEXT, SMOLLM2, load_causal_lm, load_gguf, save_converted, smollm2_dir  # noqa: E402
 
-TINY = {"model_path": "tiny", "dataset": "synthetic", "synthetic_size": 200}
+# The whole-vocabulary lens, whose readout most tests here check; the label lens is asked for by name.
+TINY = {"model_path": "tiny", "dataset": "synthetic", "synthetic_size": 200, "lens_vocab": "all"}
 TINY_LM = {"model_path": "tiny", "dataset": "synthetic-lm", "synthetic_size": 200, "max_length": 12}
 REVIEWS = {"text": ["the film was great", "dull and boring at times really"], "label": [1, 0]}
 
@@ -129,13 +130,26 @@ def test_the_label_lens_is_the_cross_entropy_of_whole_logits_restricted_to_the_l
     assert out.layer_preds.shape == (2, 3, 2) and torch.equal(out.layer_preds[:, -1], out.preds)
 
 
+def test_the_default_lens_is_the_label_words_where_there_are_some_and_the_whole_vocabulary_otherwise():
+    torch.manual_seed(0)
+    default = LLMFinetuning(model_path="tiny", dataset="synthetic", synthetic_size=200)
+    labels = tiny_task(lens_vocab="labels")
+    model = labels.build_model()
+    batch = labels.collate(REVIEWS)
+    torch.testing.assert_close(default.layer_losses(model, batch).losses, labels.layer_losses(model, batch).losses)
+    assert (default.lens_vocab, LLMFinetuning(**{**TINY_LM, "lens_vocab": "auto"}).lens_vocab) == ("labels", "all")
+
+
 def test_the_label_lens_needs_label_words():
     with pytest.raises(ld.ConfigError, match="lens_vocab = 'labels' needs label words"):
         LLMFinetuning(**TINY_LM, lens_vocab="labels")
 
 
-def test_every_layers_accuracy_is_read_from_the_label_logits_whatever_the_lens(tmp_path):
-    config = ld.config_from_dict({"task": {"name": "llm-finetuning", **TINY}, "solver": {"name": "erm"}, "train": {"epochs": 1, "progress": False, "batch_size": 32}})
+@pytest.mark.parametrize("lens_vocab", ["all", "labels"])
+def test_every_layers_accuracy_is_read_from_the_label_logits_whatever_the_lens(tmp_path, lens_vocab):
+    config = ld.config_from_dict(
+        {"task": {"name": "llm-finetuning", **TINY, "lens_vocab": lens_vocab}, "solver": {"name": "erm"}, "train": {"epochs": 1, "progress": False, "batch_size": 32}}
+    )
     results = ld.train(config, tmp_path / "run")
     record = results["gammas"][0]
     assert len(record["layer_metrics"]["accuracy"]) == 3

@@ -17,7 +17,8 @@ read states. The LM head runs only where a loss is taken; intermediate states ar
 always read at every target), in chunks of ``lens_chunk`` rows (see ``LogitLens.losses``).
 For sentiment, ``lens_vocab = "labels"`` restricts every layer's cross-entropy to the two label
 words' logits (the verbalizer view, two rows of the head), where each layer starts near ln 2
-instead of tens of nats; either way each layer's accuracy is read from those two logits
+instead of tens of nats; ``"all"`` is the whole vocabulary, and the default ``"auto"`` is
+``"labels"`` where the dataset has label words and ``"all"`` for language modelling; either way each layer's accuracy is read from those two logits
 (``layer_metrics`` in results.json).
 
 Data: ``sentiment``, the movie-review sentences of the vaderSentiment sdist as an instruction,
@@ -102,8 +103,9 @@ class LLMFinetuning(Task):
         "lens_chunk": 1024,
         # float32 products for 31 readouts cost ~16% of SmolLM2's own on the answer task; bfloat16 ones halve that
         "lens_bf16": True,
-        # "all": next-token cross-entropy over the whole vocabulary; "labels": over the label words only (sentiment)
-        "lens_vocab": "all",
+        # "all": next-token cross-entropy over the whole vocabulary; "labels": over the label words only
+        # (sentiment); "auto": labels where there are label words, since every layer can answer there
+        "lens_vocab": "auto",
         "train_size": 0,
         "validation_size": 0,
         "test_size": 0,
@@ -115,7 +117,7 @@ class LLMFinetuning(Task):
     def __init__(self, **options: Any) -> None:
         super().__init__(**options)
         o = self.options
-        self.check_choices(dataset=DATASETS, finetune=("lora", "full"), lens_layers=("all", "every-k", "last-m"), lens_vocab=("all", "labels"))
+        self.check_choices(dataset=DATASETS, finetune=("lora", "full"), lens_layers=("all", "every-k", "last-m"), lens_vocab=("auto", "all", "labels"))
         if o["lens_vocab"] == "labels" and self.is_lm:
             raise layerdescent.ConfigError(f"task.lens_vocab = 'labels' needs label words; dataset {o['dataset']!r} is language modelling (use 'all')")
         lowest = {"max_length": 8, "lora_rank": 1, "lora_alpha": 1, "lens_every": 1, "lens_last": 1, "tiny_layers": 1, "synthetic_size": 20}
@@ -127,6 +129,13 @@ class LLMFinetuning(Task):
                 raise layerdescent.ConfigError(f"task.{key} must be >= 0 (0 means all), got {o[key]}")
         if o["finetune"] == "lora" and not self.lora_targets:
             raise layerdescent.ConfigError("task.lora_targets is empty; name the projections to adapt, e.g. 'q_proj,v_proj'")
+
+    @property
+    def lens_vocab(self) -> str:
+        """The vocabulary every layer's cross-entropy is over, "auto" resolved by the dataset."""
+        if self.options["lens_vocab"] == "auto":
+            return "all" if self.is_lm else "labels"
+        return self.options["lens_vocab"]
 
     @property
     def lora_targets(self) -> list[str]:
@@ -313,7 +322,7 @@ class LLMFinetuning(Task):
                 return LayerOutput(losses, preds=losses[:, -1].detach() * counts, target=counts)
             # The two label words' logits at the answer position, for every read state.
             labels = model.label_logits(read, mask.sum(1) - 1, self.label_ids.to(ids.device))
-            if o["lens_vocab"] == "labels":
+            if self.lens_vocab == "labels":
                 losses = F.cross_entropy(labels.flatten(0, 1), batch["label"].repeat_interleave(len(read)), reduction="none").view(len(ids), len(read))
             else:
                 losses = model.losses(read, targets, o["lens_tokens"], o["lens_chunk"], o["lens_bf16"])
