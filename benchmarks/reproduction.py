@@ -82,12 +82,16 @@ def _falls(layer_loss: list[float]) -> tuple[int, int]:
 
 def views(results: list[dict], bench: Bench) -> dict[tuple[str, str], list[dict]]:
     """The results judged separately, keyed (regime, domain): per training regime (runs of none join every regime), then per domain."""
+    def regime_of(result: dict) -> str:
+        match = re.search(bench.regime, result["label"]) if bench.regime else None
+        return match.group(1) if match else ""
+
     sets = {"": results, **domain_results(results)}
     out = {}
     for domain, subset in sets.items():
-        regimes = {m.group(1) for r in subset if bench.regime and (m := re.search(bench.regime, r["label"]))}
+        regimes = {regime_of(r) for r in subset} - {""}
         for regime in sorted(regimes) or [""]:
-            out[regime, domain] = [r for r in subset if not regime or (m := re.search(bench.regime, r["label"])) is None or m.group(1) == regime]
+            out[regime, domain] = [r for r in subset if regime_of(r) in ("", regime)]
     return out
 
 
