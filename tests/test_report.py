@@ -363,6 +363,18 @@ def test_one_seed_shows_means_alone_and_says_n_is_1(bench):
     assert "| erm | 1 | 4 |" in text and "±" not in text.split("## Final multipliers")[0]
 
 
+def test_runs_evaluated_on_validation_are_named_and_pair_with_no_test_run(bench):
+    for path in bench.rglob("results.json"):
+        if '"primal-dual"' in path.read_text():
+            data = json.loads(path.read_text())
+            path.write_text(json.dumps({**data, "split": "validation"}))
+            config = path.parent / "config.toml"
+            config.write_text(config.read_text() + '\n[eval]\nsplit = "validation"\n')
+    text = write_report(bench).read_text()
+    assert "**Evaluated on another split than test** (their tables' numbers are on that split; they pair with no test run): primal-dual (validation)." in text
+    assert "primal-dual − erm" not in text
+
+
 @pytest.mark.parametrize(
     "content, message",
     [
