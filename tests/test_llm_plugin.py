@@ -160,6 +160,20 @@ def test_sentiment_offers_the_rated_domains_and_language_modelling_none():
     assert tiny_task().domains == ("amazon", "tweets", "nyt") and LLMFinetuning(**TINY_LM).domains == ()
 
 
+def test_a_sentiment_run_is_tested_on_a_rated_domain_through_the_prompt(tmp_path, monkeypatch):
+    import layerdescent_llm
+
+    reviews = {"text": ["great fun", "boring and dull", "a great story", "dull plot"], "label": [1, 0, 1, 0]}
+    monkeypatch.setattr(layerdescent_llm, "domain_rows", lambda name, exclude=(): reviews)
+    config = ld.config_from_dict(
+        {"task": {"name": "llm-finetuning", **TINY, "lens_vocab": "labels"}, "solver": {"name": "erm"}, "train": {"epochs": 1, "progress": False, "batch_size": 32},
+         "eval": {"gammas": [0.0, 0.5], "domains": ["amazon"]}}
+    )
+    records = ld.train(config, tmp_path / "run")["domains"]["amazon"]
+    assert [r["gamma"] for r in records] == [0.0, 0.5] and records[0]["samples"] == 4
+    assert len(records[0]["layer_metrics"]["accuracy"]) == 3
+
+
 def test_subsampled_intermediate_losses_are_unbiased_and_exact_when_the_tokens_cover_the_sequence():
     torch.manual_seed(0)
     task = LLMFinetuning(**TINY_LM, lens_tokens=0)

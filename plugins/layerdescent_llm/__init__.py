@@ -158,6 +158,8 @@ class LLMFinetuning(Task):
         return () if self.is_lm else tuple(RATED_DOMAINS)
 
     def domain_dataset(self, name: str) -> datasets.Dataset:
+        import datasets
+
         return datasets.Dataset.from_dict(domain_rows(name, exclude=self.rows["text"]))
 
     @cached_property
