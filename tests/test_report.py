@@ -375,6 +375,31 @@ def test_runs_evaluated_on_validation_are_named_and_pair_with_no_test_run(bench)
     assert "primal-dual − erm" not in text
 
 
+def run_pairs(bench, *labels: str) -> "subprocess.CompletedProcess":
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).parents[1] / "benchmarks" / "pairs.py"
+    return subprocess.run([sys.executable, str(script), str(bench), *labels], capture_output=True, text=True)
+
+
+def test_pairs_compares_two_labels_over_shared_seeds_on_the_test_split_and_each_domain(bench):
+    for path in bench.rglob("results.json"):
+        data = json.loads(path.read_text())
+        path.write_text(json.dumps({**data, "domains": {"shifted": [{**g, "metrics": {"mse": 2 * g["metrics"]["mse"]}} for g in data["gammas"]]}}))
+    text = run_pairs(bench, "primal-dual", "erm").stdout
+    # the summary's pairing (test_summary_pairs_seeds_against_erm...): mse at gamma 0 is -2 [-14, +11];
+    # on the domain every value is doubled, and so is the difference
+    assert "## mse: primal-dual − erm" in text and "| test | -2 [-14, +11] | -2 [-9, +4] |" in text
+    assert "| shifted | -3 [-28, +22] | -5 [-18, +8] |" in text
+
+
+def test_pairs_names_the_labels_there_are_when_one_is_missing(bench):
+    out = run_pairs(bench, "primal-dual", "erm-clean")
+    assert out.returncode == 2 and out.stderr == "error: no runs labelled 'erm-clean'; the bench's labels are: erm, primal-dual\n"
+
+
 @pytest.mark.parametrize(
     "content, message",
     [
