@@ -199,6 +199,13 @@ def test_two_values_or_another_changed_setting_make_no_ablation(tmp_path):
     assert "## Ablation" not in text and not (tmp_path / "ablation_alpha.png").exists()
 
 
+def test_a_run_evaluated_on_validation_joins_no_ablation_of_test_runs(tmp_path):
+    alpha_sweep(tmp_path, {"a0": 0.0, "a1": 0.1, "a2": 0.2}, {})
+    for config in (tmp_path / "a2").rglob("config.toml"):
+        config.write_text(config.read_text() + '[eval]\nsplit = "validation"\n')
+    assert "## Ablation" not in write_report(tmp_path).read_text()
+
+
 def test_traces_plot_the_multipliers_and_violations_of_constrained_runs_only(bench):
     from layerdescent.report import _traces
 

@@ -266,7 +266,8 @@ def _ablations(groups: dict) -> dict[str, list[list[str]]]:
         series: dict[str, list[str]] = {}
         for label, grp in groups.items():
             if isinstance(grp["config"].get(key), (int, float)):
-                rest = {k: v for k, v in grp["config"].items() if k not in (key, "label", "seed") and not k.startswith("eval.")}
+                # the evaluation grid may differ within a series, the split (test or validation) may not
+                rest = {k: v for k, v in grp["config"].items() if k not in (key, "label", "seed") and (k == "eval.split" or not k.startswith("eval."))}
                 series.setdefault(json.dumps(rest, sort_keys=True, default=str), []).append(label)
         swept = [sorted(labels, key=lambda label: groups[label]["config"][key]) for labels in series.values()]
         swept = [labels for labels in swept if len({groups[label]["config"][key] for label in labels}) >= 3]
