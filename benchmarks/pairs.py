@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 from layerdescent.errors import LayerdescentError
-from layerdescent.report import collect, domain_results, format_difference, paired_difference
+from layerdescent.report import collect, domain_results, paired_cell
 
 
 def pair_tables(results: list[dict], a: str, b: str) -> list[str]:
@@ -30,23 +30,16 @@ def pair_tables(results: list[dict], a: str, b: str) -> list[str]:
         raise LayerdescentError(f"{a!r} and {b!r} share no seed, so nothing can be paired")
     sets = {"test": results, **domain_results(results)}
     value = {
-        (where, r["label"], r["seed"], float(g["gamma"]), metric): v
+        (r["label"], r["seed"], where, float(g["gamma"]), metric): v
         for where, subset in sets.items() for r in subset for g in r["gammas"] for metric, v in g["metrics"].items()
     }
-    gammas = sorted({k[3] for k in value if k[1] in (a, b)})
-    metrics = list(dict.fromkeys(k[4] for k in value if k[1] in (a, b)))
+    gammas = sorted({k[3] for k in value if k[0] in (a, b)})
+    metrics = list(dict.fromkeys(k[4] for k in value if k[0] in (a, b)))
     lines = [f"{len(seeds)} paired seeds ({', '.join(map(str, seeds))}).", ""]
     for metric in metrics:
         lines += [f"## {metric}: {a} − {b}", "", "| evaluated on | " + " | ".join(f"γ={g:g}" for g in gammas) + " |", "|---|" + "---|" * len(gammas)]
         for where in sets:
-            cells = []
-            for gamma in gammas:
-                keys = [(where, label, s, gamma, metric) for label in (a, b) for s in seeds]
-                if not all(k in value for k in keys):
-                    cells.append("–")
-                    continue
-                cells.append(format_difference(paired_difference(*[[value[where, label, s, gamma, metric] for s in seeds] for label in (a, b)])))
-            lines.append(f"| {where} | " + " | ".join(cells) + " |")
+            lines.append(f"| {where} | " + " | ".join(paired_cell(value, a, b, seeds, where, gamma, metric) for gamma in gammas) + " |")
         lines.append("")
     return lines
 

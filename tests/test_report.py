@@ -5,6 +5,9 @@ from __future__ import annotations
 import json
 import math
 import re
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -242,15 +245,16 @@ def test_a_run_recorded_before_a_task_option_existed_pairs_with_one_that_records
     assert "| primal-dual − erm |" in text.split("### mse")[1]
 
 
+def run_benchmark_script(name: str, *args: str) -> subprocess.CompletedProcess:
+    """benchmarks/NAME run with ``args`` as a user would, its output captured."""
+    script = Path(__file__).parents[1] / "benchmarks" / name
+    return subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True)
+
+
 def reproduction_report(root) -> str:
     """The text benchmarks/reproduction.py writes for the results/ folder under ``root``."""
-    import subprocess
-    import sys
-    from pathlib import Path
-
     out = root / "REPORT.md"
-    script = Path(__file__).parents[1] / "benchmarks" / "reproduction.py"
-    subprocess.run([sys.executable, str(script), "--root", str(root), "--out", str(out)], check=True, capture_output=True)
+    run_benchmark_script("reproduction.py", "--root", str(root), "--out", str(out)).check_returncode()
     return out.read_text()
 
 
@@ -382,20 +386,11 @@ def test_runs_evaluated_on_validation_are_named_and_pair_with_no_test_run(bench)
     assert "primal-dual − erm" not in text
 
 
-def run_pairs(bench, *labels: str) -> "subprocess.CompletedProcess":
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    script = Path(__file__).parents[1] / "benchmarks" / "pairs.py"
-    return subprocess.run([sys.executable, str(script), str(bench), *labels], capture_output=True, text=True)
-
-
 def test_pairs_compares_two_labels_over_shared_seeds_on_the_test_split_and_each_domain(bench):
     for path in bench.rglob("results.json"):
         data = json.loads(path.read_text())
         path.write_text(json.dumps({**data, "domains": {"shifted": [{**g, "metrics": {"mse": 2 * g["metrics"]["mse"]}} for g in data["gammas"]]}}))
-    text = run_pairs(bench, "primal-dual", "erm").stdout
+    text = run_benchmark_script("pairs.py", str(bench), "primal-dual", "erm").stdout
     # the summary's pairing (test_summary_pairs_seeds_against_erm...): mse at gamma 0 is -2 [-14, +11];
     # on the domain every value is doubled, and so is the difference
     assert "## mse: primal-dual − erm" in text and "| test | -2 [-14, +11] | -2 [-9, +4] |" in text
@@ -403,7 +398,7 @@ def test_pairs_compares_two_labels_over_shared_seeds_on_the_test_split_and_each_
 
 
 def test_pairs_names_the_labels_there_are_when_one_is_missing(bench):
-    out = run_pairs(bench, "primal-dual", "erm-clean")
+    out = run_benchmark_script("pairs.py", str(bench), "primal-dual", "erm-clean")
     assert out.returncode == 2 and out.stderr == "error: no runs labelled 'erm-clean'; the bench's labels are: erm, primal-dual\n"
 
 

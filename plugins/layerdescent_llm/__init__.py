@@ -18,7 +18,8 @@ always read at every target), in chunks of ``lens_chunk`` rows (see ``LogitLens.
 For sentiment, ``lens_vocab = "labels"`` restricts every layer's cross-entropy to the two label
 words' logits (the verbalizer view, two rows of the head), where each layer starts near ln 2
 instead of tens of nats; ``"all"`` is the whole vocabulary, and the default ``"auto"`` is
-``"labels"`` where the dataset has label words and ``"all"`` for language modelling; either way each layer's accuracy is read from those two logits
+``"labels"`` where the dataset has label words and ``"all"`` for language modelling; either way
+each layer's accuracy is read from those two logits
 (``layer_metrics`` in results.json).
 
 Data: ``sentiment``, the movie-review sentences of the vaderSentiment sdist as an instruction,

@@ -299,6 +299,13 @@ def _ablation_tables(groups: dict, metrics: list[str]) -> list[str]:
     return lines
 
 
+def paired_cell(value: dict, label: str, ref: str, seeds: list[int], *key) -> str:
+    """``label`` − ``ref`` over ``seeds`` as a table cell, from ``value[label, seed, *key]``; "–" where a seed lacks it."""
+    if not seeds or not all((name, s, *key) in value for name in (label, ref) for s in seeds):
+        return "–"
+    return format_difference(paired_difference([value[(label, s, *key)] for s in seeds], [value[(ref, s, *key)] for s in seeds]))
+
+
 def _paired_tables(results: list[dict], groups: dict, metrics: list[str], gammas: list[float], where: str = "") -> list[str]:
     """Markdown: per metric, label - reference at every gamma over the seeds both have."""
     value = {(r["label"], r["seed"], float(g["gamma"]), m): v for r in results for g in r["gammas"] for m, v in g["metrics"].items()}
@@ -307,14 +314,7 @@ def _paired_tables(results: list[dict], groups: dict, metrics: list[str], gammas
         rows = []
         for label, ref in comparisons(groups):
             seeds = sorted(set(groups[label]["seeds"]) & set(groups[ref]["seeds"]))
-            cells = []
-            for gamma in gammas:
-                keys = [(s, gamma, metric) for s in seeds]
-                if not seeds or not all((label, *k) in value and (ref, *k) in value for k in keys):
-                    cells.append("–")
-                    continue
-                cells.append(format_difference(paired_difference([value[(label, *k)] for k in keys], [value[(ref, *k)] for k in keys])))
-            rows.append([f"{label} − {ref}", str(len(seeds))] + cells)
+            rows.append([f"{label} − {ref}", str(len(seeds))] + [paired_cell(value, label, ref, seeds, gamma, metric) for gamma in gammas])
         if rows:
             lines += [f"### {metric}", ""] + _table(["difference", "seeds"] + [f"γ={g:g}" for g in gammas], rows)
     if not lines:
