@@ -386,6 +386,21 @@ def test_runs_evaluated_on_validation_are_named_and_pair_with_no_test_run(bench)
     assert "primal-dual − erm" not in text
 
 
+def test_plots_name_the_split_of_runs_evaluated_on_validation(bench, monkeypatch):
+    from matplotlib.figure import Figure
+
+    for path in bench.rglob("results.json"):
+        if '"primal-dual"' in path.read_text():
+            path.write_text(json.dumps({**json.loads(path.read_text()), "split": "validation"}))
+    shown = {}  # file name -> the legend's entries and the y labels, as each figure is saved
+    monkeypatch.setattr(Figure, "savefig", lambda fig, path, **_: shown.__setitem__(Path(path).name, (
+        [t.get_text() for legend in fig.legends for t in legend.get_texts()], [ax.get_ylabel() for ax in fig.axes])))
+    write_report(bench)
+    legend, ylabels = shown["loss_vs_layer.png"]
+    assert legend == ["erm", "primal-dual (validation)"] and ylabels[0] == "loss (test unless the legend names a split)"
+    assert shown["descent_rate.png"][0] == ["erm", "primal-dual (validation)"]
+
+
 def test_pairs_compares_two_labels_over_shared_seeds_on_the_test_split_and_each_domain(bench):
     for path in bench.rglob("results.json"):
         data = json.loads(path.read_text())

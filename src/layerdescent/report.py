@@ -353,6 +353,7 @@ def _summarize_group(runs: list[dict]) -> dict:
         "solver": runs[0]["solver"],
         "task": runs[0]["task"],
         "perturbation": runs[0].get("perturbation"),
+        "split": runs[0].get("split", "test"),
         "n": len(runs),
         "seeds": [r["seed"] for r in runs],
         "run_dirs": [r["run_dir"] for r in runs if "run_dir" in r],
@@ -621,6 +622,11 @@ def _finish(fig, axes, path: Path, title: str = "", note: str = "") -> None:
     plt.close(fig)
 
 
+def _legend_name(label: str, grp: dict) -> str:
+    """A label as plots show it: runs evaluated on another split than test say which."""
+    return label if grp["split"] == "test" else f"{label} ({grp['split']})"
+
+
 def _metric_panel(ax, groups: dict, context_key: str, metric: str, colors: dict[str, str]) -> None:
     """``metric`` against gamma for every label of one context, solid constrained, dashed the rest."""
     for label, grp in groups.items():
@@ -628,7 +634,7 @@ def _metric_panel(ax, groups: dict, context_key: str, metric: str, colors: dict[
             continue
         pts = [(g, st["metrics"][metric]) for g, st in grp["gammas"].items() if metric in st["metrics"]]
         if pts:
-            _series(ax, [g for g, _ in pts], _point_stats([m for _, m in pts]), label, role(grp["solver"], "enforces_constraints"), colors.get(label, "C0"))
+            _series(ax, [g for g, _ in pts], _point_stats([m for _, m in pts]), _legend_name(label, grp), role(grp["solver"], "enforces_constraints"), colors.get(label, "C0"))
 
 
 def _plot(groups: dict, out: Path, domains: dict[str, dict] | None = None) -> list[str]:
@@ -643,6 +649,8 @@ def _plot(groups: dict, out: Path, domains: dict[str, dict] | None = None) -> li
     solid = "solid: constraints enforced; dashed: the rest"
     gammas = _all_gammas(groups)
     ends = list(dict.fromkeys([gammas[0], gammas[-1]]))
+    # a run evaluated on validation (a tuning run) is named so in the legend, the axis says so
+    loss_label = "test loss" if all(grp["split"] == "test" for grp in groups.values()) else "loss (test unless the legend names a split)"
     fig, axes = plt.subplots(1, len(ends), figsize=(5 * len(ends), 4), squeeze=False)
     for ax, gamma in zip(axes[0], ends):
         means = []
@@ -650,12 +658,12 @@ def _plot(groups: dict, out: Path, domains: dict[str, dict] | None = None) -> li
             if gamma not in grp["gammas"]:
                 continue
             s = grp["gammas"][gamma]["layer_loss"]
-            _series(ax, np.arange(len(s["mean"])), s, label, role(grp["solver"], "enforces_constraints"), colors[label], band=True)
+            _series(ax, np.arange(len(s["mean"])), s, _legend_name(label, grp), role(grp["solver"], "enforces_constraints"), colors[label], band=True)
             means.extend(s["mean"])
         if means and min(means) > 0:
             _readable_log_axis(ax)
         kind = "in distribution" if gamma == gammas[0] else "shifted"
-        ax.set(title=f"{kind}, γ = {gamma:g}", xlabel="layer (0: the input representation)", ylabel="test loss")
+        ax.set(title=f"{kind}, γ = {gamma:g}", xlabel="layer (0: the input representation)", ylabel=loss_label)
     _finish(fig, axes, out / "loss_vs_layer.png", title, f"{gamma_label}; {solid}")
     images = ["loss_vs_layer.png"]
 
@@ -688,7 +696,7 @@ def _plot(groups: dict, out: Path, domains: dict[str, dict] | None = None) -> li
     for label, grp in groups.items():
         s = grp["gammas"].get(gammas[0], {}).get("descent_rate")
         if s:
-            _series(ax, np.arange(1, len(s["mean"]) + 1), s, label, role(grp["solver"], "enforces_constraints"), colors.get(label, "C0"))
+            _series(ax, np.arange(1, len(s["mean"]) + 1), s, _legend_name(label, grp), role(grp["solver"], "enforces_constraints"), colors.get(label, "C0"))
     ax.set(title=f"descent rate in distribution (γ = {gammas[0]:g})", xlabel="layer k", ylabel="share of samples with l_k < l_(k-1)", ylim=(0, 1.02))
     _finish(fig, np.array([ax]), out / "descent_rate.png", title, solid)
     images.append("descent_rate.png")
