@@ -447,9 +447,9 @@ def _overview(groups: dict, results: list[dict]) -> list[str]:
     if all(g["n"] == 1 for g in groups.values()):
         lines[0] += " One seed per variant (n = 1): no spread is shown, and differences have no interval."
     # Tuning runs are evaluated on validation; every "test" table below holds their validation numbers.
-    off_test = {r["label"]: r["split"] for r in results if r.get("split", "test") != "test"}
+    off_test = [_legend_name(label, g) for label, g in groups.items() if g["split"] != "test"]
     if off_test:
-        named = ", ".join(f"{label} ({split})" for label, split in off_test.items())
+        named = ", ".join(off_test)
         lines.append(f"**Evaluated on another split than test** (their tables' numbers are on that split; they pair with no test run): {named}.")
     tasks = list(dict.fromkeys(r["task"] for r in results))
     if len(tasks) > 1:
