@@ -185,12 +185,12 @@ def test_an_interrupted_demo_continues_mid_epoch_and_ends_as_an_uninterrupted_on
     monkeypatch.setenv("LAYERDESCENT_CACHE", str(tmp_path / "empty-cache"))
     step, calls = Trainer.step, []
 
-    def interrupted(self, session, group, index, full=True):
+    def interrupted(self, session, group, index, full=True, **kwargs):
         if self.config.solver.name == "primal-dual":
             calls.append(index)
             if len(calls) == 4:  # after the checkpoint at step 2, in the middle of the only epoch
                 raise KeyboardInterrupt
-        return step(self, session, group, index, full)
+        return step(self, session, group, index, full, **kwargs)
 
     monkeypatch.setattr(Trainer, "step", interrupted)
     demo = ["demo", "--out", str(tmp_path / "demo"), "--workers", "1", *TEXT_DEMO_SMALL]

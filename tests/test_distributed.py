@@ -35,8 +35,8 @@ RUNNER = textwrap.dedent(
     history = []
     original = Trainer.step
 
-    def step(self, session, group, n, full=True):
-        result = original(self, session, group, n, full)
+    def step(self, session, group, n, full=True, **kwargs):
+        result = original(self, session, group, n, full, **kwargs)
         history.append(session.problem.multipliers()["descent"].tolist())
         if rank == 0 and n + 1 == kill_at:
             os.kill(os.getpid(), signal.SIGKILL)
@@ -157,3 +157,29 @@ def test_the_update_object_averages_layer_means_over_ranks_before_the_dual_step(
     done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script), str(tmp_path)], env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     assert [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)] == [[1.0], [1.0]]
+
+
+def test_a_per_sample_table_ends_the_same_on_two_ranks_as_in_one_process(tmp_path):
+    # no perturbation: ranks draw their own noise, so only a clean run can follow one process exactly
+    config = json.loads(json.dumps(CONFIG))
+    config["train"]["epochs"] = 1
+    config["constraints"] = [{"kind": "descent", "alpha": 0.05, "reference": "anchored", "per_sample": True, "resilience": 5.0}]
+    two = launch(tmp_path, config, tmp_path / "two", 2)
+    assert two.returncode == 0, two.stderr[-3000:]
+    one = launch(tmp_path, config, tmp_path / "one", 1)
+    assert one.returncode == 0, one.stderr[-3000:]
+    rank0, rank1, single = (json.loads((tmp_path / run / f"lambda-rank{r}.json").read_text()) for run, r in (("two", 0), ("two", 1), ("one", 0)))
+    assert rank0 == rank1  # each rank updated its own rows; the summed tables leave every rank the same
+    table = torch.tensor(rank0[-1])
+    assert table.shape == (500, 5) and int((table > 0).any(dim=1).sum()) > 100
+    torch.testing.assert_close(table, torch.tensor(single[-1]), rtol=1e-4, atol=1e-6)
+
+
+def test_a_per_level_per_sample_table_is_identical_on_every_rank(tmp_path):
+    config = json.loads(json.dumps(CONFIG))
+    config["train"].update(train_gamma=[0.0, 0.5, 1.0], epochs=1)
+    config["constraints"] = [{"kind": "descent", "alpha": 0.05, "per_sample": True, "levels": "band"}]
+    two = launch(tmp_path, config, tmp_path / "two", 2)
+    assert two.returncode == 0, two.stderr[-3000:]
+    rank0, rank1 = (json.loads((tmp_path / "two" / f"lambda-rank{r}.json").read_text()) for r in (0, 1))
+    assert rank0 == rank1 and torch.tensor(rank0[-1]).shape == (500, 3 * 4)

@@ -43,6 +43,7 @@ _LAZY = {
     "Task": "layerdescent.task",
     "evaluate_run": "layerdescent.reevaluate",
     "LayerwiseUpdate": "layerdescent.update",
+    "LayerBatch": "layerdescent.problem",
     "Solver": "layerdescent.solvers",
     "train": "layerdescent.trainer",
 }
@@ -53,6 +54,7 @@ if TYPE_CHECKING:  # what static tools see; at run time __getattr__ imports them
     from layerdescent.constraints import Bound, ConstraintSpec, Descent
     from layerdescent.evaluator import evaluate
     from layerdescent.hf import DescentTrainer
+    from layerdescent.problem import LayerBatch
     from layerdescent.prox import soft_threshold
     from layerdescent.registry import Registry, get_registry
     from layerdescent.task import LayerOutput, Task
@@ -87,6 +89,7 @@ __all__ = [
     "Descent",
     "DescentTrainer",
     "DivergenceError",
+    "LayerBatch",
     "LayerOutput",
     "LayerwiseUpdate",
     "LayerdescentError",

@@ -102,7 +102,10 @@ class TrainConfig:
     momentum: float = 0.9
     grad_clip: float = 0.0
     accumulate: int = 1
-    train_gamma: float = 0.0
+    # One perturbation level, or a band of them: each micro-batch draws one level of the band
+    # (seeded, the same for every solver), or with gamma_sampling = "all" is taken at every level.
+    train_gamma: Union[float, tuple[float, ...]] = 0.0
+    gamma_sampling: Literal["draw", "all"] = "draw"
     threads: int = 0
     device: Literal["auto", "cpu", "cuda"] = "auto"
     log_every: int = 10
@@ -124,12 +127,21 @@ class TrainConfig:
             _require(getattr(self, key) > 0, f"train.{key}", "must be > 0")
         if self.dropout is not None:
             _require(0 <= self.dropout < 1, "train.dropout", f"must be in [0, 1), got {self.dropout}")
-        for key in ("weight_decay", "momentum", "grad_clip", "train_gamma", "validation_gamma", "threads", "checkpoint_every"):
+        for key in ("weight_decay", "momentum", "grad_clip", "validation_gamma", "threads", "checkpoint_every"):
             _require(getattr(self, key) >= 0, f"train.{key}", "must be >= 0")
+        _require(len(self.band) > 0, "train.train_gamma", "must hold at least one level")
+        _require(all(g >= 0 for g in self.band), "train.train_gamma", "must be >= 0 (every level of the band)")
+        _require(len(set(self.band)) == len(self.band), "train.train_gamma", "names a level twice")
+        _require(self.gamma_sampling == "draw" or len(self.band) > 1, "train.gamma_sampling", "= 'all' needs a band: set train.train_gamma to a list of levels")
         _require(self.threads <= MAX_THREADS, "train.threads", f"must be at most {MAX_THREADS} (this machine has {os.cpu_count()} cores; 0 keeps torch's default), got {self.threads}")
         # whether each tracker's package is installed is checked when a run trains (check_trackers),
         # so that report and evaluate still read a recorded run on a machine without it
         _require(len(set(self.trackers)) == len(self.trackers), "train.trackers", "lists a tracker twice")
+
+    @property
+    def band(self) -> tuple[float, ...]:
+        """The training perturbation levels: ``train_gamma`` as a tuple (one level when it is a number)."""
+        return self.train_gamma if isinstance(self.train_gamma, tuple) else (self.train_gamma,)
 
 
 @dataclass(frozen=True)
@@ -194,8 +206,14 @@ class RunConfig:
         out["solver"] = {"name": self.solver.name, **_plain(dataclasses.asdict(self.solver.options))}
         out["eval"] = _plain(dataclasses.asdict(self.eval))
         out["constraints"] = [{"kind": c.kind, **_plain(dataclasses.asdict(c))} for c in self.constraints]
-        if not self.train.trackers:  # a run without trackers records the same config.toml as before they existed
+        # A run that leaves a newer option at its default records the same config.toml as before it existed.
+        if not self.train.trackers:
             del out["train"]["trackers"]
+        if self.train.gamma_sampling == "draw":
+            del out["train"]["gamma_sampling"]
+        for constraint in out["constraints"]:
+            if not constraint["per_sample"]:
+                del constraint["per_sample"]
         return out
 
 
@@ -412,7 +430,9 @@ def config_from_dict(data: dict[str, Any], registry: Registry | None = None) -> 
     config = RunConfig(task=task_config, seed=seed, label=label, constraints=constraints, **parts)
     task = build_task(registry, config.task.name, config.task.options)
     task.check_gammas(config.eval.gammas, "eval.gammas")
-    task.check_gammas([config.train.train_gamma], "train.train_gamma")
+    task.check_gammas(config.train.band, "train.train_gamma")
+    for i, spec in enumerate(config.constraints):
+        problems.attempt(check_levels, spec, config.train.band, f"constraints[{i}]")
     task.check_gammas([config.train.validation_gamma], "train.validation_gamma")
     for name in config.eval.domains:
         if name not in task.domains:
@@ -420,6 +440,17 @@ def config_from_dict(data: dict[str, Any], registry: Registry | None = None) -> 
             problems.add(ConfigError(f"eval.domains: {name!r} is not a domain of task {task.name!r}{closest(name, task.domains)} ({offered})"))
     problems.raise_any()
     return config
+
+
+def check_levels(spec: ConstraintSpec, band: tuple[float, ...], prefix: str) -> None:
+    """Raise ConfigError where a constraint holds at levels the training band does not have."""
+    if spec.levels is None:
+        return
+    if len(band) < 2:
+        raise ConfigError(f"{prefix}.levels needs a training band: set train.train_gamma to a list of levels, e.g. [0.0, 0.8, 1.6]")
+    missing = [g for g in (band if spec.levels == "band" else spec.levels) if g not in band]
+    if missing:
+        raise ConfigError(f"{prefix}.levels: {', '.join(f'{g:g}' for g in missing)} not in train.train_gamma's band ({', '.join(f'{g:g}' for g in band)})")
 
 
 def check_depth(config: RunConfig, num_layers: int, registry: Registry | None = None) -> None:

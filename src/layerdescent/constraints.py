@@ -5,6 +5,8 @@
     alpha = 0.05
     reference = "detached"  # live | detached | anchored
     resilience = 0.0        # 0: hard; c > 0: relax with cost (c/2)||u||^2
+    levels = "band"         # one multiplier per training level of train.train_gamma's band (or a list of them)
+    per_sample = true       # one multiplier per training row and entry, relaxed by resilience
 
 A new kind is a frozen dataclass subclassing :class:`ConstraintSpec`, registered by a plugin's
 ``register_constraints(register)`` hook, exactly as the built-ins below are.
@@ -14,7 +16,7 @@ from __future__ import annotations
 
 import abc
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar, Literal
+from typing import TYPE_CHECKING, ClassVar, Literal, Union
 
 from layerdescent.errors import ConfigError
 from layerdescent.hookspecs import hookimpl
@@ -30,14 +32,30 @@ class ConstraintSpec(abc.ABC):
     """A constraint on the vector of layer means E[l_0..l_L]; one multiplier per entry."""
 
     kind: ClassVar[str]
+    # True when ``violation`` broadcasts over leading dimensions (a G x (L+1) table of losses in,
+    # G x entries out), so that one row's losses give that row's violation: ``per_sample`` needs it.
+    per_row: ClassVar[bool] = False
     name: str = ""
     resilience: float = 0.0
+    # "band": hold at every level of train.train_gamma's band, one multiplier per (level, entry),
+    # each updated from the rows drawn at its level; a list holds at those levels of the band only.
+    levels: Union[Literal["band"], tuple[float, ...], None] = None
+    per_sample: bool = False  # one multiplier per (training row, entry), updated only for the rows in a batch
 
     def __post_init__(self) -> None:
         if not self.name:
             object.__setattr__(self, "name", self.kind)  # frozen: the default name is the kind
         if self.resilience < 0:
             raise ConfigError("resilience must be >= 0 (0 means a hard constraint)")
+        if self.per_sample and not self.per_row:
+            raise ConfigError(f"per_sample = true needs a violation taken per row, which constraint kind {self.kind!r} does not declare (ClassVar per_row = True)")
+        if isinstance(self.levels, tuple) and (not self.levels or len(set(self.levels)) != len(self.levels)):
+            raise ConfigError("levels must name each level of the band once (or be \"band\" for all of them)")
+
+    @property
+    def grouped(self) -> bool:
+        """Whether the multipliers are indexed by level or by row rather than one per entry."""
+        return self.levels is not None or self.per_sample
 
     @abc.abstractmethod
     def labels(self, num_layers: int) -> list[str]:
@@ -45,7 +63,7 @@ class ConstraintSpec(abc.ABC):
 
     @abc.abstractmethod
     def violation(self, means: torch.Tensor, state: dict[str, torch.Tensor]) -> torch.Tensor:
-        """Violation vector (<= 0 when satisfied) from the layer means of one batch."""
+        """Violation vector (<= 0 when satisfied) from the layer means of one batch (G x entries from G x (L+1) where ``per_row``)."""
 
     def initial_state(self, means: torch.Tensor) -> dict[str, torch.Tensor]:
         """Tensors fixed at the first training batch (e.g. an anchor); saved in checkpoints."""
@@ -70,6 +88,7 @@ class Descent(ConstraintSpec):
     """Every chosen layer must lower the mean loss by a factor (1 - alpha)."""
 
     kind: ClassVar[str] = "descent"
+    per_row: ClassVar[bool] = True
     needs_nonnegative_losses: ClassVar[bool] = True  # the (1 - alpha) margin shrinks a loss towards 0; a negative one has no such margin
     alpha: float = 0.05
     layers: tuple[int, ...] | None = None
@@ -118,12 +137,12 @@ class Descent(ConstraintSpec):
         # violation by raising the previous layer's loss (the `live` form can be gamed).
         previous = means.detach() if self.reference == "detached" else means
         if self.layers is None:  # every transition: slices, no index tensor on the hot path
-            violation = means[1:] - (1.0 - self.alpha) * previous[:-1]
+            violation = means[..., 1:] - (1.0 - self.alpha) * previous[..., :-1]
         else:
-            index = torch.tensor(self.transitions(means.numel() - 1), device=means.device)
-            violation = means[index] - (1.0 - self.alpha) * previous[index - 1]
+            index = torch.tensor(self.transitions(means.shape[-1] - 1), device=means.device)
+            violation = means[..., index] - (1.0 - self.alpha) * previous[..., index - 1]
         if self.reference == "anchored":
-            violation = torch.cat([violation, (means[0] - state["anchor"]).reshape(1)])
+            violation = torch.cat([violation, means[..., :1] - state["anchor"]], dim=-1)
         return violation
 
 
@@ -132,6 +151,7 @@ class Bound(ConstraintSpec):
     """The mean loss at one layer may not exceed a value: classic constrained learning."""
 
     kind: ClassVar[str] = "bound"
+    per_row: ClassVar[bool] = True
     value: float = 0.0
     layer: int = -1
 
@@ -142,8 +162,8 @@ class Bound(ConstraintSpec):
         return [f"l{_resolve_layer(self.layer, num_layers, 0, 'bound layer')}<={self.value:g}"]
 
     def violation(self, means: torch.Tensor, state: dict[str, torch.Tensor]) -> torch.Tensor:
-        layer = _resolve_layer(self.layer, means.numel() - 1, 0, "bound layer")
-        return (means[layer] - self.value).reshape(1)
+        layer = _resolve_layer(self.layer, means.shape[-1] - 1, 0, "bound layer")
+        return means[..., layer : layer + 1] - self.value
 
 
 @hookimpl

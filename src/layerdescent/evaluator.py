@@ -11,6 +11,7 @@ from layerdescent.config import EvalConfig
 from layerdescent.data import Rows
 from layerdescent.distributed import World, to_device
 from layerdescent.errors import DataError, LayerdescentError, PluginError
+from layerdescent.problem import LayerBatch
 from layerdescent.task import Task
 
 
@@ -113,4 +114,47 @@ def evaluate_all(task: Task, model: torch.nn.Module, rows: Rows, config: EvalCon
             name: evaluate(task, model, domain_rows(task, name, config.domain_samples, config.seed), config.gammas, config.batch_size, config.seed, world)
             for name in config.domains
         }
+    return out
+
+
+@torch.no_grad()
+def rows_satisfied(task: Task, model: torch.nn.Module, rows: Rows, band: Iterable[float], update: Any, batch_size: int = 256, seed: int = 1234, world: World | None = None) -> dict[str, float]:
+    """For each per-sample constraint, the share of training rows that meet it at the end: every entry's violation <= 0 at every level it holds.
+
+    Each row is taken at every level of the training band (its noise seeded as ``evaluate`` seeds it);
+    a row's losses are pooled over the band's levels where the constraint is not held per level.
+    """
+    world = world or World()
+    problem = update.problem
+    names = [spec.name for spec in problem.specs if spec.per_sample]
+    if not names:
+        return {}
+    device = next(model.parameters(), torch.empty(0)).device
+    rng_devices = [device] if device.type == "cuda" else []
+    # every rank holds every table, batches or not, so that the sums over ranks meet
+    groups = {name: problem.groupings[name].size // problem.groupings[name].entries for name in names}
+    tables = {name: (torch.zeros(groups[name], task.num_layers + 1, device=device), torch.zeros(groups[name], device=device)) for name in names}
+    was_training = model.training
+    model.eval()
+    try:
+        for j, gamma in enumerate(band):
+            for k, start in enumerate(range(0, len(rows), batch_size)):
+                if k % world.size != world.rank:
+                    continue
+                index = torch.arange(start, min(start + batch_size, len(rows)))
+                with torch.random.fork_rng(devices=rng_devices):
+                    torch.manual_seed(seed * 1_000_003 + k)
+                    batch = to_device(task.collate(rows[index]), device)
+                    losses = task.layer_losses(model, batch, gamma=float(gamma)).losses.detach()
+                observed = LayerBatch(losses, index.to(device), torch.full_like(index, j).to(device))
+                for name in names:
+                    sums, counts = problem.groupings[name].sums(observed)
+                    tables[name] = (tables[name][0] + sums.to(tables[name][0]), tables[name][1] + counts.to(tables[name][1]))
+    finally:
+        model.train(was_training)
+    tables = {name: (world.sum(sums), world.sum(counts)) for name, (sums, counts) in tables.items()}
+    out = {}
+    for name, violation in problem.group_violations(tables).items():
+        met = (violation <= 0) | violation.isnan()  # a (row, level) the constraint does not hold at is no violation
+        out[name] = float(met.all(dim=1).double().mean())
     return out

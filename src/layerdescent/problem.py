@@ -4,17 +4,119 @@ Cooper's sharp edges stay here: constraints register by attribute after ``super(
 each spec gets a ``DenseMultiplier`` sized to its violation vector, the dual optimizer has
 ``maximize=True`` and its parameters in registration order, and resilience (a quadratic
 relaxation cost (c/2)||u||^2) is the dual weight decay 1/c, its exact closed form (u = lambda / c).
+
+A spec held per level or per sample (``levels``, ``per_sample``) gets an ``IndexedMultiplier``
+over its groups x entries instead: a group is a level of the band, a training row, or a
+(row, level) pair. Only the groups a batch holds enter its Lagrangian and its dual step, so a
+multiplier moves only when its level was drawn or its row was in the batch.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import cooper
 import torch
 
 from layerdescent.constraints import ConstraintSpec
-from layerdescent.errors import PluginError
+from layerdescent.errors import ConfigError, PluginError
+
+
+@dataclass
+class LayerBatch:
+    """One micro-batch's per-row layer losses and where each row came from, for per-level and per-sample constraints."""
+
+    losses: torch.Tensor  # B x (L+1)
+    rows: torch.Tensor | None = None  # each row's index in the training split
+    levels: torch.Tensor | None = None  # each row's perturbation level, as an index into the band
+
+    @property
+    def means(self) -> torch.Tensor:
+        """E[l_k] over the batch, one entry per layer."""
+        return self.losses.mean(dim=0)
+
+
+@dataclass(frozen=True)
+class Grouping:
+    """How a per-level or per-sample spec's multipliers are indexed: group x entry, a group being a level, a row or a (row, level)."""
+
+    levels: tuple[int, ...]  # the band indices of the levels it holds at; empty: pooled over levels
+    band: tuple[float, ...]
+    rows: int  # training rows when per sample, else 0
+    entries: int  # violation entries per level
+
+    @classmethod
+    def of(cls, spec: ConstraintSpec, entries: int, band: tuple[float, ...], rows: int | None) -> Grouping:
+        """The grouping of ``spec`` over this band and training split; a ConfigError when it needs what the run lacks."""
+        held: tuple[int, ...] = ()
+        if spec.levels is not None:
+            wanted = band if spec.levels == "band" else spec.levels
+            if len(band) < 2 or any(g not in band for g in wanted):
+                raise ConfigError(f"constraint {spec.name!r}: levels {spec.levels!r} need a training band holding them (train.train_gamma = [...], or LayerwiseUpdate(band=...)); the band is {list(band)}")
+            held = tuple(band.index(g) for g in wanted)
+        if spec.per_sample and not rows:
+            raise ConfigError(f"constraint {spec.name!r}: per_sample = true needs the training rows' count and each row's index (LayerwiseUpdate(rows=len(train_set)), backward(losses, rows=indices))")
+        return cls(held, band, (rows or 0) if spec.per_sample else 0, entries)
+
+    @property
+    def block(self) -> int:
+        """Entries per row: one per (level, entry)."""
+        return max(len(self.levels), 1) * self.entries
+
+    @property
+    def size(self) -> int:
+        """Multipliers in all: groups x entries."""
+        return max(self.rows, 1) * self.block
+
+    def labels(self, entry_labels: list[str]) -> list[str]:
+        """One label per entry of a row's block (``l3<=l2@0.8`` per level)."""
+        if not self.levels:
+            return list(entry_labels)
+        return [f"{label}@{self.band[j]:g}" for j in self.levels for label in entry_labels]
+
+    def groups(self, batch: LayerBatch) -> torch.Tensor:
+        """Each row's group id, -1 where its level is not held."""
+        n = batch.losses.shape[0]
+        device = batch.losses.device
+        slot = torch.zeros(n, dtype=torch.long, device=device)
+        valid = torch.ones(n, dtype=torch.bool, device=device)
+        if self.levels:
+            if batch.levels is None:
+                raise ConfigError("a constraint held per level needs each row's level: backward(losses, levels=band indices)")
+            lookup = torch.full((len(self.band),), -1, dtype=torch.long, device=device)
+            lookup[list(self.levels)] = torch.arange(len(self.levels), device=device)
+            slot = lookup[batch.levels.to(device)]
+            valid = slot >= 0
+        if self.rows:
+            if batch.rows is None:
+                raise ConfigError("a per-sample constraint needs each row's index: backward(losses, rows=indices into the training split)")
+            rows = batch.rows.to(device)
+            if bool(((rows < 0) | (rows >= self.rows)).any()):
+                raise ConfigError(f"a per-sample constraint got a row index outside 0..{self.rows - 1}: rows must index the training split it was built for")
+            slot = rows * max(len(self.levels), 1) + slot.clamp(min=0)
+        return torch.where(valid, slot, -1)
+
+    def sums(self, batch: LayerBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per-group sums of the (detached) layer losses and per-group row counts, as tables over every group."""
+        ids = self.groups(batch)
+        keep = ids >= 0
+        groups = self.size // self.entries
+        losses = batch.losses.detach()
+        sums = torch.zeros(groups, losses.shape[1], dtype=losses.dtype, device=losses.device).index_add_(0, ids[keep], losses[keep])
+        counts = torch.zeros(groups, dtype=losses.dtype, device=losses.device).index_add_(0, ids[keep], torch.ones_like(ids[keep], dtype=losses.dtype))
+        return sums, counts
+
+    def indices(self, groups: torch.Tensor) -> torch.Tensor:
+        """The flat multiplier indices of these groups' entries, group-major."""
+        return (groups[:, None] * self.entries + torch.arange(self.entries, device=groups.device)).flatten()
+
+
+def grouped_violation(spec: ConstraintSpec, means: torch.Tensor, state: dict[str, torch.Tensor]) -> torch.Tensor:
+    """G x entries violations of G rows of layer means (a loop over rows where the kind does not broadcast)."""
+    if spec.per_row:
+        return spec.violation(means, state)
+    return torch.stack([spec.violation(row, state) for row in means])
 
 
 class ExtraSGD(cooper.optim.ExtraSGD):
@@ -34,33 +136,59 @@ class _LayerwiseCMP(cooper.ConstrainedMinimizationProblem):
         self._problem = problem
 
     def compute_cmp_state(self, layer_losses: Any, primal: bool = True, dual: bool = True) -> cooper.CMPState:
-        """The CMPState of B x (L+1) layer losses or their L+1 means (or a callable returning them, as ``roll()`` passes).
+        """The CMPState of B x (L+1) layer losses, their L+1 means or a LayerBatch (or a callable returning one, as ``roll()`` passes).
 
         The loss is the solver's objective; ``primal = False`` (a dual pass) leaves it out and
         ``dual = False`` leaves the dual update to a pass of its own (the window of ``dual_every``).
+        Specs held per level or per sample are observed only in a LayerBatch, which says where its rows come from.
         """
-        means = layer_losses() if callable(layer_losses) else layer_losses
-        if means.dim() == 2:
-            means = means.mean(dim=0)
+        batch = layer_losses() if callable(layer_losses) else layer_losses
+        if isinstance(batch, LayerBatch):
+            means = batch.means
+        else:
+            means, batch = batch, None
+            if means.dim() == 2:
+                means = means.mean(dim=0)
         violations = self._problem.violations(means)
         observed = {
             self._problem.constraint(spec): cooper.ConstraintState(violation=violations[spec.name], contributes_to_primal_update=primal, contributes_to_dual_update=dual)
             for spec in self._problem.specs
+            if not spec.grouped
         }
+        if batch is not None:
+            observed.update(self._problem.grouped_states(batch, primal, dual))
         return cooper.CMPState(loss=self._problem.objective(means) if primal else None, observed_constraints=observed)
 
 
 class LayerwiseProblem:
     """Constraints on the per-layer mean losses, as one Cooper CMP."""
 
-    def __init__(self, specs: tuple[ConstraintSpec, ...], num_layers: int, augmented: bool = False, rho: float = 1.0, growth: float = 1.0, tolerance: float = 1e-4) -> None:
+    def __init__(
+        self,
+        specs: tuple[ConstraintSpec, ...],
+        num_layers: int,
+        augmented: bool = False,
+        rho: float = 1.0,
+        growth: float = 1.0,
+        tolerance: float = 1e-4,
+        band: tuple[float, ...] = (),
+        rows: int | None = None,
+    ) -> None:
         self.specs = specs
         self.num_layers = num_layers
         self.cmp = _LayerwiseCMP(self)
         self.labels: dict[str, list[str]] = {}
+        self.groupings: dict[str, Grouping] = {}  # the specs held per level or per sample
         for spec in specs:
             self.labels[spec.name] = spec.labels(num_layers)
             size = len(self.labels[spec.name])
+            if spec.grouped:
+                if augmented:
+                    raise ConfigError(f"constraint {spec.name!r} is held per level or per sample, which the augmented Lagrangian's per-entry penalty does not scale to: use solver.formulation = 'lagrangian'")
+                grouping = self.groupings[spec.name] = Grouping.of(spec, size, tuple(band), rows)
+                self.labels[spec.name] = grouping.labels(self.labels[spec.name])
+                setattr(self.cmp, spec.name, cooper.Constraint(cooper.ConstraintType.INEQUALITY, multiplier=cooper.multipliers.IndexedMultiplier(num_constraints=grouping.size)))
+                continue
             multiplier = cooper.multipliers.DenseMultiplier(num_constraints=size)
             extra: dict[str, Any] = {}
             if augmented:  # Cooper's augmented Lagrangian: a penalty rho per entry beside lambda
@@ -72,8 +200,9 @@ class LayerwiseProblem:
 
     def dual_optimizer(self, kind: str, lr: float, kp: float = 1.0, ki: float = 1.0, ema: float = 0.0) -> torch.optim.Optimizer:
         """SGD or nuPI ascent on the multipliers; resilient specs get weight decay 1/c."""
+        # A grouped spec's relaxation cost enters its (sparse) dual gradient instead: weight decay would shrink every row's lambda.
         groups = [
-            {"params": [self.constraint(spec).multiplier.weight], "weight_decay": 1.0 / spec.resilience if spec.resilience else 0.0}
+            {"params": [self.constraint(spec).multiplier.weight], "weight_decay": 1.0 / spec.resilience if spec.resilience and not spec.grouped else 0.0}
             for spec in self.specs
         ]
         if kind == "nupi":
@@ -89,6 +218,65 @@ class LayerwiseProblem:
         # a small model 5% of its step. A test checks it against compute_dual_lagrangian().backward().
         for constraint, observed in state.observed_constraints.items():
             constraint.multiplier.weight.grad = observed.extract_violations()[1].clone()
+
+    def grouped_states(self, batch: LayerBatch, primal: bool, dual: bool) -> dict[cooper.Constraint, cooper.ConstraintState]:
+        """The ConstraintStates of the grouped specs on one micro-batch: each group present, weighted by its share of the rows."""
+        out = {}
+        for spec in self.specs:
+            if not spec.grouped:
+                continue
+            grouping = self.groupings[spec.name]
+            ids = grouping.groups(batch)
+            keep = ids >= 0
+            present, inverse = torch.unique(ids[keep], return_inverse=True)
+            counts = torch.zeros(len(present), dtype=batch.losses.dtype, device=batch.losses.device).index_add_(0, inverse, torch.ones_like(inverse, dtype=batch.losses.dtype))
+            sums = torch.zeros(len(present), batch.losses.shape[1], dtype=batch.losses.dtype, device=batch.losses.device).index_add_(0, inverse, batch.losses[keep])
+            violation = grouped_violation(spec, sums / counts[:, None], self.state[spec.name])
+            # Each group's term is weighted by its share of the batch's rows, so that the per-sample
+            # Lagrangian is the mean of lambda_i g_i over the rows, and a level's is E over the band.
+            share = (counts / batch.losses.shape[0])[:, None]
+            out[self.constraint(spec)] = cooper.ConstraintState(
+                violation=(share * violation).flatten(),
+                constraint_features=grouping.indices(present).to(self.device),
+                strict_violation=violation.flatten(),
+                contributes_to_primal_update=primal,
+                contributes_to_dual_update=dual,
+            )
+        return out
+
+    def group_tables(self, batch: LayerBatch) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+        """Per-group loss sums and row counts of one micro-batch, for each grouped spec (empty when there is none)."""
+        return {name: grouping.sums(batch) for name, grouping in self.groupings.items()}
+
+    def group_violations(self, tables: dict[str, tuple[torch.Tensor, torch.Tensor]]) -> dict[str, torch.Tensor]:
+        """Each grouped spec's violation per present group: G x block, NaN where a group (a level, a row) saw no row."""
+        out = {}
+        for spec in self.specs:
+            if spec.grouped and spec.name in tables:
+                grouping = self.groupings[spec.name]
+                sums, counts = tables[spec.name]
+                means = sums / counts[:, None]  # NaN where no row: 0 / 0
+                violation = grouped_violation(spec, means.to(self.device), self.state[spec.name])
+                out[spec.name] = violation.reshape(max(grouping.rows, 1), grouping.block)
+        return out
+
+    def grouped_dual_gradient(self, tables: dict[str, tuple[torch.Tensor, torch.Tensor]]) -> None:
+        """Put each grouped spec's sparse dual gradient on its multiplier: the violation of every group seen, nothing elsewhere."""
+        for spec in self.specs:
+            if not spec.grouped:
+                continue
+            grouping, weight = self.groupings[spec.name], self.constraint(spec).multiplier.weight
+            sums, counts = tables.get(spec.name, (None, torch.zeros(0)))
+            present = (counts > 0).nonzero().flatten()
+            if not len(present):
+                weight.grad = None  # nothing observed: no step, not even the relaxation's decay
+                continue
+            violation = grouped_violation(spec, (sums[present] / counts[present, None]).to(self.device), self.state[spec.name]).flatten()
+            index = grouping.indices(present.to(self.device))
+            if spec.resilience:  # the gradient of lambda.g - ||lambda||^2 / 2c at the entries seen: u = lambda / c
+                violation = violation - weight.detach()[index, 0] / spec.resilience
+            # the groups come sorted and distinct from nonzero(), so the indices are already coalesced
+            weight.grad = torch.sparse_coo_tensor(index[None], violation[:, None], weight.shape, is_coalesced=True, check_invariants=False)
 
     def grow_penalties(self, state: cooper.CMPState) -> None:
         """Grow the augmented Lagrangian's rho where a dual pass saw a violation above the tolerance."""
@@ -109,10 +297,12 @@ class LayerwiseProblem:
             self.state = {spec.name: spec.initial_state(means.detach()) for spec in self.specs}
 
     def violations(self, means: torch.Tensor) -> dict[str, torch.Tensor]:
-        """Each spec's violation vector for these layer means (differentiable)."""
+        """Each spec's violation vector for these layer means (differentiable); specs held per level or per sample are left out."""
         self.start(means)
         out = {}
         for spec in self.specs:
+            if spec.grouped:  # observed per group, from a LayerBatch
+                continue
             violation = spec.violation(means, self.state[spec.name])
             # Cooper would silently broadcast a multiplier over a violation of another size.
             if violation.shape != (len(self.labels[spec.name]),):
@@ -124,16 +314,17 @@ class LayerwiseProblem:
         return out
 
     def multipliers(self) -> dict[str, torch.Tensor]:
-        """Current lambda of each spec."""
-        return {spec.name: self.constraint(spec).multiplier.weight.detach() for spec in self.specs}
+        """Current lambda of each spec: one per label, or a rows x labels table for a per-sample spec."""
+        out = {}
+        for spec in self.specs:
+            weight = self.constraint(spec).multiplier.weight.detach()
+            out[spec.name] = weight.reshape(-1, self.groupings[spec.name].block) if spec.per_sample else weight.flatten() if spec.grouped else weight
+        return out
 
     def relaxations(self) -> dict[str, torch.Tensor]:
         """The optimal relaxation u = lambda / c of each resilient spec."""
-        return {
-            spec.name: self.constraint(spec).multiplier.weight.detach() / spec.resilience
-            for spec in self.specs
-            if spec.resilience
-        }
+        multipliers = self.multipliers()
+        return {spec.name: multipliers[spec.name] / spec.resilience for spec in self.specs if spec.resilience}
 
     def state_dict(self) -> dict[str, Any]:
         """Multipliers and per-spec state, for checkpoints."""

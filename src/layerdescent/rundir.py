@@ -204,8 +204,12 @@ def rewind_log(metrics_file: Path, checkpoint: Path, offset: int) -> None:
         handle.truncate(offset)
 
 
-def results_table(config: Any, task: Any, position: dict[str, Any], step_times: list[float], skipped: int, update: Any, evaluation: dict[str, Any]) -> dict[str, Any]:
-    """What results.json holds (schema ``RESULTS_SCHEMA``): the run, how it trained, its multipliers and its evaluation."""
+def results_table(config: Any, task: Any, position: dict[str, Any], step_times: list[float], skipped: int, update: Any, evaluation: dict[str, Any], satisfied: dict[str, float] | None = None) -> dict[str, Any]:
+    """What results.json holds (schema ``RESULTS_SCHEMA``): the run, how it trained, its multipliers and its evaluation.
+
+    A per-sample constraint records each entry's mean lambda over the training rows, with its
+    maximum, the share of rows whose multiplier binds and the share that meet it at the end (``satisfied``).
+    """
     import statistics
 
     from layerdescent import __version__
@@ -229,15 +233,25 @@ def results_table(config: Any, task: Any, position: dict[str, Any], step_times: 
             "step_time_median": statistics.median(step_times) if step_times else None,
             "skipped_steps": skipped,
         },
-        "constraints": {
-            name: {
-                "labels": update.labels[name],
-                "lambda": value.tolist(),
-                **({"relaxation": relaxations[name].tolist()} if name in relaxations else {}),
-            }
-            for name, value in update.multipliers().items()
-        },
+        "constraints": {name: _constraint_record(update.labels[name], value, relaxations.get(name), (satisfied or {}).get(name)) for name, value in update.multipliers().items()},
         **evaluation,
+    }
+
+
+def _constraint_record(labels: list[str], value: Any, relaxation: Any, satisfied: float | None) -> dict[str, Any]:
+    """results.json's entry for one constraint: labels and final lambdas (a per-sample table as its per-entry summary)."""
+    if value.dim() != 2:
+        return {"labels": labels, "lambda": value.tolist(), **({"relaxation": relaxation.tolist()} if relaxation is not None else {})}
+    return {
+        "labels": labels,
+        "lambda": value.mean(dim=0).tolist(),
+        **({"relaxation": relaxation.mean(dim=0).tolist()} if relaxation is not None else {}),
+        "per_sample": {
+            "rows": value.shape[0],
+            "lambda_max": value.max(dim=0).values.tolist(),
+            "binding_rows": float((value > 0).any(dim=1).double().mean()),
+            "satisfied_rows": satisfied,
+        },
     }
 
 
@@ -263,6 +277,11 @@ def final_model_file(run_dir: Path, config: Any) -> Path:
     raise ConfigError(f"{run_dir} has neither {MODEL_FILE} nor a checkpoint, so its model is gone: re-run it to evaluate it again")
 
 
+def _seen_mean(total: Any, seen: Any) -> list[float | None]:
+    """Sums over the steps that saw each entry, divided by their count; null for an entry no step saw."""
+    return [value if count else None for value, count in zip((total / seen.clamp(min=1)).tolist(), seen.tolist())]
+
+
 class LogWindow:
     """Sums of what one metrics.jsonl line reports, over the steps since the last line."""
 
@@ -277,6 +296,7 @@ class LogWindow:
         self.loss: Any = None
         self.counts: Any = None
         self.violation: dict[str, Any] = {}
+        self.seen: dict[str, Any] = {}  # per entry, the steps that observed it (a level not drawn is NaN)
 
     def add(self, means: Any, violations: dict[str, Any]) -> None:
         """Count one step's layer means and violations."""
@@ -289,9 +309,12 @@ class LogWindow:
         if not bool(read.all()):
             return
         self.full += 1
-        self.feasible += all(bool((v <= 0).all()) for v in violations.values())
+        self.feasible += all(bool(((v <= 0) | v.isnan()).all()) for v in violations.values())
         for name, value in violations.items():
+            seen = (~value.isnan()).float()
+            value = value.nan_to_num()
             self.violation[name] = value.clone() if name not in self.violation else self.violation[name] + value
+            self.seen[name] = seen if name not in self.seen else self.seen[name] + seen
 
     def record(self, position: dict[str, Any], dual: dict[str, Any]) -> dict[str, Any]:
         """The metrics.jsonl record of the window (``dual``: the update's multipliers and relaxations), which then starts again."""
@@ -302,7 +325,8 @@ class LogWindow:
             "step": position["step"],
             "loss": (self.loss / self.counts.clamp(min=1)).tolist(),
             "feasible": self.feasible / full,
-            "violation": {k: (v / full).tolist() for k, v in self.violation.items()},
+            # an entry no step of the window observed (a level not drawn) logs null; the others their mean over the steps that saw them
+            "violation": {k: _seen_mean(v, self.seen[k]) for k, v in self.violation.items()},
             **dual,
         }
         self.reset()

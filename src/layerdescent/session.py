@@ -97,6 +97,6 @@ def build_session(config: RunConfig, task: Any, registry: Registry) -> Session:
     extragradient = registry.solver(solver.name).gradient_passes(solver.options) == 2
     primal = build_primal_optimizer(model, train, extragradient)
     # sync=False: the trainer averages the layer means over ranks itself, before its checks
-    update = LayerwiseUpdate(config.constraints, task.num_layers, primal, solver.name, sync=False, registry=registry, **vars(solver.options))
+    update = LayerwiseUpdate(config.constraints, task.num_layers, primal, solver.name, sync=False, registry=registry, band=train.band, rows=len(rows["train"]), **vars(solver.options))
     update.problem.cmp.to(device)
     return Session(rows, model, update, [f"l{k}" for k in range(task.num_layers + 1)], world, device)

@@ -74,6 +74,9 @@ class Solver:
         """Record one step's layer means for the dual update; True when multipliers moved."""
         return False
 
+    def observe_groups(self, tables: dict[str, tuple[torch.Tensor, torch.Tensor]]) -> None:
+        """Record one step's per-group loss sums and row counts of the constraints held per level or per sample (called before ``observe``)."""
+
     def end_epoch(self) -> bool:
         """Epoch boundary; True when multipliers moved."""
         return False
@@ -186,6 +189,7 @@ class PrimalDual(Solver):
         self.max_multiplier = options.max_multiplier
         self._window = torch.zeros(problem.num_layers + 1)
         self._count = 0
+        self._tables: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}  # per-group sums and counts since the last dual step
 
     @classmethod
     def gradient_passes(cls, options: PrimalDualOptions) -> int:
@@ -218,6 +222,11 @@ class PrimalDual(Solver):
         # dual=False: the multipliers step from the window of dual_every, not from this pass
         return self.problem.cmp.compute_cmp_state(means, dual=False).compute_primal_lagrangian().lagrangian
 
+    def observe_groups(self, tables: dict[str, tuple[torch.Tensor, torch.Tensor]]) -> None:
+        for name, (sums, counts) in tables.items():
+            have = self._tables.get(name)
+            self._tables[name] = (sums.clone(), counts.clone()) if have is None else (have[0] + sums, have[1] + counts)
+
     def observe(self, means: torch.Tensor) -> bool:
         self._window += means.detach().to(self._window)
         self._count += 1
@@ -237,16 +246,23 @@ class PrimalDual(Solver):
             state = self.problem.cmp.compute_cmp_state(means, primal=False)
         self.problem.dual_gradient(state)
         self.problem.grow_penalties(state)
+        if self.problem.groupings:
+            self.problem.grouped_dual_gradient(self._tables)
+            self._tables = {}
         self._window.zero_()
         self._count = 0
         return True
 
     def state_dict(self) -> dict[str, Any]:
-        return {"window": self._window.clone(), "count": self._count}
+        state: dict[str, Any] = {"window": self._window.clone(), "count": self._count}
+        if self._tables:  # only runs with constraints held per level or per sample have them
+            state["group_window"] = {name: [sums.clone(), counts.clone()] for name, (sums, counts) in self._tables.items()}
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self._window = state["window"].clone()
         self._count = int(state["count"])
+        self._tables = {name: (sums.clone(), counts.clone()) for name, (sums, counts) in state.get("group_window", {}).items()}
 
 
 @hookimpl

@@ -24,8 +24,9 @@ from layerdescent.checkpoint import load_checkpoint, load_model_state, restore_r
 from layerdescent.config import RunConfig, check_depth
 from layerdescent.distributed import to_device
 from layerdescent.errors import DiskError, DivergenceError, PluginError
-from layerdescent.evaluator import evaluate, evaluate_all
+from layerdescent.evaluator import evaluate, evaluate_all, rows_satisfied
 from layerdescent.guard import build_task, describe
+from layerdescent.problem import LayerBatch
 from layerdescent.progress import progress_bar
 from layerdescent.registry import Registry, get_registry
 from layerdescent.session import Session, build_session, epoch_steps
@@ -108,12 +109,14 @@ class Trainer:
             while position["epoch"] < train.epochs and not stopping.patience_spent(train, position):
                 order = torch.randperm(len(train_set), generator=torch.Generator().manual_seed(config.seed * 100_003 + position["epoch"]))
                 micro_batches = order.split(train.batch_size)
+                levels = self._levels(position["epoch"], len(micro_batches))
                 while position["micro"] < micro_per_epoch:
                     group = micro_batches[position["micro"] : position["micro"] + train.accumulate]
+                    group_levels = levels[position["micro"] : position["micro"] + train.accumulate]
                     start = time.perf_counter()
                     try:
                         # a last-layer solver reads every layer on a log line's first step only, where the task can read the last alone
-                        means, violations = self.step(session, group, position["step"], full=window.steps == 0)
+                        means, violations = self.step(session, group, position["step"], full=window.steps == 0, levels=group_levels)
                     except stopping.SkippedStep as skipped:
                         log.write(json.dumps({"event": "skipped", "epoch": position["epoch"], "step": position["step"], "reason": str(skipped)}) + "\n")
                         skipped_steps += 1
@@ -154,7 +157,8 @@ class Trainer:
             self.load_model(self.best_path, model, load_checkpoint(self.best_path, self.task.name, kind="model")["model"])
         evaluation = evaluate_all(self.task, model, rows[config.eval.split], config.eval, world)
         stopping.check_finite_results(evaluation, self.who)
-        results = rundir.results_table(config, self.task, position, step_times, skipped_steps, update, evaluation)
+        satisfied = rows_satisfied(self.task, model, train_set, train.band, update, config.eval.batch_size, config.eval.seed, world)
+        results = rundir.results_table(config, self.task, position, step_times, skipped_steps, update, evaluation, satisfied)
         if world.is_main:
             rundir.finish(self.run_dir, model.state_dict(), results, train.keep_checkpoint)
             self._trackers.close(results, self.run_dir)
@@ -170,7 +174,21 @@ class Trainer:
             log.write(json.dumps(record) + "\n")
             self._trackers.log(record)
 
-    def step(self, session: Session, group: Sequence[torch.Tensor], step: int, full: bool = True) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    def _levels(self, epoch: int, micro_batches: int) -> list[int]:
+        """Each micro-batch's level in the training band this epoch (-1: every level, gamma_sampling = 'all').
+
+        Drawn from the seed and the epoch alone, so a resumed run draws the same levels, and every
+        solver trained with the same seed sees the same level at the same step.
+        """
+        train = self.config.train
+        if train.gamma_sampling == "all":
+            return [-1] * micro_batches
+        if len(train.band) == 1:
+            return [0] * micro_batches
+        generator = torch.Generator().manual_seed(self.config.seed * 100_003 + epoch + 7_919_000)
+        return torch.randint(len(train.band), (micro_batches,), generator=generator).tolist()
+
+    def step(self, session: Session, group: Sequence[torch.Tensor], step: int, full: bool = True, levels: Sequence[int] | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """One optimizer step over micro-batches of training-row indices; the step's layer means and violations.
 
         Each micro-batch is global: this rank trains on its shard, and the layer means are
@@ -179,27 +197,30 @@ class Trainer:
         (``Task.last_layer_losses``); the other layers' means are then NaN.
         """
         update = session.update
+        levels = list(levels) if levels is not None else [0] * len(group)
         update.zero_grad()
-        step_means, violations = self._gradients(session, group, step, full)
+        step_means, violations = self._gradients(session, group, step, full, levels)
         if self.config.train.lr_schedule == "cosine":  # from the step count alone, so a resumed run follows the same schedule
             total = self.config.train.epochs * epoch_steps(len(session.rows["train"]), self.config.train)[1]
             for optimizer in update.optimizer.primal_optimizers:
                 for param_group in optimizer.param_groups:
                     param_group["lr"] = self.config.train.lr * 0.5 * (1 + math.cos(math.pi * min(step, total) / total))
         # a scheme that evaluates the batch again (extragradient, or a dual pass after the primal step) re-runs the same micro-batches
-        update.step(closure=lambda: self._gradients(session, group, step, full=True))
+        update.step(closure=lambda: self._gradients(session, group, step, True, levels))
         stopping.check_multipliers(update, step)
+        if update.problem.groupings and not bool(step_means.isnan().any()):  # a step that read every layer
+            violations = {**violations, **update.grouped_violations()}
         return step_means, violations
 
-    def _gradients(self, session: Session, group: Sequence[torch.Tensor], step: int, full: bool) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    def _gradients(self, session: Session, group: Sequence[torch.Tensor], step: int, full: bool, levels: Sequence[int]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """Backpropagate the primal loss of every micro-batch in ``group`` (summed over ranks, clipped); the all-rank layer means and their violations."""
         train, update, labels = self.config.train, session.update, session.labels
         total = sum(len(idx) for idx in group)
         step_means = torch.zeros(len(labels), device=session.device)
         violations: dict[str, torch.Tensor] = {}
         every_layer = True
-        for idx in group:
-            means, micro_mean, read_all = self._shard_means(session, idx, full)
+        for idx, level in zip(group, levels):
+            means, micro_mean, read_all, batch = self._shard_means(session, idx, full, level)
             every_layer = every_layer and read_all
             reason = stopping.nonfinite(step, "loss", micro_mean if read_all else micro_mean[-1:], labels if read_all else labels[-1:])
             if read_all:
@@ -217,7 +238,10 @@ class Trainer:
                 raise stopping.diverged(reason)
             update.observe(micro_mean, len(idx) / total)
             shard = len(idx.tensor_split(session.world.size)[session.world.rank])
-            update.backward(means, shard / total, observe=False)  # a rank whose shard is empty adds no gradient
+            if batch is None:
+                update.backward(means, shard / total, observe=False)  # a rank whose shard is empty adds no gradient
+            else:  # per-level or per-sample constraints read each row's losses, index and level
+                update.backward(batch.losses, shard / total, observe=False, rows=batch.rows, levels=batch.levels)
             step_means += micro_mean.detach() * (len(idx) / total)
         if torch.is_grad_enabled():
             session.world.sum_gradients(session.model.parameters())
@@ -229,19 +253,32 @@ class Trainer:
             violations = update.violations(step_means)  # a single micro-batch's are the step's already
         return step_means, violations
 
-    def _shard_means(self, session: Session, idx: torch.Tensor, full: bool) -> tuple[torch.Tensor, torch.Tensor, bool]:
-        """This rank's layer means on its shard of ``idx`` (differentiable), the mean over all of ``idx``, and whether every layer was read."""
+    def _shard_means(self, session: Session, idx: torch.Tensor, full: bool, level: int = 0) -> tuple[torch.Tensor, torch.Tensor, bool, LayerBatch | None]:
+        """This rank's layer means on its shard of ``idx`` (differentiable), the mean over all of ``idx``, whether every layer was read, and the rows' LayerBatch where per-level or per-sample constraints need it.
+
+        ``level`` indexes the training band; -1 takes the shard at every level of it.
+        """
         world = session.world
         shard = idx.tensor_split(world.size)[world.rank]
         width = len(session.labels)
-        last_only = not (full or session.update.solver.trains_every_layer)
+        grouped = bool(session.update.problem.groupings)
+        last_only = not (full or session.update.solver.trains_every_layer or grouped)
+        band = self.config.train.band
+        rows = None
         if len(shard):
             batch = to_device(self.task.collate(session.rows["train"][shard]), session.device)
-            gamma = self.config.train.train_gamma
+            gamma = band[max(level, 0)]
             last = self.task.last_layer_losses(session.model, batch, gamma=gamma) if last_only else None
-            if last is None:
+            if level < 0:  # every level of the band, in one step: the rows repeat once per level
+                losses = torch.cat([self.task.layer_losses(session.model, batch, gamma=g).losses for g in band])
+                means = losses.mean(dim=0)
+                rows = LayerBatch(losses, shard.repeat(len(band)), torch.arange(len(band)).repeat_interleave(len(shard)))
+            elif last is None:
                 last_only = False
-                means = self.task.layer_losses(session.model, batch, gamma=gamma).layer_means
+                output = self.task.layer_losses(session.model, batch, gamma=gamma)
+                means = output.layer_means
+                if grouped:
+                    rows = LayerBatch(output.losses, shard, torch.full((len(shard),), level))
             else:
                 means = torch.cat([torch.full((width - 1,), float("nan"), device=session.device), last.layer_means])
             if not means.requires_grad and torch.is_grad_enabled():  # the alternating dual pass reads under no_grad
@@ -250,9 +287,11 @@ class Trainer:
         else:  # every rank takes the same branch: the task answers the same on every rank
             last_only = last_only and self.task.overrides("last_layer_losses")
             means = torch.zeros(width, device=session.device)
+            if grouped:  # no rows, but the per-group sums still meet the other ranks' at the step
+                rows = LayerBatch(torch.zeros(0, width, device=session.device), shard, torch.zeros(0, dtype=torch.long))
         if world.size == 1:
-            return means, means.detach(), not last_only
-        return means, world.sum(means.detach() * len(shard)) / len(idx), not last_only
+            return means, means.detach(), not last_only, rows
+        return means, world.sum(means.detach() * len(shard)) / len(idx), not last_only, rows
 
 
 def train(config: RunConfig, run_dir: str | Path, resume: bool = False, registry: Registry | None = None) -> dict[str, Any]:

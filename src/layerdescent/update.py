@@ -11,6 +11,10 @@ Under gradient accumulation call ``backward`` once per micro-batch (``weight`` =
 the batch) and ``step`` once; under ``torch.distributed`` the layer means are averaged over ranks
 before the dual step. Schemes that evaluate the batch twice (``alternating-primal-dual``,
 ``extrapolation``) need ``step(closure)``, a closure that calls ``backward`` on the same batch again.
+
+A constraint held per level or per sample needs to know where each row came from:
+``LayerwiseUpdate(..., band=[0.0, 0.8, 1.6], rows=len(train_set))`` and
+``backward(losses, rows=indices, levels=band_indices)``.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ import torch.distributed as dist
 
 from layerdescent.constraints import ConstraintSpec
 from layerdescent.errors import ConfigError
-from layerdescent.problem import LayerwiseProblem
+from layerdescent.problem import LayerBatch, LayerwiseProblem
 from layerdescent.registry import Registry, get_registry
 from layerdescent.solvers import Solver
 
@@ -38,6 +42,8 @@ class LayerwiseUpdate:
         solver: str = "primal-dual",
         sync: bool = True,
         registry: Registry | None = None,
+        band: Sequence[float] = (),
+        rows: int | None = None,
         **options: Any,
     ) -> None:
         from layerdescent.config import build_solver_options  # config imports this module's neighbours
@@ -47,11 +53,16 @@ class LayerwiseUpdate:
         problems = solver_cls.check(settings, num_layers, tuple(constraints))
         if problems:
             raise ConfigError("\n".join(problems))
-        self.problem = _problem(tuple(constraints), num_layers, settings)
+        self.problem = _problem(tuple(constraints), num_layers, settings, tuple(band), rows)
         self.solver: Solver = solver_cls(settings, self.problem)
+        if self.problem.groupings and solver_cls.enforces_constraints and solver_cls.observe_groups is Solver.observe_groups:
+            raise ConfigError(f"solver {solver_cls.name!r} does not update multipliers held per level or per sample (it does not override Solver.observe_groups); drop levels and per_sample")
         self.optimizer = self.solver.cooper_optimizer(optimizer)
         self.sync = sync  # False when the caller averages the means over ranks itself (the trainer does)
         self._pending: torch.Tensor | None = None  # this step's weighted layer means, so far
+        self._tables: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}  # this step's per-group loss sums and counts, so far
+        self.last_tables: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}  # the last step's, over all ranks
+        self._taken: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
         self._passes = 0  # backward calls since the last step (alternating allows one)
 
     @property
@@ -64,8 +75,13 @@ class LayerwiseUpdate:
         for optimizer in self.optimizer.primal_optimizers:
             optimizer.zero_grad()
 
-    def loss(self, losses: torch.Tensor) -> torch.Tensor:
-        """The primal loss (objective plus multiplier-weighted violations) of B x (L+1) per-sample losses or L+1 means."""
+    def loss(self, losses: torch.Tensor, rows: torch.Tensor | None = None, levels: torch.Tensor | None = None) -> torch.Tensor:
+        """The primal loss (objective plus multiplier-weighted violations) of B x (L+1) per-sample losses or L+1 means.
+
+        ``rows`` and ``levels`` say where each row came from, for constraints held per sample or per level.
+        """
+        if self.problem.groupings and self.solver.enforces_constraints and losses.dim() == 2:
+            return self.solver.primal_loss(LayerBatch(losses, rows, levels))
         return self.solver.primal_loss(_means(losses))
 
     def observe(self, means: torch.Tensor, weight: float = 1.0) -> None:
@@ -73,12 +89,22 @@ class LayerwiseUpdate:
         term = means.detach() * weight
         self._pending = term if self._pending is None else self._pending + term
 
-    def backward(self, losses: torch.Tensor, weight: float = 1.0, observe: bool = True) -> torch.Tensor:
+    def backward(self, losses: torch.Tensor, weight: float = 1.0, observe: bool = True, rows: torch.Tensor | None = None, levels: torch.Tensor | None = None) -> torch.Tensor:
         """Backpropagate ``weight`` x the primal loss of these layer losses and count their means; return the means.
 
-        ``observe = False`` leaves the counting to the caller (``observe``), as the trainer does
-        with the means it averaged over ranks itself.
+        ``observe = False`` leaves the counting of the means to the caller (``observe``), as the
+        trainer does with the means it averaged over ranks itself. ``rows`` (each row's index in the
+        training split) and ``levels`` (its level's index in the band) feed the constraints held per
+        sample or per level, whose per-group sums are always counted here and summed over ranks.
         """
+        batch = None
+        if self.problem.groupings:
+            if losses.dim() != 2:
+                raise ConfigError("constraints held per level or per sample need the B x (L+1) per-row losses, not their means")
+            batch = LayerBatch(losses, rows, levels)
+            for name, (sums, counts) in self.problem.group_tables(batch).items():
+                have = self._tables.get(name)
+                self._tables[name] = (sums, counts) if have is None else (have[0] + sums, have[1] + counts)
         means = _means(losses)
         if observe:
             self.observe(means, weight)
@@ -88,7 +114,7 @@ class LayerwiseUpdate:
             self._dual(self._take())  # Cooper's dual-then-primal: lambda first, from this batch
         self._passes += 1
         if torch.is_grad_enabled() and means.requires_grad:
-            (self.solver.primal_loss(means) * weight).backward()
+            (self.loss(losses, rows, levels) * weight).backward()
         return means.detach()
 
     def step(self, closure: Callable[[], Any] | None = None) -> None:
@@ -146,14 +172,26 @@ class LayerwiseUpdate:
             return self.problem.violations(means)
 
     def record(self) -> dict[str, Any]:
-        """What a log line reports of the dual side: for constrained solvers, multipliers, relaxations and penalties."""
+        """What a log line reports of the dual side: for constrained solvers, multipliers, relaxations and penalties.
+
+        A per-sample constraint reports each entry's mean over the rows, and ``binding_rows``, the
+        share of rows with a positive multiplier.
+        """
         out: dict[str, Any] = {}
         if self.solver.enforces_constraints:
-            out["lambda"] = {k: v.tolist() for k, v in self.multipliers().items()}
-            out["relaxation"] = {k: v.tolist() for k, v in self.relaxations().items()}
+            out["lambda"] = {k: _per_entry(v).tolist() for k, v in self.multipliers().items()}
+            out["relaxation"] = {k: _per_entry(v).tolist() for k, v in self.relaxations().items()}
             if penalties := self.problem.penalties():
                 out["penalty"] = {k: v.tolist() for k, v in penalties.items()}
+            if binding := {k: float((v > 0).any(dim=1).double().mean()) for k, v in self.multipliers().items() if v.dim() == 2}:
+                out["binding_rows"] = binding
         return out
+
+    def grouped_violations(self) -> dict[str, torch.Tensor]:
+        """The last step's violation of each constraint held per level or per sample, per entry (mean over its rows), NaN where unseen."""
+        with torch.no_grad():
+            violations = self.problem.group_violations(self.last_tables)
+        return {name: _per_entry(v, nan_safe=True) for name, v in violations.items()}
 
     def state_dict(self) -> dict[str, Any]:
         """Optimizer, multiplier and solver state, for checkpoints."""
@@ -178,16 +216,30 @@ class LayerwiseUpdate:
         return self.solver.enforces_constraints and getattr(self.solver.options, "scheme", "") == "alternating"
 
     def _take(self) -> torch.Tensor | None:
-        """This step's layer means, averaged over ranks when asked; the count starts again."""
+        """This step's layer means, averaged over ranks when asked, and its group tables, summed over ranks; the count starts again."""
         means, self._pending = self._pending, None
-        if means is not None and self.sync and dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        distributed = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+        if means is not None and self.sync and distributed:
             means = means.clone()
             dist.all_reduce(means, op=dist.ReduceOp.SUM)
             means /= dist.get_world_size()
+        tables, self._tables = self._tables, {}
+        if tables and distributed:  # sums and counts add up over ranks: each rank saw its own rows
+            for sums, counts in tables.values():
+                dist.all_reduce(sums, op=dist.ReduceOp.SUM)
+                dist.all_reduce(counts, op=dist.ReduceOp.SUM)
+        self._taken = tables  # for the dual step that may follow; a discarded pass is replaced by the next take
+        if tables:
+            self.last_tables = tables
         return means
 
     def _dual_gradient(self, means: torch.Tensor | None) -> bool:
-        return means is not None and self.solver.observe(means)
+        if means is None:
+            return False
+        if self._taken:
+            self.solver.observe_groups(self._taken)
+            self._taken = {}
+        return self.solver.observe(means)
 
     def _dual(self, means: torch.Tensor | None) -> None:
         if self._dual_gradient(means):
@@ -203,8 +255,15 @@ def _means(losses: torch.Tensor) -> torch.Tensor:
     return losses.mean(dim=0) if losses.dim() == 2 else losses
 
 
-def _problem(constraints: tuple[ConstraintSpec, ...], num_layers: int, options: Any) -> LayerwiseProblem:
+def _per_entry(value: torch.Tensor, nan_safe: bool = False) -> torch.Tensor:
+    """One value per label: a per-sample table's mean over its rows (over the rows seen, with ``nan_safe``)."""
+    if value.dim() != 2:
+        return value
+    return value.nanmean(dim=0) if nan_safe else value.mean(dim=0)
+
+
+def _problem(constraints: tuple[ConstraintSpec, ...], num_layers: int, options: Any, band: tuple[float, ...] = (), rows: int | None = None) -> LayerwiseProblem:
     """The CMP of these constraints in the formulation ``options`` name (a plain Lagrangian without one)."""
     if getattr(options, "formulation", "lagrangian") != "augmented-lagrangian":
-        return LayerwiseProblem(constraints, num_layers)
-    return LayerwiseProblem(constraints, num_layers, augmented=True, rho=options.penalty_coefficient, growth=options.penalty_growth, tolerance=options.penalty_tolerance)
+        return LayerwiseProblem(constraints, num_layers, band=band, rows=rows)
+    return LayerwiseProblem(constraints, num_layers, augmented=True, rho=options.penalty_coefficient, growth=options.penalty_growth, tolerance=options.penalty_tolerance, band=band, rows=rows)
