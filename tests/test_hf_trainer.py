@@ -252,3 +252,26 @@ def test_dual_step_is_refused_for_a_scheme_whose_dual_step_is_not_after_the_prim
     update = ld.LayerwiseUpdate([ld.Descent()], num_layers=2, optimizer=torch.optim.SGD(model.parameters(), lr=0.1), scheme="alternating")
     with pytest.raises(ld.ConfigError, match=r"only scheme = 'simultaneous' allows \(got 'alternating'\): use step\(\) for it"):
         update.dual_step()
+
+
+@needs_hf
+def test_a_per_sample_constraint_moves_only_the_rows_of_the_batches_the_trainer_took(tmp_path):
+    rows = [{**row, "row_index": i} for i, row in enumerate(_rows())]
+    trainer = _trainer(tmp_path, steps=1, constraints=[ld.Descent(alpha=0.5, per_sample=True)], dual_lr=1.0)
+    trainer.train_dataset = rows
+    trainer.train()
+    table = trainer.update.multipliers()["descent"]
+    assert table.shape == (32, 2)
+    assert int((table > 0).any(dim=1).sum()) == 8  # one optimizer step of 8 rows; halving the loss is out of their reach
+    assert "lambda/descent/l2<=l1" in _lines(trainer)[-1]
+
+
+@needs_hf
+def test_a_per_sample_constraint_without_the_row_column_is_refused_naming_it(tmp_path):
+    import datasets
+
+    with pytest.raises(ld.ConfigError, match="has no column 'row_index'"):
+        ld.DescentTrainer(
+            model=_tiny_bert(), train_dataset=datasets.Dataset.from_list([{k: v.tolist() if hasattr(v, "tolist") else v for k, v in r.items()} for r in _rows()]),
+            constraints=[ld.Descent(per_sample=True)], readout=lambda h, i: h.sum(dim=(1, 2)),
+        )

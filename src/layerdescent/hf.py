@@ -8,6 +8,11 @@
     )
     trainer.train()   # lambda/descent/l1<=l0, violation/descent/l1<=l0, ... in trainer.state.log_history
 
+Constraints held per sample or per level read each row's index and level from two dataset columns,
+``rows_column`` (default ``"row_index"``: 0..len(train_dataset)-1) and ``levels_column`` (default
+``"level"``: an index into ``band``, the perturbation levels the user's own collator applied);
+the model never sees them.
+
 The model runs with ``output_hidden_states=True``; the readout turns each of its hidden states
 0..L (0: the embeddings) into per-sample losses, and the Trainer backpropagates the primal
 Lagrangian of the B x (L+1) losses. The Trainer takes the model's optimizer step as usual, and the
@@ -49,6 +54,9 @@ class DescentTrainer(transformers.Trainer):
         readout: Readout,
         solver: str = "primal-dual",
         registry: Registry | None = None,
+        band: Sequence[float] = (),
+        rows_column: str = "row_index",
+        levels_column: str = "level",
         **kwargs: Any,
     ) -> None:
         trainer_keys = set(inspect.signature(transformers.Trainer.__init__).parameters)
@@ -60,8 +68,11 @@ class DescentTrainer(transformers.Trainer):
         self.readout = readout
         self.solver_name = solver
         self.solver_options = options
+        self.band = tuple(band)
+        self.columns = {"rows": rows_column if any(spec.per_sample for spec in self.constraints) else None, "levels": levels_column if any(spec.levels is not None for spec in self.constraints) else None}
         self.update: LayerwiseUpdate | None = None  # built around the Trainer's optimizer, once it exists
         super().__init__(*args, **kwargs)
+        self._check_columns()
         self.num_layers = _depth(self.model)
         self._check(options)
         # The loss is a per-batch mean: the Trainer divides it by the accumulation steps, never the model's loss kwargs.
@@ -94,24 +105,43 @@ class DescentTrainer(transformers.Trainer):
         if solver_cls.gradient_passes(settings) != 1 or (solver_cls.enforces_constraints and scheme != "simultaneous"):
             raise ConfigError(f"DescentTrainer steps the multipliers after the Trainer's own optimizer step, which needs scheme = 'simultaneous' (got {scheme!r}); for the other schemes use layerdescent.LayerwiseUpdate in your own loop")
 
+    def _check_columns(self) -> None:
+        """Refuse a per-sample or per-level constraint whose dataset lacks the column that says where each row came from."""
+        for what, column in self.columns.items():
+            if column is None:
+                continue
+            names = getattr(self.train_dataset, "column_names", None)
+            if names is not None and column not in names:
+                option = "rows_column" if what == "rows" else "levels_column"
+                example = "dataset.add_column('row_index', list(range(len(dataset))))" if what == "rows" else "a column of band indices set by your perturbing collator"
+                raise ConfigError(f"a constraint held per {'sample' if what == 'rows' else 'level'} needs each training row's {'index' if what == 'rows' else 'level'}: train_dataset has no column {column!r} ({option}=...; e.g. {example})")
+        if any(self.columns.values()) and self.args.remove_unused_columns:
+            # the Trainer drops columns the model's forward does not take; these are the update's, not the model's
+            self._set_signature_columns_if_needed()
+            self._signature_columns = [*self._signature_columns, *(c for c in self.columns.values() if c)]
+
     def create_optimizer(self, *args: Any, **kwargs: Any) -> torch.optim.Optimizer:
         """The Trainer's optimizer, and the one LayerwiseUpdate around it."""
         optimizer = super().create_optimizer(*args, **kwargs)
         if self.update is None:
             # sync=False: _end_step averages the means over ranks itself, for the logged violations too
-            self.update = LayerwiseUpdate(self.constraints, self.num_layers, optimizer, self.solver_name, sync=False, registry=self.registry, **self.solver_options)
+            rows = len(self.train_dataset) if self.columns["rows"] else None
+            self.update = LayerwiseUpdate(self.constraints, self.num_layers, optimizer, self.solver_name, sync=False, registry=self.registry, band=self.band, rows=rows, **self.solver_options)
             self.update.problem.cmp.to(self.args.device)
         return optimizer
 
     def compute_loss(self, model: Any, inputs: dict[str, Any], return_outputs: bool = False, num_items_in_batch: Any = None) -> Any:
         """In training the primal Lagrangian of every layer's readout; in evaluation the last layer's mean readout loss."""
+        where = {what: inputs.get(column) for what, column in self.columns.items() if column}
+        inputs = {k: v for k, v in inputs.items() if k not in self.columns.values()}
         outputs = _forward(model, inputs)
         losses = self.layer_losses(outputs, inputs)
         if model.training and self.update is not None:
             means = losses.detach().mean(dim=0)
             weight = 1.0 / getattr(self, "current_gradient_accumulation_steps", self.args.gradient_accumulation_steps)
             self._pending = means * weight if self._pending is None else self._pending + means * weight
-            loss = self.update.loss(losses.float())  # the multipliers are float32, whatever the model's precision
+            self.update.observe_rows(losses.detach().float(), **where)
+            loss = self.update.loss(losses.float(), **where)  # the multipliers are float32, whatever the model's precision
         else:
             loss = losses[:, -1].mean()
         if not return_outputs:
@@ -156,14 +186,15 @@ class DescentTrainer(transformers.Trainer):
         """What a training log line adds: each entry's lambda, its violation and each layer's loss since the last line."""
         update = self.update
         out: dict[str, float] = {}
-        for name, values in update.multipliers().items():
-            out.update({f"lambda/{name}/{label}": v for label, v in zip(update.labels[name], values.tolist())})
-        if update.solver.enforces_constraints:
-            for name, values in update.relaxations().items():
-                out.update({f"relaxation/{name}/{label}": v for label, v in zip(update.labels[name], values.tolist())})
+        dual = update.record()  # a per-sample constraint's entries are means over its rows
+        for name, values in dual.get("lambda", {name: v.tolist() for name, v in update.multipliers().items()}).items():
+            out.update({f"lambda/{name}/{label}": v for label, v in zip(update.labels[name], values)})
+        for name, values in dual.get("relaxation", {}).items():
+            out.update({f"relaxation/{name}/{label}": v for label, v in zip(update.labels[name], values)})
         if self._steps:
             means = self._window / self._steps
-            for name, values in update.violations(means).items():
+            violations = {**update.violations(means), **update.grouped_violations()}
+            for name, values in violations.items():
                 out.update({f"violation/{name}/{label}": v for label, v in zip(update.labels[name], values.tolist())})
             out.update({f"layer_loss/l{k}": v for k, v in enumerate(means.tolist())})
             self._window, self._steps = None, 0

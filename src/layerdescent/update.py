@@ -89,6 +89,16 @@ class LayerwiseUpdate:
         term = means.detach() * weight
         self._pending = term if self._pending is None else self._pending + term
 
+    def observe_rows(self, losses: torch.Tensor, rows: torch.Tensor | None = None, levels: torch.Tensor | None = None) -> None:
+        """Count B x (L+1) per-row losses toward this step's dual update of the constraints held per level or per sample (``backward`` does this itself)."""
+        if not self.problem.groupings:
+            return
+        if losses.dim() != 2:
+            raise ConfigError("constraints held per level or per sample need the B x (L+1) per-row losses, not their means")
+        for name, (sums, counts) in self.problem.group_tables(LayerBatch(losses, rows, levels)).items():
+            have = self._tables.get(name)
+            self._tables[name] = (sums, counts) if have is None else (have[0] + sums, have[1] + counts)
+
     def backward(self, losses: torch.Tensor, weight: float = 1.0, observe: bool = True, rows: torch.Tensor | None = None, levels: torch.Tensor | None = None) -> torch.Tensor:
         """Backpropagate ``weight`` x the primal loss of these layer losses and count their means; return the means.
 
@@ -97,14 +107,7 @@ class LayerwiseUpdate:
         training split) and ``levels`` (its level's index in the band) feed the constraints held per
         sample or per level, whose per-group sums are always counted here and summed over ranks.
         """
-        batch = None
-        if self.problem.groupings:
-            if losses.dim() != 2:
-                raise ConfigError("constraints held per level or per sample need the B x (L+1) per-row losses, not their means")
-            batch = LayerBatch(losses, rows, levels)
-            for name, (sums, counts) in self.problem.group_tables(batch).items():
-                have = self._tables.get(name)
-                self._tables[name] = (sums, counts) if have is None else (have[0] + sums, have[1] + counts)
+        self.observe_rows(losses, rows, levels)
         means = _means(losses)
         if observe:
             self.observe(means, weight)
