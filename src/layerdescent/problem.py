@@ -97,12 +97,12 @@ class Grouping:
             slot = rows * max(len(self.levels), 1) + slot.clamp(min=0)
         return torch.where(valid, slot, -1)
 
-    def sums(self, batch: LayerBatch) -> tuple[torch.Tensor, torch.Tensor]:
-        """Per-group sums of the (detached) layer losses and per-group row counts, as tables over every group."""
+    def sums(self, batch: LayerBatch, detach: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per-group sums of the layer losses (detached unless asked) and per-group row counts, as tables over every group."""
         ids = self.groups(batch)
         keep = ids >= 0
         groups = self.size // self.entries
-        losses = batch.losses.detach()
+        losses = batch.losses.detach() if detach else batch.losses
         sums = torch.zeros(groups, losses.shape[1], dtype=losses.dtype, device=losses.device).index_add_(0, ids[keep], losses[keep])
         counts = torch.zeros(groups, dtype=losses.dtype, device=losses.device).index_add_(0, ids[keep], torch.ones_like(ids[keep], dtype=losses.dtype))
         return sums, counts
@@ -226,18 +226,16 @@ class LayerwiseProblem:
             if not spec.grouped:
                 continue
             grouping = self.groupings[spec.name]
-            ids = grouping.groups(batch)
-            keep = ids >= 0
-            present, inverse = torch.unique(ids[keep], return_inverse=True)
-            counts = torch.zeros(len(present), dtype=batch.losses.dtype, device=batch.losses.device).index_add_(0, inverse, torch.ones_like(inverse, dtype=batch.losses.dtype))
-            sums = torch.zeros(len(present), batch.losses.shape[1], dtype=batch.losses.dtype, device=batch.losses.device).index_add_(0, inverse, batch.losses[keep])
-            violation = grouped_violation(spec, sums / counts[:, None], self.state[spec.name])
+            sums, counts = grouping.sums(batch, detach=False)
+            present = counts.nonzero().flatten()
+            counts = counts[present]
+            violation = grouped_violation(spec, sums[present] / counts[:, None], self.state[spec.name])
             # Each group's term is weighted by its share of the batch's rows, so that the per-sample
             # Lagrangian is the mean of lambda_i g_i over the rows, and a level's is E over the band.
             share = (counts / batch.losses.shape[0])[:, None]
             out[self.constraint(spec)] = cooper.ConstraintState(
                 violation=(share * violation).flatten(),
-                constraint_features=grouping.indices(present).to(self.device),
+                constraint_features=grouping.indices(present.to(self.device)),
                 strict_violation=violation.flatten(),
                 contributes_to_primal_update=primal,
                 contributes_to_dual_update=dual,
