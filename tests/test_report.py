@@ -210,7 +210,7 @@ def test_a_run_evaluated_on_validation_joins_no_ablation_of_test_runs(tmp_path):
 
 
 def test_traces_plot_the_multipliers_and_violations_of_constrained_runs_only(bench):
-    from layerdescent.report import _traces
+    from layerdescent.plots import _traces
 
     traces = _traces(summarize(collect(bench)))
     assert list(traces) == [("primal-dual", "descent")]
