@@ -46,6 +46,7 @@ from unittest import mock
 
 from layerdescent import rundir
 from layerdescent.config import RunConfig, apply_overrides, check_depth, check_seed, config_from_dict, read_toml, set_path
+from layerdescent.endpoints import BenchSpec, parse_spec
 from layerdescent.errors import ConfigError
 from layerdescent.guard import build_task
 from layerdescent.executors import ExecutorOptions, failure_report, run_failure, run_remote, slurm_table
@@ -126,15 +127,18 @@ def _check_variant_name(name: Any) -> str:
     return name
 
 
+BENCH_KEYS = {"seeds", "variants", "grid", "slurm", "baselines", "primary", "tuning"}
+
+
 def plan(path: str | Path, out: str | Path, overrides: list[str] = (), registry: Registry | None = None) -> list[BenchRun]:
     """Validate every run of a bench file before any of them trains."""
     data = apply_overrides(read_toml(path), list(overrides))
     bench = data.pop("bench", None)
     if not isinstance(bench, dict):
         raise ConfigError(f"{path} has no [bench] table (a plain run file goes to `layerdescent run`)")
-    unknown = set(bench) - {"seeds", "variants", "grid", "slurm"}
+    unknown = set(bench) - BENCH_KEYS
     if unknown:
-        raise ConfigError(f"unknown key bench.{sorted(unknown)[0]} (allowed: seeds, variants, grid, slurm)")
+        raise ConfigError(f"unknown key bench.{sorted(unknown)[0]} (allowed: {', '.join(sorted(BENCH_KEYS))})")
     slurm_table(bench)
     seeds = _check_seeds(bench.get("seeds", [0]), "bench.seeds")
     variants = bench.get("variants", {})
@@ -172,7 +176,13 @@ def plan(path: str | Path, out: str | Path, overrides: list[str] = (), registry:
                 except ConfigError as exc:
                     raise ConfigError("\n".join(f"bench.variants.{name}: {line.removeprefix('--set ')}" for line in str(exc).splitlines())) from None
                 runs.append(BenchRun(name, seed, config, Path(out) / name / f"seed-{seed}"))
+    parse_spec(bench, [run.variant for run in runs])  # a bad [bench.primary] or baseline fails before anything trains
     return runs
+
+
+def bench_spec(path: str | Path, overrides: list[str] = ()) -> BenchSpec:
+    """The bench file's judging keys: its baselines, primary endpoints and tuning budgets."""
+    return parse_spec(apply_overrides(read_toml(path), list(overrides)).get("bench", {}))
 
 
 def _check_same_task(run: BenchRun) -> None:
@@ -323,7 +333,7 @@ def run_bench(
     command = command or " ".join(["layerdescent bench", str(path), "--out", str(out), *(f"--set {o}" for o in overrides), *(f"--only '{o}'" for o in only)])
     if failures and len(failures) == len(runs):
         raise failure_report(failures, len(runs), None)
-    summary = write_report(Path(out), title=f"Bench {Path(path).name}", note=f"Made by `{command}`.", workers=workers)
+    summary = write_report(Path(out), title=f"Bench {Path(path).name}", note=f"Made by `{command}`.", workers=workers, spec=bench_spec(path, overrides))
     if failures:
         raise failure_report(failures, len(runs), summary)
     return summary

@@ -132,8 +132,8 @@ def _metric_panel(ax, groups: dict, context_key: str, metric: str, colors: dict[
             _series(ax, [g for g, _ in pts], _point_stats([m for _, m in pts]), legend_name(label, grp), role(grp["solver"], "enforces_constraints"), colors.get(label, "C0"))
 
 
-def plot(groups: dict, out: Path, domains: dict[str, dict] | None = None) -> list[str]:
-    """Write the PNGs and return their file names; ``domains`` maps each evaluation domain to its groups."""
+def plot(groups: dict, out: Path, domains: dict[str, dict] | None = None, spec=None, results: list[dict] | None = None) -> list[str]:
+    """Write the PNGs and return their file names; ``domains`` maps each evaluation domain to its groups, ``spec`` names the primary metric."""
     import matplotlib
 
     matplotlib.use("Agg")  # here, not at import, so importing the module leaves a user's backend alone
@@ -229,4 +229,60 @@ def plot(groups: dict, out: Path, domains: dict[str, dict] | None = None) -> lis
         name = f"ablation_{names[key]}.png"
         _finish(fig, axes, out / name, title, gamma_label)
         images.append(name)
+    if metrics and tradeoff(groups, domains or {}, out / "tradeoff.png", spec, title):
+        images.append("tradeoff.png")
     return images
+
+
+def _interval(stats: dict | None) -> tuple[float, float] | None:
+    """The mean over seeds and the half-width of its 95% t interval (0 for one seed)."""
+    from scipy import stats as st
+
+    if stats is None:
+        return None
+    n = stats.get("n", 1)
+    half = float(st.t.ppf(0.975, n - 1) * stats["std"] / np.sqrt(n)) if n > 1 else 0.0
+    return float(stats["mean"]), half
+
+
+def tradeoff(groups: dict, domains: dict[str, dict], path: Path, spec=None, title: str = "") -> bool:
+    """The in-distribution metric against the primary shifted one, a point per variant with 95% t intervals; False if nothing to draw.
+
+    The shifted metric is the primary family's (its metric at its largest gamma, on its first split)
+    where the bench pre-registers one, else the first metric at the largest gamma on test.
+    """
+    import matplotlib.pyplot as plt
+
+    metrics = metric_names(groups)
+    primary = getattr(spec, "primary", None)
+    metric = primary.metric if primary and primary.metric in metrics else metrics[0]
+    split = primary.splits[0] if primary else "test"
+    shifted_groups = groups if split == "test" else domains.get(split, {})
+    gammas = _all_gammas(groups)
+    shifted = max(primary.gammas) if primary else gammas[-1]
+    if shifted == gammas[0] and split == "test":
+        return False  # nothing shifted to trade against
+    titles = context_titles(groups)
+    contexts = list(titles)
+    fig, axes = plt.subplots(1, len(contexts), figsize=(5.5 * len(contexts), 4.5), squeeze=False)
+    drawn = False
+    for ax, key in zip(axes[0], contexts):
+        for i, (label, grp) in enumerate(groups.items()):
+            if grp["context_key"] != key or grp["split"] != "test" or label not in shifted_groups:
+                continue
+            x = _interval(grp["gammas"].get(gammas[0], {}).get("metrics", {}).get(metric))
+            y = _interval(shifted_groups[label]["gammas"].get(shifted, {}).get("metrics", {}).get(metric))
+            if x is None or y is None:
+                continue
+            constrained = role(grp["solver"], "enforces_constraints")
+            ax.errorbar(x[0], y[0], xerr=x[1], yerr=y[1], fmt="o" if constrained else "s", color=f"C{i % 10}", capsize=3, label=label)
+            ax.annotate(label, (x[0], y[0]), textcoords="offset points", xytext=(4, 4), fontsize="x-small")
+            drawn = True
+        where = "" if split == "test" else f" on {split}"
+        ax.set(title=titles[key] or metric, xlabel=f"{metric} in distribution (γ = {gammas[0]:g})", ylabel=f"{metric} at γ = {shifted:g}{where}")
+    if not drawn:
+        plt.close(fig)
+        return False
+    direction = "" if not primary else f"; {'higher' if primary.higher_is_better else 'lower'} is better on both axes"
+    _finish(fig, axes, path, title, f"trade-off: a point per variant, 95% t intervals over seeds{direction}; circles: constraints enforced")
+    return True

@@ -20,9 +20,11 @@ import json
 from pathlib import Path
 
 from layerdescent import rundir
+from layerdescent.config import read_toml
 from layerdescent.errors import LayerdescentError
 # re-exported: the names scripts and tests have imported from here
 from layerdescent.groups import TRAINING_CHOICES, comparisons, context_titles, domain_results, metric_names, role, summarize  # noqa: F401
+from layerdescent.provenance import made_by
 from layerdescent.stats import paired_difference  # noqa: F401
 from layerdescent.tables import format_difference, format_stat, paired_cell  # noqa: F401
 
@@ -38,7 +40,9 @@ def collect(root: Path) -> list[dict]:
     for path in paths:
         config = _config(path.parent)
         context = {k: v for k, v in config.items() if k not in TRAINING_CHOICES}
-        results.append({**read_results(path), "run_dir": str(path.parent), "config": config, "context": context})
+        data = read_results(path)
+        made = made_by(data, read_toml(path.parent / "config.toml") if (path.parent / "config.toml").exists() else {})
+        results.append({**data, "run_dir": str(path.parent), "config": config, "context": context, "made_by": made})
     if len({r["task"] for r in results}) > 1:  # runs of two tasks never share a row, even with the same label
         for r in results:
             r["label"] = f"{r['task']}: {r['label']}"
@@ -102,11 +106,17 @@ def _config(run_dir: Path) -> dict:
     return config
 
 
-def write_report(root: Path, out: Path | None = None, title: str | None = None, note: str = "", workers: int | None = None) -> Path:
+def write_report(root: Path, out: Path | None = None, title: str | None = None, note: str = "", workers: int | None = None, spec=None) -> Path:
     """Summarize every run under root into out/summary.md plus plots; return the summary's path.
 
-    ``workers`` says how many runs trained at once, which the Cost section reports (None: unknown).
+    ``workers`` says how many runs trained at once, which the Cost section reports (None: unknown);
+    ``spec`` (``endpoints.BenchSpec``) names the bench's baselines, primary endpoints and tuning budgets.
     """
+    from layerdescent.endpoints import BenchSpec
+    from layerdescent.plots import plot
+    from layerdescent.tables import markdown
+
+    spec = spec or BenchSpec()
     root = Path(root)
     out = Path(out) if out is not None else root
     if out.exists() and not out.is_dir():
@@ -118,10 +128,7 @@ def write_report(root: Path, out: Path | None = None, title: str | None = None, 
     except OSError as exc:
         raise LayerdescentError(f"cannot create {out}: {exc.strerror or exc}") from None
     domains = {name: (view, summarize(view)) for name, view in domain_results(results).items()}
-    from layerdescent.plots import plot
-    from layerdescent.tables import markdown
-
-    images = plot(groups, out, {name: domain_groups for name, (_, domain_groups) in domains.items()})
+    images = plot(groups, out, {name: domain_groups for name, (_, domain_groups) in domains.items()}, spec=spec, results=results)
     summary = out / "summary.md"
-    summary.write_text(markdown(groups, results, title or f"layerdescent report: {root.name}", images, note, workers, domains))
+    summary.write_text(markdown(groups, results, title or f"layerdescent report: {root.name}", images, note, workers, domains, spec))
     return summary

@@ -57,27 +57,60 @@ def format_difference(d: dict) -> str:
     return f"{bold}{mean} [{low}, {high}]{bold}"
 
 
+def paired(value: dict, label: str, ref: str, seeds: list[int], *key) -> dict | None:
+    """``label`` − ``ref`` over ``seeds`` from ``value[label, seed, *key]``; None where a seed lacks it."""
+    if not seeds or not all((name, s, *key) in value for name in (label, ref) for s in seeds):
+        return None
+    return paired_difference([value[(label, s, *key)] for s in seeds], [value[(ref, s, *key)] for s in seeds])
+
+
 def paired_cell(value: dict, label: str, ref: str, seeds: list[int], *key) -> str:
     """``label`` − ``ref`` over ``seeds`` as a table cell, from ``value[label, seed, *key]``; "–" where a seed lacks it."""
-    if not seeds or not all((name, s, *key) in value for name in (label, ref) for s in seeds):
-        return "–"
-    return format_difference(paired_difference([value[(label, s, *key)] for s in seeds], [value[(ref, s, *key)] for s in seeds]))
+    d = paired(value, label, ref, seeds, *key)
+    return "–" if d is None else format_difference(d)
 
 
-def _paired_tables(results: list[dict], groups: dict, metrics: list[str], gammas: list[float], where: str = "") -> list[str]:
-    """Markdown: per metric, label - reference at every gamma over the seeds both have."""
+def made_by_label(results: list[dict]) -> dict[tuple[str, int], dict]:
+    """Each run's ``made_by`` record, keyed (label, seed)."""
+    return {(r["label"], r["seed"]): r["made_by"] for r in results if "made_by" in r}
+
+
+def cross_code(made: dict, label: str, ref: str, seeds: list[int]) -> bool:
+    """Whether the runs of a pair, over ``seeds``, were made by different code."""
+    from layerdescent.provenance import differ
+
+    records = [made[name, s] for name in (label, ref) for s in seeds if (name, s) in made]
+    return differ(records)
+
+
+def _paired_tables(results: list[dict], groups: dict, metrics: list[str], gammas: list[float], where: str = "",
+                   baselines: tuple[str, ...] = (), tally: list | None = None, primary: set | None = None) -> list[str]:
+    """Markdown: per metric, label - reference at every gamma over the seeds both have.
+
+    Each difference with an interval lands in ``tally`` unless its (label, ref, split, gamma, metric)
+    is in ``primary``, the pre-registered family that the summary judges on its own.
+    """
     value = {(r["label"], r["seed"], float(g["gamma"]), m): v for r in results for g in r["gammas"] for m, v in g["metrics"].items()}
-    lines = []
+    made = made_by_label(results)
+    split = where.removeprefix(" on domain ") or "test"
+    lines, flagged = [], False
     for metric in metrics:
         rows = []
-        for label, ref in comparisons(groups):
+        for label, ref in comparisons(groups, baselines):
             seeds = sorted(set(groups[label]["seeds"]) & set(groups[ref]["seeds"]))
-            rows.append([f"{label} − {ref}", str(len(seeds))] + [paired_cell(value, label, ref, seeds, gamma, metric) for gamma in gammas])
+            cells = [paired(value, label, ref, seeds, gamma, metric) for gamma in gammas]
+            if tally is not None:
+                tally += [d for d, g in zip(cells, gammas) if d and d["low"] is not None and (label, ref, split, g, metric) not in (primary or set())]
+            mark = " ‡" if cross_code(made, label, ref, seeds) else ""
+            flagged = flagged or bool(mark)
+            rows.append([f"{label} − {ref}{mark}", str(len(seeds))] + ["–" if d is None else format_difference(d) for d in cells])
         if rows:
             lines += [f"### {metric}", ""] + _table(["difference", "seeds"] + [f"γ={g:g}" for g in gammas], rows)
     if not lines:
         return []
     note = "Mean over paired seeds with its 95% t interval; **bold**: the interval excludes 0. One seed gives no interval."
+    if flagged:
+        note += " ‡: the two sides were made by different code (see Provenance)."
     return [f"## Paired differences over seeds{where}", "", note, "", *lines]
 
 
@@ -110,12 +143,95 @@ def _layer_table(groups: dict, key: str | tuple[str, str], gamma: float) -> list
     return _table(["label"] + names, rows)
 
 
-def _metric_tables(groups: dict, results: list[dict], metrics: list[str], gammas: list[float], where: str = "") -> list[str]:
+def _metric_tables(groups: dict, results: list[dict], metrics: list[str], gammas: list[float], where: str = "", **paired_options) -> list[str]:
     """Markdown: every label's metrics at every gamma, then the paired differences, on the test split or ``where``."""
     header = ["label"] + [f"{m} γ={g:g}" for m in metrics for g in gammas]
     rows = [[label] + [_cell(grp["gammas"].get(g, {}).get("metrics", {}).get(m)) for m in metrics for g in gammas]
             for label, grp in groups.items()]
-    return [f"## Metric at each gamma{where}", "", *_table(header, rows), *_paired_tables(results, groups, metrics, gammas, where)]
+    return [f"## Metric at each gamma{where}", "", *_table(header, rows), *_paired_tables(results, groups, metrics, gammas, where, **paired_options)]
+
+
+def format_p(p: float | None) -> str:
+    """A p-value in two significant digits; "–" where the pairs gave none."""
+    return "–" if p is None else f"{p:.2g}"
+
+
+def family_rows(cells: list[dict], adjusted: bool = True) -> list[list[str]]:
+    """Table rows of judged cells: the difference from the strongest baseline, its interval, p (and Holm's p), the verdict, flags."""
+    rows = []
+    for c in cells:
+        d = c.get("simultaneous") if adjusted else c.get("difference")
+        if d is None:
+            rows.append([c["variant"], c["split"], f"{c['gamma']:g}", "–", "not run", "–", "–", "missing", ""])
+            continue
+        shown = format_difference({**d, "distinct": c["verdict"] in ("better", "worse")} if adjusted else d)
+        flags = ", ".join(filter(None, ["different code" if c.get("cross_code") else "", f"{c['baseline']} untuned" if c.get("untuned") else ""]))
+        verdict = c["verdict"] if adjusted else "exploratory"
+        rows.append([c["variant"], c["split"], f"{c['gamma']:g}", c["baseline"], shown, format_p(c["difference"]["p"]),
+                     format_p(c.get("p_holm")) if adjusted else "–", verdict, flags])
+    return rows
+
+
+FAMILY_HEADER = ["variant", "evaluated on", "γ", "strongest baseline", "Δ (> 0 favours the variant)", "p", "Holm p", "verdict", "flags"]
+
+
+def primary_section(results: list[dict], spec, views: dict, tally: list[dict]) -> list[str]:
+    """Markdown: the pre-registered family judged with Holm's adjustment, the adopted settings beside it, and the exploratory count."""
+    from layerdescent.endpoints import FAMILY_ALPHA, judge_cells, primary_cells
+    from layerdescent.stats import excluding_zero_by_chance
+
+    distinct = sum(d["distinct"] for d in tally)
+    chance = excluding_zero_by_chance(len(tally))
+    count = (f"Exploratory cells: {distinct} of the {len(tally)} paired differences with an interval below exclude 0, "
+             f"where chance alone predicts about {chance:.1f} (5% of them); none of them is corrected for the others.")
+    p = spec.primary
+    if p is None:
+        return ["## Primary endpoints", "", "None pre-registered (the bench file has no `[bench.primary]`): every verdict on these runs is exploratory. "
+                + count, ""]
+    cells = primary_cells(results, spec, views)
+    lines = ["## Primary endpoints (pre-registered)", "",
+             f"{p.metric} ({'higher' if p.higher_is_better else 'lower'} is better) of {', '.join(p.variants)} against the strongest of "
+             f"{', '.join(spec.baselines)} at each cell (the baseline with the best mean there), at γ {', '.join(f'{g:g}' for g in p.gammas)} "
+             f"on {', '.join(p.splits)}: a family of {len(cells)}. p is the paired t test's over seeds; Holm p is adjusted over the family, "
+             f"and a cell is better or worse only where it is at most {FAMILY_ALPHA:g}; the interval is Bonferroni's "
+             f"({100 * (1 - FAMILY_ALPHA / max(len(cells), 1)):.3g}%, simultaneous over the family), **bold** where Holm decides.", ""]
+    lines += _table(FAMILY_HEADER, family_rows(cells))
+    if p.adopted:
+        tuned = judge_cells(results, spec, p.adopted, p.metric, p.higher_is_better, p.gammas, p.splits, views)
+        lines += [f"Adopted afterwards (tuned), beside the pre-registered setting, never instead: {', '.join(p.adopted)}; "
+                  "95% t intervals, not corrected, exploratory.", ""]
+        lines += _table(FAMILY_HEADER, family_rows(tuned, adjusted=False))
+    return lines + [count, ""]
+
+
+def tuning_section(groups: dict, spec) -> list[str]:
+    """Markdown: the runs spent choosing each variant's setting, as the bench file states them."""
+    if spec is None or not spec.tuning:
+        return ["## Tuning budgets", "", "The bench file states no tuning budget (`[bench.tuning]`): read every variant as run at settings "
+                "fixed in advance, and a verdict against a baseline as one between settings nobody tuned here.", ""]
+    rows = [[label, str(spec.tuning.get(label, 0))] for label in groups]
+    return ["## Tuning budgets", "", "Runs spent choosing each variant's setting (`[bench.tuning]`; 0: none). A verdict of a tuned "
+            "variant against a baseline with settings of its own and a smaller budget is flagged \"untuned\".", "",
+            *_table(["variant", "tuning runs"], rows)]
+
+
+def provenance_section(results: list[dict]) -> list[str]:
+    """Markdown: which code made which variants; inferred where a run predates the record."""
+    from layerdescent.provenance import describe
+
+    versions: dict[str, list[str]] = {}
+    for r in results:
+        if "made_by" in r:
+            labels = versions.setdefault(describe(r["made_by"]), [])
+            if r["label"] not in labels:
+                labels.append(r["label"])
+    if len(versions) < 2:
+        return []
+    inferred = any(r.get("made_by", {}).get("inferred") for r in results)
+    note = ("The runs were made by different code. Runs recorded before results.json named its commit are told apart by "
+            "their version and the keys their files record (a change of options or results): different keys mean different code, "
+            "equal keys do not prove the same code." if inferred else "The runs were made by different code (commits as recorded).")
+    return ["## Provenance", "", note, "", *_table(["code", "variants"], [[v, ", ".join(labels)] for v, labels in versions.items()])]
 
 
 def _plural(n: int, word: str) -> str:
@@ -172,41 +288,52 @@ def _ablation_tables(groups: dict, metrics: list[str]) -> list[str]:
 
 
 def markdown(groups: dict, results: list[dict], title: str, images: list[str], note: str = "", workers: int | None = None,
-              domains: dict[str, tuple[list[dict], dict]] | None = None) -> str:
-    """The summary; ``domains`` maps each evaluation domain to its results view and their groups."""
+             domains: dict[str, tuple[list[dict], dict]] | None = None, spec=None) -> str:
+    """The summary; ``domains`` maps each evaluation domain to its results view and their groups, ``spec`` the bench's judging keys."""
+    from layerdescent.endpoints import BenchSpec
+
+    spec = spec or BenchSpec()
     gammas = _all_gammas(groups)
     metrics = metric_names(groups)
-    lines = [f"# {title}", "", *([note, ""] if note else []), *_overview(groups, results)]
-
+    p = spec.primary
+    primary = {(v, ref, split, g, p.metric) for v in p.variants for ref in groups for split in p.splits for g in p.gammas} if p else set()
+    tally: list[dict] = []
+    options = {"baselines": spec.baselines, "tally": tally, "primary": primary}
+    body = []
     if metrics:
-        lines += _metric_tables(groups, results, metrics, gammas)
+        body += _metric_tables(groups, results, metrics, gammas, **options)
     else:
-        lines += ["This task reports no metrics (`Task.metrics`); the tables below give the loss at every layer.", ""]
+        body += ["This task reports no metrics (`Task.metrics`); the tables below give the loss at every layer.", ""]
     for gamma in dict.fromkeys([gammas[0], gammas[-1]]):
-        lines += [f"## Test loss per layer at γ={gamma:g}", ""] + _layer_table(groups, "layer_loss", gamma)
-    lines += [f"## Descent rate per layer at γ={gammas[0]:g}", ""] + _layer_table(groups, "descent_rate", gammas[0])
+        body += [f"## Test loss per layer at γ={gamma:g}", ""] + _layer_table(groups, "layer_loss", gamma)
+    body += [f"## Descent rate per layer at γ={gammas[0]:g}", ""] + _layer_table(groups, "descent_rate", gammas[0])
     for metric in dict.fromkeys(m for grp in groups.values() for st in grp["gammas"].values() for m in st["layer_metrics"]):
-        lines += [f"## {metric} per layer at γ={gammas[0]:g}", ""] + _layer_table(groups, ("layer_metrics", metric), gammas[0])
+        body += [f"## {metric} per layer at γ={gammas[0]:g}", ""] + _layer_table(groups, ("layer_metrics", metric), gammas[0])
 
     for name, (view, domain_groups) in (domains or {}).items():
         where = f" on domain {name}"
         if metrics:
-            lines += _metric_tables(domain_groups, view, metrics, _all_gammas(domain_groups), where)
-        lines += [f"## Loss per layer at γ={gammas[0]:g}{where}", ""] + _layer_table(domain_groups, "layer_loss", gammas[0])
+            body += _metric_tables(domain_groups, view, metrics, _all_gammas(domain_groups), where, **options)
+        body += [f"## Loss per layer at γ={gammas[0]:g}{where}", ""] + _layer_table(domain_groups, "layer_loss", gammas[0])
 
     if metrics:
-        lines += _ablation_tables(groups, metrics)
+        body += _ablation_tables(groups, metrics)
 
     constrained = {label: grp for label, grp in groups.items() if role(grp["solver"], "enforces_constraints")}
     if constrained:
         rows = [[label, name, ", ".join(_fmt(x) for x in lam["mean"]), f"{lam['binding']} of {lam['entries']}"]
                 for label, grp in constrained.items() for name, lam in grp["lambda"].items()]
-        lines += ["## Final multipliers (mean over seeds)", "", "Still binding: the multipliers (entries x seeds) that ended above 0.", ""]
-        lines += _table(["label", "constraint", "λ", "still binding"], rows)
+        body += ["## Final multipliers (mean over seeds)", "", "Still binding: the multipliers (entries x seeds) that ended above 0.", ""]
+        body += _table(["label", "constraint", "λ", "still binding"], rows)
 
     rows = [[label, grp["solver"], _fmt(grp["step_time"] and grp["step_time"] * 1e3), _fmt(grp["step_time_ratio"])]
             for label, grp in groups.items()]
-    lines += ["## Cost", "", "Each run's median step time. " + _cost_note(workers), ""]
-    lines += _table(["label", "solver", "median step (ms)", f"× {_baseline_name()}"], rows)
-    lines += ["## Plots", ""] + [f"![{Path(i).stem}]({i})" for i in images]
-    return "\n".join(lines) + "\n"
+    body += ["## Cost", "", "Each run's median step time. " + _cost_note(workers), ""]
+    body += _table(["label", "solver", "median step (ms)", f"× {_baseline_name()}"], rows)
+    body += tuning_section(groups, spec) + provenance_section(results)
+    body += ["## Plots", ""] + [f"![{Path(i).stem}]({i})" for i in images]
+    views = {"test": (results, groups), **(domains or {})}
+    head = [f"# {title}", "", *([note, ""] if note else []), *_overview(groups, results)]
+    if metrics:
+        head += primary_section(results, spec, views, tally)
+    return "\n".join(head + body) + "\n"
