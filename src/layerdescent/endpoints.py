@@ -173,10 +173,25 @@ def judge_cells(results: list[dict], spec: BenchSpec, variants: tuple[str, ...],
 
 def _cell(view, spec: BenchSpec, variant: str, split: str, gamma: float, metric: str, sign: float) -> dict:
     """One family cell: the variant against the strongest baseline at (split, gamma), signed so > 0 favours the variant."""
-    cell = {"variant": variant, "split": split, "gamma": gamma, "metric": metric}
     if view is None or variant not in view[1]:
-        return cell
-    results, groups = view
+        return {"variant": variant, "split": split, "gamma": gamma, "metric": metric}
+    return versus_strongest(*view, spec, variant, gamma, metric, sign, split)
+
+
+def versus_strongest(results: list[dict], groups: dict, spec: BenchSpec, variant: str, gamma: float, metric: str,
+                     sign: float, split: str = "test") -> dict:
+    """``variant`` against the named baseline with the best mean at ``gamma`` in its context, over the seeds both have.
+
+    The values are signed by ``sign`` (-1 where lower is better) so that a difference > 0 favours the
+    variant. "Better" must hold against every baseline, not the strongest alone (an intersection-union
+    test: the difference's p is the largest of the baselines' p, and it is distinct only when every
+    baseline's interval is above 0), so that "holds" means "beats erm and deep supervision".
+    ``cross_code`` says whether the two sides were made by different code, ``untuned`` whether the
+    variant had tuning runs the strongest baseline did not.
+    """
+    from layerdescent.provenance import differ
+
+    cell = {"variant": variant, "split": split, "gamma": gamma, "metric": metric}
     value = {(r["label"], r["seed"], float(g["gamma"])): g["metrics"].get(metric) for r in results for g in r["gammas"]}
     candidates = {}
     for solver in spec.baselines:
@@ -187,18 +202,26 @@ def _cell(view, spec: BenchSpec, variant: str, split: str, gamma: float, metric:
     own = groups[variant]["gammas"].get(gamma, {}).get("metrics", {}).get(metric)
     if not candidates or own is None:
         return cell
+    versus = {}
+    for label in candidates:
+        seeds = [s for s in sorted(set(groups[variant]["seeds"]) & set(groups[label]["seeds"]))
+                 if value.get((variant, s, gamma)) is not None and value.get((label, s, gamma)) is not None]
+        a, b = [sign * value[variant, s, gamma] for s in seeds], [sign * value[label, s, gamma] for s in seeds]
+        versus[label] = (seeds, a, b, paired_difference(a, b) if seeds else None)
     strongest = max(candidates, key=candidates.get)
-    seeds = sorted(set(groups[variant]["seeds"]) & set(groups[strongest]["seeds"]))
-    a = [sign * value[variant, s, gamma] for s in seeds]
-    b = [sign * value[strongest, s, gamma] for s in seeds]
-    made = {r["label"]: [] for r in results}
+    seeds, a, b, difference = versus[strongest]
+    if difference is not None and difference["mean"] > 0:
+        others = [d for _, _, _, d in versus.values()]
+        better_than_all = all(d is not None and d["distinct"] and d["mean"] > 0 for d in others)
+        worst_p = None if any(d is None or d["p"] is None or d["mean"] <= 0 for d in others) else max(d["p"] for d in others)
+        difference = {**difference, "distinct": better_than_all, "p": worst_p}
+    made = {label: [] for label in (variant, strongest)}
     for r in results:
-        if r["label"] in (variant, strongest) and r["seed"] in seeds and "made_by" in r:
+        if r["label"] in made and r["seed"] in seeds and "made_by" in r:
             made[r["label"]].append(r["made_by"])
-    from layerdescent.provenance import differ
-
-    return {**cell, "baseline": strongest, "baselines": list(candidates), "seeds": seeds, "a": a, "b": b,
-            "difference": paired_difference(a, b) if seeds else None,
+    return {**cell, "baseline": strongest, "baseline_solver": groups[strongest]["solver"], "baselines": list(candidates),
+            "seeds": seeds, "a": a, "b": b, "difference": difference,
+            "versus": {label: d for label, (_, _, _, d) in versus.items()},
             "cross_code": differ(made[variant] + made[strongest]),
             "untuned": untuned(spec, variant, strongest)}
 
