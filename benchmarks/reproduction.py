@@ -87,7 +87,7 @@ class Pair(NamedTuple):
     context: str
     depth: int | None
     descent: tuple[int, int]  # transitions where the mean test loss falls, of all, the constrained variant
-    baseline_descent: dict[str, tuple[int, int]]  # the same for each baseline group it is paired with
+    baseline_descent: dict[str, tuple[int, int]]  # the same for each baseline solver's group it is paired with
     cells: dict[float, dict]  # gamma -> endpoints.versus_strongest (its "difference" signed so > 0 is better)
     upper: list[float]  # the larger gammas
     role: str  # "primary" (in the family), "pre-registered" (outside it), "adopted" (tuned afterwards) or "exploratory"
@@ -175,7 +175,7 @@ def _pairs(results: list[dict], bench: Bench, spec: BenchSpec, family: dict) -> 
         first = min(grp["gammas"])
         pairs.append(Pair(label, titles[grp["context_key"]] or "–", grp["config"].get("task.layers"),
                           _falls(grp["gammas"][first]["layer_loss"]["mean"]),
-                          {ref: _falls(groups[ref]["gammas"][first]["layer_loss"]["mean"]) for ref in refs.values()},
+                          {solver: _falls(groups[ref]["gammas"][first]["layer_loss"]["mean"]) for solver, ref in refs.items()},
                           cells, upper, kind))
     return pairs
 
@@ -252,12 +252,13 @@ def _evidence(pairs: list[Pair]) -> dict[str, str]:
     """Claim -> the longer evidence line of a section."""
     judged = _judged(pairs)
     n = len(judged)
-    ref_descends = sum(all(k == m for k, m in p.baseline_descent.values()) for p in judged)
+    solvers = list(dict.fromkeys(solver for p in judged for solver in p.baseline_descent))
+    ref_descends = ", ".join(f"{solver}'s in {sum(p.baseline_descent.get(solver, (0, 1))[0] == p.baseline_descent.get(solver, (0, 1))[1] for p in judged)}" for solver in solvers)
     better = sum(any(_better(p.cells[g]) for g in p.upper) for p in judged)
     worse = sum(any(_worse(p.cells[g]) for g in p.upper) for p in judged)
     parity = sum(not _worse(p.cells[min(p.cells)]) for p in judged if p.cells)
     return {
-        CLAIMS[0]: f"the mean test loss falls at every layer in {sum(p.descent[0] == p.descent[1] for p in judged)} of {n} pairs (every baseline's in {ref_descends})",
+        CLAIMS[0]: f"the mean test loss falls at every layer in {sum(p.descent[0] == p.descent[1] for p in judged)} of {n} pairs ({ref_descends})",
         CLAIMS[1]: f"at the larger gammas, distinguishably better than the strongest baseline somewhere in {better} of {n} pairs, distinguishably worse somewhere in {worse}",
         CLAIMS[2]: f"not distinguishably worse than the strongest baseline at the smallest γ in {parity} of {n} pairs",
     }
