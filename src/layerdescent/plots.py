@@ -249,7 +249,8 @@ def tradeoff(groups: dict, domains: dict[str, dict], path: Path, spec=None, titl
     """The in-distribution metric against the primary shifted one, a point per variant with 95% t intervals; False if nothing to draw.
 
     The shifted metric is the primary family's (its metric at its largest gamma, on its first split)
-    where the bench pre-registers one, else the first metric at the largest gamma on test.
+    where the bench pre-registers one, else the first metric at the largest gamma on test. Only the
+    variants with the most seeds in their context are drawn.
     """
     import matplotlib.pyplot as plt
 
@@ -264,25 +265,36 @@ def tradeoff(groups: dict, domains: dict[str, dict], path: Path, spec=None, titl
         return False  # nothing shifted to trade against
     titles = context_titles(groups)
     contexts = list(titles)
-    fig, axes = plt.subplots(1, len(contexts), figsize=(5.5 * len(contexts), 4.5), squeeze=False)
+    cols = min(3, len(contexts))
+    rows = -(-len(contexts) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(5.5 * cols, 4.5 * rows), squeeze=False)
+    for ax in axes.ravel()[len(contexts):]:
+        ax.set_visible(False)
     drawn = False
-    for ax, key in zip(axes[0], contexts):
+    # a bench of one variant per solver in each context (a grid of datasets) is told apart by solver, else by label
+    per_solver = all(len([g for g in groups.values() if g["context_key"] == key and g["solver"] == grp["solver"] and g["split"] == "test"]) <= 1
+                     for key in contexts for grp in groups.values() if grp["context_key"] == key)
+    solvers = list(dict.fromkeys(grp["solver"] for grp in groups.values()))
+    for ax, key in zip(axes.ravel(), contexts):
+        # the variants run at the context's full seed count: a one- or two-seed sweep's t interval would fill the panel
+        full = max((g["n"] for g in groups.values() if g["context_key"] == key and g["split"] == "test"), default=0)
         for i, (label, grp) in enumerate(groups.items()):
-            if grp["context_key"] != key or grp["split"] != "test" or label not in shifted_groups:
+            if grp["context_key"] != key or grp["split"] != "test" or label not in shifted_groups or grp["n"] < full:
                 continue
             x = _interval(grp["gammas"].get(gammas[0], {}).get("metrics", {}).get(metric))
             y = _interval(shifted_groups[label]["gammas"].get(shifted, {}).get("metrics", {}).get(metric))
             if x is None or y is None:
                 continue
             constrained = role(grp["solver"], "enforces_constraints")
-            ax.errorbar(x[0], y[0], xerr=x[1], yerr=y[1], fmt="o" if constrained else "s", color=f"C{i % 10}", capsize=3, label=label)
-            ax.annotate(label, (x[0], y[0]), textcoords="offset points", xytext=(4, 4), fontsize="x-small")
+            name, color = (grp["solver"], f"C{solvers.index(grp['solver']) % 10}") if per_solver else (label, f"C{i % 10}")
+            ax.errorbar(x[0], y[0], xerr=x[1], yerr=y[1], fmt="o" if constrained else "s", color=color, capsize=3, label=name)
             drawn = True
         where = "" if split == "test" else f" on {split}"
-        ax.set(title=titles[key] or metric, xlabel=f"{metric} in distribution (γ = {gammas[0]:g})", ylabel=f"{metric} at γ = {shifted:g}{where}")
+        ax.set_title(titles[key] or metric, fontsize="small", wrap=True)
+        ax.set(xlabel=f"{metric} in distribution (γ = {gammas[0]:g})", ylabel=f"{metric} at γ = {shifted:g}{where}")
     if not drawn:
         plt.close(fig)
         return False
     direction = "" if not primary else f"; {'higher' if primary.higher_is_better else 'lower'} is better on both axes"
-    _finish(fig, axes, path, title, f"trade-off: a point per variant, 95% t intervals over seeds{direction}; circles: constraints enforced")
+    _finish(fig, axes, path, title, f"trade-off: a point per variant (those with the most seeds), 95% t intervals over seeds{direction}; circles: constraints enforced")
     return True
