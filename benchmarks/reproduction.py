@@ -311,10 +311,13 @@ def _section(name: str, bench: Bench, spec: BenchSpec, judged_views: list, chanc
     for where, _, judged, _ in judged_views:
         lines.append(f"| {where or 'test'} | " + " | ".join(judged[c][0] for c in CLAIMS) + " |")
     lines.append("")
+    shown: set[str] = set()
     for where, pairs, judged, figures in judged_views:
-        lines += [f"### {where or 'test'}", "", *(f"- {claim}: {judged[claim][0]}; {text}" for claim, text in _evidence(pairs).items()), ""]
-        if judged[CLAIMS[3]][1]:
-            lines += [f"- {CLAIMS[3]}: {judged[CLAIMS[3]][0]}; {judged[CLAIMS[3]][1]}", ""]
+        lines += [f"### {where or 'test'}", ""]
+        if "domain" not in where:  # a domain view's verdicts are in the table above; its pairs below say why
+            lines += [*(f"- {claim}: {judged[claim][0]}; {text}" for claim, text in _evidence(pairs).items()), ""]
+            if judged[CLAIMS[3]][1]:
+                lines += [f"- {CLAIMS[3]}: {judged[CLAIMS[3]][0]}; {judged[CLAIMS[3]][1]}", ""]
         lines += ["| variant | role | context | descent | baselines' descent | Δ at the smallest γ | Δ at each larger γ |", "|---|---|---|---|---|---|---|"]
         for p in pairs:
             smallest = min(p.cells) if p.cells else None
@@ -325,6 +328,8 @@ def _section(name: str, bench: Bench, spec: BenchSpec, judged_views: list, chanc
         lines += [""]
         note = provenance_line(pairs)
         lines += [note, ""] if note else []
+        figures = [f for f in figures if f not in shown]  # a figure of every domain (Figure 4) is shown once
+        shown.update(figures)
         lines += [f"![{Path(f).stem}]({bench.results}/{f})" for f in figures] + ([""] if figures else [])
     return lines
 
