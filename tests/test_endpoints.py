@@ -119,6 +119,14 @@ def test_runs_of_one_commit_are_not_flagged(tmp_path):
     assert "| primal-dual − erm |" in text and "## Provenance" not in text
 
 
+@pytest.mark.parametrize("diffs, flagged", [(("d1", "d1"), False), (("d1", "d2"), True), ((None, None), True)])
+def test_runs_of_one_dirty_tree_are_one_code_version_only_when_their_change_is(diffs, flagged):
+    from layerdescent.provenance import differ
+
+    made = [{"version": "0.1.0", "commit": "c0ffee", "dirty": True, "diff": d, "fingerprint": "f"} for d in diffs]
+    assert differ(made) is flagged
+
+
 def test_a_trained_run_records_the_code_that_made_it(tmp_path, tiny):
     import layerdescent as ld
 
@@ -201,3 +209,28 @@ def test_the_trade_off_plot_is_drawn_and_shown(tmp_path):
     three_solvers(tmp_path)
     text = write_report(tmp_path).read_text()
     assert (tmp_path / "tradeoff.png").stat().st_size > 0 and "![tradeoff](tradeoff.png)" in text
+
+
+def test_a_bench_with_a_bad_primary_table_stops_before_anything_trains(tmp_path, tiny, capsys):
+    import tomli_w
+
+    table = {**tiny, "bench": {"seeds": [0], "variants": {"erm": {"solver": {"name": "erm"}}, "primal-dual": {}},
+                               "primary": {"metric": "mse", "higher_is_better": False, "gammas": [0.5], "variants": ["primal-dul"]}}}
+    (tmp_path / "bench.toml").write_text(tomli_w.dumps(table))
+    assert main(["bench", str(tmp_path / "bench.toml"), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["layerdescent: error: bench.primary: no variant is labelled 'primal-dul' (the bench's are: erm, primal-dual)"]
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_bench_summary_opens_with_the_bench_files_primary_family(tmp_path, tiny, capsys):
+    import tomli_w
+
+    table = {**tiny, "bench": {"seeds": [0, 1], "baselines": ["erm", "penalty"],
+                               "variants": {"erm": {"solver": {"name": "erm"}}, "penalty": {"solver": {"name": "penalty"}}, "primal-dual": {}},
+                               "primary": {"metric": "mse", "higher_is_better": False, "gammas": [0.5], "variants": ["primal-dual"]}}}
+    (tmp_path / "bench.toml").write_text(tomli_w.dumps(table))
+    assert main(["bench", str(tmp_path / "bench.toml"), "--out", str(tmp_path / "out")]) == 0
+    text = (tmp_path / "out" / "summary.md").read_text()
+    assert "## Primary endpoints (pre-registered)" in text and "| primal-dual | test | 0.5 |" in text
+    assert "| primal-dual − penalty |" in text

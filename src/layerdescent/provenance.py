@@ -2,8 +2,9 @@
 
     from layerdescent.provenance import code, made_by, differ
 
-    code()           # {"version": "0.1.0", "commit": "fa5b81a...", "dirty": False}  (commit None outside a checkout)
-    made_by(result)  # the record above, or one inferred from the files of an older run
+    code()           # {"version": "0.1.0", "commit": "fa5b81a...", "dirty": False}  (commit None outside a checkout;
+                     #  a dirty tree adds "diff", a digest of its uncommitted change)
+    made_by(result, config)  # the record above, or what the files of an older run tell
 """
 
 from __future__ import annotations
@@ -30,7 +31,12 @@ def code() -> dict:
         status = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=here, capture_output=True, text=True, timeout=10)
     except (OSError, subprocess.SubprocessError):
         return record
-    return {**record, "commit": commit.stdout.strip(), "dirty": bool(status.stdout.strip()) if status.returncode == 0 else None}
+    dirty = bool(status.stdout.strip()) if status.returncode == 0 else None
+    record = {**record, "commit": commit.stdout.strip(), "dirty": dirty}
+    if dirty:  # the uncommitted change itself, digested: runs of one dirty tree are still one code version
+        diff = subprocess.run(["git", "diff", "HEAD", "--binary"], cwd=here, capture_output=True, timeout=30)
+        record["diff"] = hashlib.sha256(diff.stdout).hexdigest()[:12] if diff.returncode == 0 else None
+    return record
 
 
 def _keys(value, prefix: str = "") -> list[str]:
@@ -64,20 +70,21 @@ def made_by(result: dict, config: dict) -> dict:
 
 
 def describe(made: dict) -> str:
-    """One code version in a few words: a commit (short, "+dirty" if so), else the version and fingerprint it was inferred from."""
+    """One code version in a few words: a commit (short, "+dirty" and the change's digest if so), else the version and fingerprint it was inferred from."""
     if made.get("commit"):
-        return made["commit"][:7] + ("+dirty" if made.get("dirty") else "")
+        return made["commit"][:7] + (f"+dirty {made.get('diff') or ''}".rstrip() if made.get("dirty") else "")
     return f"{made['version']}, keys {made['fingerprint']}"
 
 
 def differ(made: list[dict]) -> bool:
     """Whether runs (their ``made_by`` records) were made by different code.
 
-    Commits decide when every run recorded one, and a dirty tree is never the same code as another
-    run's; otherwise versions and fingerprints decide, which can tell code apart but not prove it equal.
+    Commits decide when every run recorded one, with the digest of a dirty tree's change (a dirty
+    tree without one is never taken for the same code); otherwise versions and fingerprints decide,
+    which can tell code apart but not prove it equal.
     """
-    if len(made) > 1 and any(m.get("dirty") for m in made):
-        return True
     if all(m.get("commit") for m in made):
-        return len({m["commit"] for m in made}) > 1
+        if len(made) > 1 and any(m.get("dirty") and not m.get("diff") for m in made):
+            return True
+        return len({(m["commit"], m.get("diff") if m.get("dirty") else None) for m in made}) > 1
     return len({(m["version"], m["fingerprint"]) for m in made}) > 1
