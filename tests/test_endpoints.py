@@ -211,15 +211,20 @@ def test_the_trade_off_plot_is_drawn_and_shown(tmp_path):
     assert (tmp_path / "tradeoff.png").stat().st_size > 0 and "![tradeoff](tradeoff.png)" in text
 
 
-def test_a_bench_with_a_bad_primary_table_stops_before_anything_trains(tmp_path, tiny, capsys):
+@pytest.mark.parametrize("primary, message", [
+    ({"variants": ["primal-dul"]}, "bench.primary: no variant is labelled 'primal-dul' (the bench's are: erm, primal-dual)"),
+    ({"metric": "acuracy"}, "bench.primary.metric: 'acuracy' is not a metric of task 'lista' (it reports: "),
+    ({"splits": ["test", "denser"]}, "bench.primary.splits: variant 'primal-dual' is not evaluated on 'denser'"),
+])
+def test_a_bench_with_a_bad_primary_table_stops_before_anything_trains(tmp_path, tiny, capsys, primary, message):
     import tomli_w
 
     table = {**tiny, "bench": {"seeds": [0], "variants": {"erm": {"solver": {"name": "erm"}}, "primal-dual": {}},
-                               "primary": {"metric": "mse", "higher_is_better": False, "gammas": [0.5], "variants": ["primal-dul"]}}}
+                               "primary": {"metric": "mse", "higher_is_better": False, "gammas": [0.5], "variants": ["primal-dual"], **primary}}}
     (tmp_path / "bench.toml").write_text(tomli_w.dumps(table))
     assert main(["bench", str(tmp_path / "bench.toml"), "--out", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert err == ["layerdescent: error: bench.primary: no variant is labelled 'primal-dul' (the bench's are: erm, primal-dual)"]
+    assert len(err) == 1 and err[0].startswith(f"layerdescent: error: {message}")
     assert not (tmp_path / "out").exists()
 
 

@@ -148,7 +148,7 @@ def plan(path: str | Path, out: str | Path, overrides: list[str] = (), registry:
     if not all(isinstance(v, list) and v for v in grid.values()):
         raise ConfigError('bench.grid must map dotted config keys to non-empty lists, e.g. "solver.dual_lr" = [0.1, 1.0]')
     names = {key: _grid_names(key, values) for key, values in grid.items()}
-    runs, where, depths = [], {}, {}
+    runs, where, tasks = [], {}, {}
     for variant, override in variants.items():
         _check_variant_name(variant)
         if not isinstance(override, dict):
@@ -169,15 +169,31 @@ def plan(path: str | Path, out: str | Path, overrides: list[str] = (), registry:
                     config = config_from_dict(merged, registry)
                     # the depth needs the built task; variants mostly share one, so it is built once each
                     key = repr(sorted(config.task.options.items())) + config.task.name
-                    if key not in depths:
-                        depths[key] = build_task(registry, config.task.name, config.task.options).num_layers
-                    check_depth(config, depths[key], registry)
+                    if key not in tasks:
+                        tasks[key] = build_task(registry, config.task.name, config.task.options)
+                    check_depth(config, tasks[key].num_layers, registry)
                     check_trackers(config.train.trackers)
                 except ConfigError as exc:
                     raise ConfigError("\n".join(f"bench.variants.{name}: {line.removeprefix('--set ')}" for line in str(exc).splitlines())) from None
                 runs.append(BenchRun(name, seed, config, Path(out) / name / f"seed-{seed}"))
-    parse_spec(bench, [run.variant for run in runs])  # a bad [bench.primary] or baseline fails before anything trains
+    spec = parse_spec(bench, [run.variant for run in runs])  # a bad [bench.primary] or baseline fails before anything trains
+    if spec.primary:
+        _check_primary(spec.primary, runs, tasks)
     return runs
+
+
+def _check_primary(primary, runs: list[BenchRun], tasks: dict) -> None:
+    """The primary metric is one the variants' task reports, and each primary split is test or a domain they are evaluated on."""
+    for run in runs:
+        if run.variant not in primary.variants + primary.adopted:
+            continue
+        task = tasks[repr(sorted(run.config.task.options.items())) + run.config.task.name]
+        metrics = list(task.metrics().keys())
+        if primary.metric not in metrics:
+            raise ConfigError(f"bench.primary.metric: {primary.metric!r} is not a metric of task {run.config.task.name!r} (it reports: {', '.join(metrics) or 'none'})")
+        for split in primary.splits:
+            if split != "test" and split not in run.config.eval.domains:
+                raise ConfigError(f"bench.primary.splits: variant {run.variant!r} is not evaluated on {split!r} (test, or one of its eval.domains: {', '.join(run.config.eval.domains) or 'none'})")
 
 
 def bench_spec(path: str | Path, overrides: list[str] = ()) -> BenchSpec:
