@@ -19,6 +19,10 @@ keys and value lists crosses every variant with every combination, named by the 
     [bench.grid]
     "constraints.0.alpha" = [0.0, 0.05, 0.1]     # -> primal-dual,alpha=0 ... primal-dual,alpha=0.1
 
+``baselines``, ``[bench.primary]`` and ``[bench.tuning]`` say how the summary judges the runs (the
+solvers constrained variants are judged against, the pre-registered family, the tuning budgets;
+see ``layerdescent.endpoints``); they are checked with the rest before anything trains.
+
 Every run lands in ``OUT/VARIANT/seed-N``; a finished run (its ``results.json`` exists) whose
 recorded config is the one asked for is not run again and an interrupted one resumes, so a bench
 that stopped halfway continues where it was; a finished run under another config is refused.
