@@ -239,3 +239,13 @@ def test_a_bench_summary_opens_with_the_bench_files_primary_family(tmp_path, tin
     text = (tmp_path / "out" / "summary.md").read_text()
     assert "## Primary endpoints (pre-registered)" in text and "| primal-dual | test | 0.5 |" in text
     assert "| primal-dual − penalty |" in text
+
+
+def test_a_tuned_variant_against_an_untuned_penalty_is_flagged_whatever_the_labels(tmp_path):
+    for solver, values in AT_GAMMA_1.items():
+        for seed, mse1 in enumerate(values):
+            write_run(tmp_path, f"vtest-{solver}", solver, seed, 0.1 + 0.01 * seed, mse1)
+    spec = BenchSpec(("erm", "penalty"), tuning={"vtest-primal-dual": 27})
+    text = write_report(tmp_path, spec=spec).read_text()
+    assert "| vtest-primal-dual − vtest-penalty § |" in text  # penalty has layer weights nobody tuned
+    assert "| vtest-primal-dual − vtest-erm |" in text  # erm has no settings of its own to tune

@@ -133,13 +133,12 @@ def split_views(results: list[dict]) -> dict[str, tuple[list[dict], dict]]:
     return {name: (view, summarize(view)) for name, view in views.items()}
 
 
-def untuned(spec: BenchSpec, variant: str, baseline_label: str) -> bool:
+def untuned(spec: BenchSpec, variant: str, baseline_label: str, baseline_solver: str) -> bool:
     """Whether ``variant`` had tuning runs its baseline did not (erm, with no settings of its own, is never short of them)."""
     from layerdescent.registry import get_registry
 
-    solver = baseline_label.split(",")[0]
-    options = getattr(get_registry().solvers.get(solver), "Options", None)
-    tunable = bool(options and dataclasses.fields(options))
+    options = getattr(get_registry().solvers.get(baseline_solver), "Options", None)
+    tunable = bool(options and dataclasses.is_dataclass(options) and dataclasses.fields(options))
     return tunable and spec.tuning.get(variant, 0) > spec.tuning.get(baseline_label, 0)
 
 
@@ -223,7 +222,7 @@ def versus_strongest(results: list[dict], groups: dict, spec: BenchSpec, variant
             "seeds": seeds, "a": a, "b": b, "difference": difference,
             "versus": {label: d for label, (_, _, _, d) in versus.items()},
             "cross_code": differ(made[variant] + made[strongest]),
-            "untuned": untuned(spec, variant, strongest)}
+            "untuned": untuned(spec, variant, strongest, groups[strongest]["solver"])}
 
 
 def primary_cells(results: list[dict], spec: BenchSpec, views: dict | None = None) -> list[dict]:

@@ -84,7 +84,7 @@ def cross_code(made: dict, label: str, ref: str, seeds: list[int]) -> bool:
 
 
 def _paired_tables(results: list[dict], groups: dict, metrics: list[str], gammas: list[float], where: str = "",
-                   baselines: tuple[str, ...] = (), tally: list | None = None, primary: set | None = None) -> list[str]:
+                   spec=None, tally: list | None = None, primary: set | None = None) -> list[str]:
     """Markdown: per metric, label - reference at every gamma over the seeds both have.
 
     Each difference with an interval lands in ``tally`` unless its (label, ref, split, gamma, metric)
@@ -93,16 +93,19 @@ def _paired_tables(results: list[dict], groups: dict, metrics: list[str], gammas
     value = {(r["label"], r["seed"], float(g["gamma"]), m): v for r in results for g in r["gammas"] for m, v in g["metrics"].items()}
     made = made_by_label(results)
     split = where.removeprefix(" on domain ") or "test"
-    lines, flagged = [], False
+    from layerdescent.endpoints import untuned
+
+    lines, flagged, short = [], False, False
     for metric in metrics:
         rows = []
-        for label, ref in comparisons(groups, baselines):
+        for label, ref in comparisons(groups, spec.baselines if spec else ()):
             seeds = sorted(set(groups[label]["seeds"]) & set(groups[ref]["seeds"]))
             cells = [paired(value, label, ref, seeds, gamma, metric) for gamma in gammas]
             if tally is not None:
                 tally += [d for d, g in zip(cells, gammas) if d and d["low"] is not None and (label, ref, split, g, metric) not in (primary or set())]
             mark = " ‡" if cross_code(made, label, ref, seeds) else ""
-            flagged = flagged or bool(mark)
+            mark += " §" if spec and untuned(spec, label, ref, groups[ref]["solver"]) else ""
+            flagged, short = flagged or "‡" in mark, short or "§" in mark
             rows.append([f"{label} − {ref}{mark}", str(len(seeds))] + ["–" if d is None else format_difference(d) for d in cells])
         if rows:
             lines += [f"### {metric}", ""] + _table(["difference", "seeds"] + [f"γ={g:g}" for g in gammas], rows)
@@ -111,6 +114,8 @@ def _paired_tables(results: list[dict], groups: dict, metrics: list[str], gammas
     note = "Mean over paired seeds with its 95% t interval; **bold**: the interval excludes 0. One seed gives no interval."
     if flagged:
         note += " ‡: the two sides were made by different code (see Provenance)."
+    if short:
+        note += " §: the variant had tuning runs its baseline, which has settings of its own, did not (see Tuning budgets)."
     return [f"## Paired differences over seeds{where}", "", note, "", *lines]
 
 
@@ -298,7 +303,7 @@ def markdown(groups: dict, results: list[dict], title: str, images: list[str], n
     p = spec.primary
     primary = {(v, ref, split, g, p.metric) for v in p.variants for ref in groups for split in p.splits for g in p.gammas} if p else set()
     tally: list[dict] = []
-    options = {"baselines": spec.baselines, "tally": tally, "primary": primary}
+    options = {"spec": spec, "tally": tally, "primary": primary}
     body = []
     if metrics:
         body += _metric_tables(groups, results, metrics, gammas, **options)
