@@ -380,7 +380,7 @@ def _first_row(name: str, where: str, spec: BenchSpec, pairs: list[Pair], judged
     cells = []
     for claim in CLAIMS:
         verdict, number = judged[claim]
-        text = _cell_text(verdict, number if claim != CLAIMS[3] else "")
+        text = _cell_text(verdict, number)
         if adopted and claim in CLAIMS[1:3] and adopted[0].cells:
             p = adopted[0]
             gamma = max(p.upper) if claim == CLAIMS[1] and p.upper else min(p.cells)
