@@ -479,7 +479,7 @@ def main() -> None:
         "What this project measured for each claim of \"A Constrained Optimization Perspective of Unrolled Transformers\"",
         f"(arXiv 2601.17257), from the committed runs only, current benches on the test split; made by `{command}`, whose",
         "docstring states the rules. Each cell: the verdict, and for one pair its difference from the strongest named baseline",
-        "(> 0 favours the constrained variant; **bold** distinguishable). Primary rows are decided by the pre-registered family",
+        "(> 0 favours the constrained variant; **bold** distinguishable, and \"better\" only where better than every named baseline). Primary rows are decided by the pre-registered family",
         "(Holm-adjusted, Bonferroni intervals); exploratory rows by uncorrected 95% t intervals. ‡: sides made by different code; §: the baseline got no tuning runs, the variant did.",
         "",
         "| task | family | " + " | ".join(CLAIMS) + " |",

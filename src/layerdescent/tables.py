@@ -196,7 +196,7 @@ def primary_section(results: list[dict], spec, views: dict, tally: list[dict]) -
     cells = primary_cells(results, spec, views)
     lines = ["## Primary endpoints (pre-registered)", "",
              f"{p.metric} ({'higher' if p.higher_is_better else 'lower'} is better) of {', '.join(p.variants)} against the strongest of "
-             f"{', '.join(spec.baselines)} at each cell (the baseline with the best mean there), at γ {', '.join(f'{g:g}' for g in p.gammas)} "
+             f"{', '.join(spec.baselines)} at each cell (the baseline with the best mean there; better only where better than each), at γ {', '.join(f'{g:g}' for g in p.gammas)} "
              f"on {', '.join(p.splits)}: a family of {len(cells)}. p is the paired t test's over seeds; Holm p is adjusted over the family, "
              f"and a cell is better or worse only where it is at most {FAMILY_ALPHA:g}; the interval is Bonferroni's "
              f"({100 * (1 - FAMILY_ALPHA / max(len(cells), 1)):.3g}%, simultaneous over the family), **bold** where Holm decides.", ""]
