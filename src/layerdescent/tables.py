@@ -191,7 +191,8 @@ def primary_section(results: list[dict], spec, views: dict, tally: list[dict]) -
              f"where chance alone predicts about {chance:.1f} (5% of them); none of them is corrected for the others.")
     p = spec.primary
     if p is None:
-        return ["## Primary endpoints", "", "None pre-registered (the bench file has no `[bench.primary]`): every verdict on these runs is exploratory. "
+        return ["## Primary endpoints", "", "None pre-registered (no `[bench.primary]` in the bench file, or none given: `layerdescent report RUNS --bench FILE` reads it): "
+                "every verdict on these runs is exploratory. "
                 + count, ""]
     cells = primary_cells(results, spec, views)
     lines = ["## Primary endpoints (pre-registered)", "",
