@@ -119,3 +119,14 @@ def test_every_hook_is_documented_in_the_readme_and_exercised_by_a_test():
     for hook in hooks:
         assert f"`{hook}(register)`" in text or f"def {hook}(register)" in text, f"{hook} is not documented in the README"
         assert f"def {hook}(" in tests, f"no test implements {hook}"
+
+
+def test_readme_bench_judging_example_is_a_valid_bench_table():
+    from layerdescent.config import tomllib
+    from layerdescent.endpoints import parse_spec
+
+    block = re.search(r"<!-- bench-judging-example -->\n```toml\n(.*?)```", README.read_text(), re.S).group(1)
+    bench = tomllib.loads(block)["bench"]
+    spec = parse_spec(bench, list(bench["variants"]))
+    assert spec.baselines == ("erm", "penalty") and spec.tuning == {"alpha=0.2": 12}
+    assert spec.primary.variants == ("primal-dual",) and spec.primary.adopted == ("alpha=0.2",) and spec.primary.gammas == (0.0, 1.6, 3.2)

@@ -11,7 +11,7 @@ last commit before the redesign (a579cd4, whose solvers are dfa1fff's) with one 
 
 On a machine that has one the comparison is exact; elsewhere every number must be within a
 relative 1e-4 of a recorded machine's (counts and strings exactly). Timings and the package
-version are the only keys left out.
+version and code provenance (``code``: commit, dirty tree) are the only keys left out.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ import layerdescent as ld
 from conftest import TINY
 
 RECORDED = Path(__file__).parent / "data" / "same_numbers"
-TIMING_KEYS = ("step_time_median", "layerdescent")
+TIMING_KEYS = ("step_time_median", "layerdescent", "code")
 
 TEXT = {
     "task": {"name": "text-classification", "model_path": "tiny", "dataset": "synthetic", "synthetic_size": 200, "max_length": 16},

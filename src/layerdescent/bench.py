@@ -19,6 +19,10 @@ keys and value lists crosses every variant with every combination, named by the 
     [bench.grid]
     "constraints.0.alpha" = [0.0, 0.05, 0.1]     # -> primal-dual,alpha=0 ... primal-dual,alpha=0.1
 
+``baselines``, ``[bench.primary]`` and ``[bench.tuning]`` say how the summary judges the runs (the
+solvers constrained variants are judged against, the pre-registered family, the tuning budgets;
+see ``layerdescent.endpoints``); they are checked with the rest before anything trains.
+
 Every run lands in ``OUT/VARIANT/seed-N``; a finished run (its ``results.json`` exists) whose
 recorded config is the one asked for is not run again and an interrupted one resumes, so a bench
 that stopped halfway continues where it was; a finished run under another config is refused.
@@ -46,6 +50,7 @@ from unittest import mock
 
 from layerdescent import rundir
 from layerdescent.config import RunConfig, apply_overrides, check_depth, check_seed, config_from_dict, read_toml, set_path
+from layerdescent.endpoints import BenchSpec, parse_spec
 from layerdescent.errors import ConfigError
 from layerdescent.guard import build_task
 from layerdescent.executors import ExecutorOptions, failure_report, run_failure, run_remote, slurm_table
@@ -126,15 +131,18 @@ def _check_variant_name(name: Any) -> str:
     return name
 
 
+BENCH_KEYS = {"seeds", "variants", "grid", "slurm", "baselines", "primary", "tuning"}
+
+
 def plan(path: str | Path, out: str | Path, overrides: list[str] = (), registry: Registry | None = None) -> list[BenchRun]:
     """Validate every run of a bench file before any of them trains."""
     data = apply_overrides(read_toml(path), list(overrides))
     bench = data.pop("bench", None)
     if not isinstance(bench, dict):
         raise ConfigError(f"{path} has no [bench] table (a plain run file goes to `layerdescent run`)")
-    unknown = set(bench) - {"seeds", "variants", "grid", "slurm"}
+    unknown = set(bench) - BENCH_KEYS
     if unknown:
-        raise ConfigError(f"unknown key bench.{sorted(unknown)[0]} (allowed: seeds, variants, grid, slurm)")
+        raise ConfigError(f"unknown key bench.{sorted(unknown)[0]} (allowed: {', '.join(sorted(BENCH_KEYS))})")
     slurm_table(bench)
     seeds = _check_seeds(bench.get("seeds", [0]), "bench.seeds")
     variants = bench.get("variants", {})
@@ -144,7 +152,7 @@ def plan(path: str | Path, out: str | Path, overrides: list[str] = (), registry:
     if not all(isinstance(v, list) and v for v in grid.values()):
         raise ConfigError('bench.grid must map dotted config keys to non-empty lists, e.g. "solver.dual_lr" = [0.1, 1.0]')
     names = {key: _grid_names(key, values) for key, values in grid.items()}
-    runs, where, depths = [], {}, {}
+    runs, where, tasks = [], {}, {}
     for variant, override in variants.items():
         _check_variant_name(variant)
         if not isinstance(override, dict):
@@ -165,14 +173,36 @@ def plan(path: str | Path, out: str | Path, overrides: list[str] = (), registry:
                     config = config_from_dict(merged, registry)
                     # the depth needs the built task; variants mostly share one, so it is built once each
                     key = repr(sorted(config.task.options.items())) + config.task.name
-                    if key not in depths:
-                        depths[key] = build_task(registry, config.task.name, config.task.options).num_layers
-                    check_depth(config, depths[key], registry)
+                    if key not in tasks:
+                        tasks[key] = build_task(registry, config.task.name, config.task.options)
+                    check_depth(config, tasks[key].num_layers, registry)
                     check_trackers(config.train.trackers)
                 except ConfigError as exc:
                     raise ConfigError("\n".join(f"bench.variants.{name}: {line.removeprefix('--set ')}" for line in str(exc).splitlines())) from None
                 runs.append(BenchRun(name, seed, config, Path(out) / name / f"seed-{seed}"))
+    spec = parse_spec(bench, [run.variant for run in runs])  # a bad [bench.primary] or baseline fails before anything trains
+    if spec.primary:
+        _check_primary(spec.primary, runs, tasks)
     return runs
+
+
+def _check_primary(primary, runs: list[BenchRun], tasks: dict) -> None:
+    """The primary metric is one the variants' task reports, and each primary split is test or a domain they are evaluated on."""
+    for run in runs:
+        if run.variant not in primary.variants + primary.adopted:
+            continue
+        task = tasks[repr(sorted(run.config.task.options.items())) + run.config.task.name]
+        metrics = list(task.metrics().keys())
+        if primary.metric not in metrics:
+            raise ConfigError(f"bench.primary.metric: {primary.metric!r} is not a metric of task {run.config.task.name!r} (it reports: {', '.join(metrics) or 'none'})")
+        for split in primary.splits:
+            if split != "test" and split not in run.config.eval.domains:
+                raise ConfigError(f"bench.primary.splits: variant {run.variant!r} is not evaluated on {split!r} (test, or one of its eval.domains: {', '.join(run.config.eval.domains) or 'none'})")
+
+
+def bench_spec(path: str | Path, overrides: list[str] = ()) -> BenchSpec:
+    """The bench file's judging keys: its baselines, primary endpoints and tuning budgets."""
+    return parse_spec(apply_overrides(read_toml(path), list(overrides)).get("bench", {}))
 
 
 def _check_same_task(run: BenchRun) -> None:
@@ -323,7 +353,7 @@ def run_bench(
     command = command or " ".join(["layerdescent bench", str(path), "--out", str(out), *(f"--set {o}" for o in overrides), *(f"--only '{o}'" for o in only)])
     if failures and len(failures) == len(runs):
         raise failure_report(failures, len(runs), None)
-    summary = write_report(Path(out), title=f"Bench {Path(path).name}", note=f"Made by `{command}`.", workers=workers)
+    summary = write_report(Path(out), title=f"Bench {Path(path).name}", note=f"Made by `{command}`.", workers=workers, spec=bench_spec(path, overrides))
     if failures:
         raise failure_report(failures, len(runs), summary)
     return summary

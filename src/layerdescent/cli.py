@@ -1,4 +1,4 @@
-"""The ``layerdescent`` command line: list, plugins, run, bench, evaluate, report, assets, demo."""
+"""The ``layerdescent`` command line: list, plugins, run, bench, evaluate, report, compare, assets, demo."""
 
 from __future__ import annotations
 
@@ -157,10 +157,27 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
+    from layerdescent.endpoints import read_spec
     from layerdescent.report import write_report
 
-    summary = write_report(Path(args.run_dir), Path(args.out) if args.out else None)
+    summary = write_report(Path(args.run_dir), Path(args.out) if args.out else None, spec=read_spec(args.bench) if args.bench else None)
     print(summary.read_text() if args.print else f"summary: {summary}")
+    return 0
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    import shlex
+
+    from layerdescent.compare import compare_markdown
+    from layerdescent.report import collect
+
+    command = "layerdescent compare " + shlex.join([args.runs, args.a, args.b, *(["--out", args.out] if args.out else [])])
+    text = compare_markdown(collect(Path(args.runs)), args.a, args.b, command)
+    if args.out:
+        Path(args.out).write_text(text)
+        print(f"wrote {args.out}")
+    else:
+        print(text)
     return 0
 
 
@@ -252,7 +269,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("run_dir", metavar="RUN_DIR", help="a run directory, or any directory above runs (a bench): every results.json under it")
     p.add_argument("--out", help="where to write (default: RUN_DIR)")
     p.add_argument("--print", action="store_true", help="print summary.md")
+    p.add_argument("--bench", metavar="FILE", help="the bench file the runs were made from: its [bench] baselines, primary endpoints and tuning budgets")
     p.set_defaults(func=cmd_report)
+
+    p = sub.add_parser("compare", help="paired differences of any two variants, on test and every domain")
+    p.add_argument("runs", metavar="RUNS", help="a bench directory (every results.json under it)")
+    p.add_argument("a", metavar="A", help="the variant label compared")
+    p.add_argument("b", metavar="B", help="the variant label it is compared with")
+    p.add_argument("--out", help="where to write the markdown (default: print it)")
+    p.set_defaults(func=cmd_compare)
 
     p = sub.add_parser("assets", help="pinned data and weights")
     p.add_argument("action", choices=["fetch", "list"], help="fetch: download and check; list: what is declared and fetched")

@@ -8,7 +8,7 @@ from typing import Any, Sequence
 
 import tomli_w
 
-from layerdescent import rundir
+from layerdescent import provenance, rundir
 from layerdescent.config import RunConfig, load_config
 from layerdescent.errors import ConfigError
 from layerdescent.registry import Registry
@@ -59,6 +59,7 @@ def evaluate_run(run_dir: str | Path, out: str | Path, overrides: Sequence[str] 
             "split": config.eval.split,
             "perturbation": trainer.task.perturbation,
             "evaluated_from": str(run_dir),
+            "evaluated_by": provenance.code(),  # the training's code stays in "code"; this evaluation's may differ
             **evaluation,
         }
         if session.world.is_main:

@@ -212,13 +212,14 @@ def results_table(config: Any, task: Any, position: dict[str, Any], step_times: 
     """
     import statistics
 
-    from layerdescent import __version__
+    from layerdescent import __version__, provenance
 
     train = config.train
     relaxations = update.relaxations()
     return {
         "schema": RESULTS_SCHEMA,
         "layerdescent": __version__,
+        "code": provenance.code(),  # which code made it, so a report can flag pairs made by two versions
         "label": config.name,
         "task": task.name,
         "solver": config.solver.name,

@@ -1,0 +1,251 @@
+"""Judging a bench: named baselines, pre-registered primary endpoints with Holm's adjustment, tuning budgets, provenance, compare."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from layerdescent.cli import main
+from layerdescent.endpoints import BenchSpec, Primary, judge_cells, parse_spec
+from layerdescent.errors import ConfigError
+from layerdescent.groups import ablations, ablated_keys
+from layerdescent.report import collect, summarize, write_report
+from layerdescent.stats import holm
+from test_report import fake_results, reproduction_report, run_benchmark_script
+
+REPO = Path(__file__).parents[1]
+# mse at gamma 1 per seed: primal-dual beats erm clearly in every seed, and ties penalty
+AT_GAMMA_1 = {"erm": (0.50, 0.52, 0.51), "penalty": (0.300, 0.321, 0.309), "primal-dual": (0.301, 0.320, 0.310)}
+
+
+def write_run(root: Path, label: str, solver: str, seed: int, mse0: float, mse1: float, code: str | None = None, task: str = "") -> None:
+    run = root / label / f"seed-{seed}"
+    run.mkdir(parents=True)
+    (run / "config.toml").write_text(f'seed = {seed}\n[task]\nname = "lista"\n{task}[solver]\nname = "{solver}"\n')
+    result = fake_results(label, solver, seed, mse0, mse1, 0.002)
+    for g in result["gammas"]:
+        g["layer_loss"] = [1.0, 0.8, 0.6]
+    if code:
+        result["code"] = {"version": "0.1.0", "commit": code, "dirty": False}
+    (run / "results.json").write_text(json.dumps(result))
+
+
+def three_solvers(root: Path) -> Path:
+    """A lista bench where primal-dual beats erm at gamma 1 in every seed but not penalty; all tie in distribution."""
+    for solver, values in AT_GAMMA_1.items():
+        for seed, mse1 in enumerate(values):
+            write_run(root, solver, solver, seed, 0.1 + 0.01 * seed, mse1)
+    return root
+
+
+def lista_bench_file(root: Path, bench: str) -> None:
+    (root / "lista.toml").write_text(f"[bench]\nseeds = [0, 1, 2]\n{bench}\n[bench.variants.erm]\nsolver.name = \"erm\"\n")
+
+
+def first_table(text: str) -> dict[str, list[str]]:
+    """The report's first table: row title -> its cells after the title."""
+    table = text.split("\n## ")[0]
+    return {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:-1]] for line in table.splitlines() if line.startswith("| ")}
+
+
+def test_holm_matches_the_worked_example():
+    # Wikipedia, "Holm–Bonferroni method", example: four hypotheses at alpha 0.05; H4 and H1 are rejected
+    adjusted = holm([0.01, 0.04, 0.03, 0.005])
+    assert adjusted == pytest.approx([0.03, 0.06, 0.06, 0.02])
+    assert [p <= 0.05 for p in adjusted] == [True, False, False, True]
+
+
+def test_holm_keeps_a_test_without_p_in_the_family_size():
+    assert holm([0.01, None]) == [pytest.approx(0.02), None]
+
+
+def test_primal_dual_that_beats_erm_but_not_penalty_does_not_hold_against_the_strongest_baseline(tmp_path):
+    three_solvers(tmp_path / "results" / "lista")
+    name = "lista (unrolled ISTA, synthetic sparse codes)"
+    lista_bench_file(tmp_path, "")  # the default: erm alone
+    assert first_table(reproduction_report(tmp_path))[name][2].startswith("holds")
+    lista_bench_file(tmp_path, 'baselines = ["erm", "penalty"]')
+    graceful = first_table(reproduction_report(tmp_path))[name][2]
+    assert graceful.startswith("does not hold") and "vs penalty" in graceful
+
+
+def test_a_bench_without_a_primary_table_is_labelled_exploratory(tmp_path):
+    three_solvers(tmp_path / "results" / "lista")
+    assert first_table(reproduction_report(tmp_path))["lista (unrolled ISTA, synthetic sparse codes)"][0] == "exploratory"
+    summary = write_report(tmp_path / "results" / "lista").read_text()
+    assert "None pre-registered (no `[bench.primary]` in the bench file" in summary and "every verdict on these runs is exploratory." in summary
+
+
+def test_the_primary_family_leads_the_summary_with_holm_adjusted_p_values(tmp_path):
+    bench = three_solvers(tmp_path)
+    spec = BenchSpec(("erm", "penalty"), Primary("mse", False, (0.0, 1.0), ("primal-dual",)))
+    text = write_report(bench, spec=spec).read_text()
+    assert text.index("## Primary endpoints (pre-registered)") < text.index("## Metric at each gamma")
+    assert "a family of 2" in text and "Bonferroni's (97.5%" in text
+    cells = judge_cells(collect(bench), spec, ("primal-dual",), "mse", False, (0.0, 1.0), ("test",))
+    assert [c["p_holm"] for c in cells] == holm([c["difference"]["p"] for c in cells])
+    assert cells[1]["baseline"] == "penalty"  # the lower mse at gamma 1 (at gamma 0 all tie)
+    assert all(c["verdict"] == "no difference" for c in cells)
+
+
+def test_better_must_hold_against_every_baseline(tmp_path):
+    bench = three_solvers(tmp_path)
+    results = collect(bench)
+    against_erm = judge_cells(results, BenchSpec(("erm",)), ("primal-dual",), "mse", False, (1.0,), ("test",))
+    both = judge_cells(results, BenchSpec(("erm", "penalty")), ("primal-dual",), "mse", False, (1.0,), ("test",))
+    assert against_erm[0]["verdict"] == "better" and against_erm[0]["baseline"] == "erm"
+    assert both[0]["verdict"] == "no difference"
+
+
+def test_a_pair_made_by_two_code_versions_is_flagged(tmp_path, capsys):
+    for seed in (0, 1):
+        write_run(tmp_path, "erm", "erm", seed, 1.0 + seed, 2.0 + seed, code="aaaaaaa1")
+        write_run(tmp_path, "primal-dual", "primal-dual", seed, 0.5, 1.5 + 0.1 * seed, code="bbbbbbb2")
+    text = write_report(tmp_path).read_text()
+    assert "| primal-dual − erm ‡ |" in text
+    assert "## Provenance" in text and "| aaaaaaa | erm |" in text and "| bbbbbbb | primal-dual |" in text
+    assert main(["compare", str(tmp_path), "primal-dual", "erm"]) == 0
+    assert "**primal-dual and erm were made by different code**" in capsys.readouterr().out
+
+
+def test_runs_of_one_commit_are_not_flagged(tmp_path):
+    for seed in (0, 1):
+        write_run(tmp_path, "erm", "erm", seed, 1.0 + seed, 2.0 + seed, code="aaaaaaa1")
+        write_run(tmp_path, "primal-dual", "primal-dual", seed, 0.5, 1.5 + 0.1 * seed, code="aaaaaaa1")
+    text = write_report(tmp_path).read_text()
+    assert "| primal-dual − erm |" in text and "## Provenance" not in text
+
+
+@pytest.mark.parametrize("diffs, flagged", [(("d1", "d1"), False), (("d1", "d2"), True), ((None, None), True)])
+def test_runs_of_one_dirty_tree_are_one_code_version_only_when_their_change_is(diffs, flagged):
+    from layerdescent.provenance import differ
+
+    made = [{"version": "0.1.0", "commit": "c0ffee", "dirty": True, "diff": d, "fingerprint": "f"} for d in diffs]
+    assert differ(made) is flagged
+
+
+def test_a_trained_run_records_the_code_that_made_it(tmp_path, tiny):
+    import layerdescent as ld
+
+    results = ld.train(ld.config_from_dict(tiny), tmp_path / "run")
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True)
+    assert results["code"]["version"] == ld.__version__
+    if head.returncode == 0:  # a checkout: its commit, and a bool for the tree's state
+        assert results["code"]["commit"] == head.stdout.strip() and isinstance(results["code"]["dirty"], bool)
+    assert json.loads((tmp_path / "run" / "results.json").read_text())["code"] == results["code"]
+
+
+def test_compare_reproduces_the_committed_readouts(capsys):
+    assert main(["compare", str(REPO / "benchmarks/results/llm"), "primal-dual", "primal-dual,lens_vocab=all"]) == 0
+    printed = capsys.readouterr().out.rstrip("\n").splitlines()
+    committed = (REPO / "benchmarks/results/llm/readouts.md").read_text().splitlines()
+    assert printed[0] == committed[0] and printed[3:] == committed[3:]  # all but the line naming the command
+    assert printed[2].startswith("Made by `layerdescent compare ")
+
+
+def test_the_pairs_script_still_makes_the_committed_readouts_byte_for_byte(tmp_path):
+    out = tmp_path / "readouts.md"
+    run_benchmark_script("pairs.py", str(REPO / "benchmarks/results/llm"), "primal-dual", "primal-dual,lens_vocab=all", "--out", str(out)).check_returncode()
+    committed = (REPO / "benchmarks/results/llm/readouts.md").read_text().splitlines()
+    made = out.read_text().splitlines()
+    assert made[0] == committed[0] and made[3:] == committed[3:]
+
+
+@pytest.mark.parametrize("bench, message", [
+    ('baselines = ["ermm"]', "bench.baselines: 'ermm' is no registered solver"),
+    ('baselines = ["primal-dual"]', "enforces the constraints"),
+    ("[bench.primary]\nmetric = \"mse\"\nhigher_is_better = false\ngammas = [1.0]", "bench.primary lacks 'variants'"),
+    ("[bench.primary]\nmetric = \"mse\"\nhigher_is_better = false\ngammas = [1.0]\nvariants = [\"pd\"]\nsplit = [\"test\"]", "unknown key bench.primary.split"),
+    ("[bench.primary]\nmetric = \"mse\"\nhigher_is_better = \"no\"\ngammas = [1.0]\nvariants = [\"pd\"]", "higher_is_better must be true or false"),
+    ('[bench.tuning]\npd = "lots"', "bench.tuning must map variant labels"),
+])
+def test_a_bad_judging_key_is_one_line_and_exit_2(tmp_path, capsys, bench, message):
+    three_solvers(tmp_path / "runs")
+    (tmp_path / "bench.toml").write_text(f"[bench]\n{bench}\n")
+    assert main(["report", str(tmp_path / "runs"), "--bench", str(tmp_path / "bench.toml")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0]
+
+
+def test_a_primary_variant_the_bench_does_not_have_is_refused():
+    table = {"primary": {"metric": "mse", "higher_is_better": False, "gammas": [1.0], "variants": ["primal-dul"]}}
+    with pytest.raises(ConfigError, match="bench.primary: no variant is labelled 'primal-dul'"):
+        parse_spec(table, ["erm", "primal-dual"])
+
+
+def test_report_bench_reads_the_judging_keys_of_a_bench_file(tmp_path, capsys):
+    three_solvers(tmp_path / "runs")
+    (tmp_path / "bench.toml").write_text(
+        '[bench]\nbaselines = ["erm", "penalty"]\n[bench.primary]\nmetric = "mse"\nhigher_is_better = false\n'
+        'gammas = [1.0]\nvariants = ["primal-dual"]\n[bench.tuning]\nprimal-dual = 4\n')
+    assert main(["report", str(tmp_path / "runs"), "--bench", str(tmp_path / "bench.toml")]) == 0
+    text = (tmp_path / "runs" / "summary.md").read_text()
+    assert "| primal-dual | test | 1 | penalty |" in text
+    assert "penalty untuned" in text  # primal-dual had 4 tuning runs, penalty (which has layer weights to tune) none
+    assert "| primal-dual | 4 |" in text and "| penalty | 0 |" in text
+
+
+def test_a_bench_names_its_baselines_and_every_constrained_variant_is_paired_with_each(tmp_path):
+    three_solvers(tmp_path)
+    text = write_report(tmp_path, spec=BenchSpec(("erm", "penalty"))).read_text()
+    assert "| primal-dual − erm |" in text and "| primal-dual − penalty |" in text
+
+
+def test_the_ablated_keys_are_the_numeric_settings_groups_differ_in_alone(tmp_path):
+    for alpha in (0.05, 0.1, 0.2):
+        write_run(tmp_path, f"alpha={alpha}", "primal-dual", 0, 1.0, 2.0)
+        config = tmp_path / f"alpha={alpha}" / "seed-0" / "config.toml"
+        config.write_text(config.read_text() + f'[[constraints]]\nkind = "descent"\nalpha = {alpha}\n')
+    groups = summarize(collect(tmp_path))
+    assert ablated_keys(groups)["constraints.0.alpha"] == "alpha"
+    assert ablations(groups) == {"constraints.0.alpha": [["alpha=0.05", "alpha=0.1", "alpha=0.2"]]}
+    assert "## Ablation: alpha (primal-dual)" in write_report(tmp_path).read_text()
+
+
+def test_the_trade_off_plot_is_drawn_and_shown(tmp_path):
+    three_solvers(tmp_path)
+    text = write_report(tmp_path).read_text()
+    assert (tmp_path / "tradeoff.png").stat().st_size > 0 and "![tradeoff](tradeoff.png)" in text
+
+
+@pytest.mark.parametrize("primary, message", [
+    ({"variants": ["primal-dul"]}, "bench.primary: no variant is labelled 'primal-dul' (the bench's are: erm, primal-dual)"),
+    ({"metric": "acuracy"}, "bench.primary.metric: 'acuracy' is not a metric of task 'lista' (it reports: "),
+    ({"splits": ["test", "denser"]}, "bench.primary.splits: variant 'primal-dual' is not evaluated on 'denser'"),
+])
+def test_a_bench_with_a_bad_primary_table_stops_before_anything_trains(tmp_path, tiny, capsys, primary, message):
+    import tomli_w
+
+    table = {**tiny, "bench": {"seeds": [0], "variants": {"erm": {"solver": {"name": "erm"}}, "primal-dual": {}},
+                               "primary": {"metric": "mse", "higher_is_better": False, "gammas": [0.5], "variants": ["primal-dual"], **primary}}}
+    (tmp_path / "bench.toml").write_text(tomli_w.dumps(table))
+    assert main(["bench", str(tmp_path / "bench.toml"), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"layerdescent: error: {message}")
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_bench_summary_opens_with_the_bench_files_primary_family(tmp_path, tiny, capsys):
+    import tomli_w
+
+    table = {**tiny, "bench": {"seeds": [0, 1], "baselines": ["erm", "penalty"],
+                               "variants": {"erm": {"solver": {"name": "erm"}}, "penalty": {"solver": {"name": "penalty"}}, "primal-dual": {}},
+                               "primary": {"metric": "mse", "higher_is_better": False, "gammas": [0.5], "variants": ["primal-dual"]}}}
+    (tmp_path / "bench.toml").write_text(tomli_w.dumps(table))
+    assert main(["bench", str(tmp_path / "bench.toml"), "--out", str(tmp_path / "out")]) == 0
+    text = (tmp_path / "out" / "summary.md").read_text()
+    assert "## Primary endpoints (pre-registered)" in text and "| primal-dual | test | 0.5 |" in text
+    assert "| primal-dual − penalty |" in text
+
+
+def test_a_tuned_variant_against_an_untuned_penalty_is_flagged_whatever_the_labels(tmp_path):
+    for solver, values in AT_GAMMA_1.items():
+        for seed, mse1 in enumerate(values):
+            write_run(tmp_path, f"vtest-{solver}", solver, seed, 0.1 + 0.01 * seed, mse1)
+    spec = BenchSpec(("erm", "penalty"), tuning={"vtest-primal-dual": 27})
+    text = write_report(tmp_path, spec=spec).read_text()
+    assert "| vtest-primal-dual − vtest-penalty § |" in text  # penalty has layer weights nobody tuned
+    assert "| vtest-primal-dual − vtest-erm |" in text  # erm has no settings of its own to tune
