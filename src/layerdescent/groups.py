@@ -161,6 +161,9 @@ def _summarize_group(runs: list[dict]) -> dict:
         # binding: entries whose multiplier ended positive, summed over seeds (of entries x seeds)
         lambdas[name] = {"labels": c.get("labels", []), "mean": np.mean(per_seed, axis=0).tolist(),
                          "binding": int((np.asarray(per_seed) > 0).sum()), "entries": int(np.asarray(per_seed).size)}
+        rows = [r["constraints"][name]["per_sample"] for r in runs if "per_sample" in r.get("constraints", {}).get(name, {})]
+        if rows:  # a per-sample constraint: its lambdas are means over rows; what binds and what is met is per row
+            lambdas[name]["per_sample"] = {key: float(np.mean([row[key] for row in rows])) for key in ("binding_rows", "satisfied_rows") if all(row.get(key) is not None for row in rows)}
     return {
         "solver": runs[0]["solver"],
         "task": runs[0]["task"],

@@ -143,7 +143,9 @@ def plot(groups: dict, out: Path, domains: dict[str, dict] | None = None, spec=N
     colors = {label: f"C{i % 10}" for i, label in enumerate(groups)}  # one colour per label in every panel
     solid = "solid: constraints enforced; dashed: the rest"
     gammas = _all_gammas(groups)
-    ends = list(dict.fromkeys([gammas[0], gammas[-1]]))
+    # Figure 1's layout in distribution, at the primary endpoint's shifted gammas and at the largest
+    shifted = [g for g in (spec.primary.gammas if spec is not None and spec.primary else ()) if g in gammas and g != gammas[0]]
+    ends = list(dict.fromkeys([gammas[0], *sorted(shifted), gammas[-1]]))
     # a run evaluated on validation (a tuning run) is named so in the legend, the axis says so
     loss_label = "test loss" if all(grp["split"] == "test" for grp in groups.values()) else "loss (test unless the legend names a split)"
     fig, axes = plt.subplots(1, len(ends), figsize=(5 * len(ends), 4), squeeze=False)

@@ -131,6 +131,26 @@ def _cell(stats: dict | None, i: int | None = None) -> str:
     return format_stat(mean, std, stats.get("n", 2))
 
 
+def _multipliers(lam: dict) -> str:
+    """A constraint's final lambdas, grouped by level where it is held per level (labels ``l3<=l2@0.8``)."""
+    labels, values = lam["labels"], lam["mean"]
+    if not labels or len(labels) != len(values) or not all("@" in label for label in labels):
+        return ", ".join(_fmt(x) for x in values)
+    levels: dict[str, list[str]] = {}
+    for label, value in zip(labels, values):
+        levels.setdefault(label.rsplit("@", 1)[1], []).append(_fmt(value))
+    return "; ".join(f"γ {level}: {', '.join(v)}" for level, v in levels.items())
+
+
+def _binding(lam: dict) -> str:
+    """How much of a constraint still binds: entries x seeds, or for one held per sample the shares of rows binding and met."""
+    rows = lam.get("per_sample")
+    if rows is None:
+        return f"{lam['binding']} of {lam['entries']}"
+    met = f"; {rows['satisfied_rows']:.1%} of rows met" if "satisfied_rows" in rows else ""
+    return f"{rows.get('binding_rows', float('nan')):.1%} of rows{met}"
+
+
 def _table(header: list[str], rows: list[list[str]]) -> list[str]:
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     return lines + ["| " + " | ".join(row) + " |" for row in rows] + [""]
@@ -327,9 +347,10 @@ def markdown(groups: dict, results: list[dict], title: str, images: list[str], n
 
     constrained = {label: grp for label, grp in groups.items() if role(grp["solver"], "enforces_constraints")}
     if constrained:
-        rows = [[label, name, ", ".join(_fmt(x) for x in lam["mean"]), f"{lam['binding']} of {lam['entries']}"]
-                for label, grp in constrained.items() for name, lam in grp["lambda"].items()]
-        body += ["## Final multipliers (mean over seeds)", "", "Still binding: the multipliers (entries x seeds) that ended above 0.", ""]
+        rows = [[label, name, _multipliers(lam), _binding(lam)] for label, grp in constrained.items() for name, lam in grp["lambda"].items()]
+        body += ["## Final multipliers (mean over seeds)", "", "Still binding: the multipliers (entries x seeds) that ended above 0. A constraint held per level shows each level's;",
+                 "one held per sample shows each entry's mean over the training rows, the share of rows whose multiplier ended above 0,",
+                 "and the share of rows that meet the constraint at the end.", ""]
         body += _table(["label", "constraint", "λ", "still binding"], rows)
 
     rows = [[label, grp["solver"], _fmt(grp["step_time"] and grp["step_time"] * 1e3), _fmt(grp["step_time_ratio"])]
