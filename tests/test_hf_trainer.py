@@ -275,3 +275,14 @@ def test_a_per_sample_constraint_without_the_row_column_is_refused_naming_it(tmp
             model=_tiny_bert(), train_dataset=datasets.Dataset.from_list([{k: v.tolist() if hasattr(v, "tolist") else v for k, v in r.items()} for r in _rows()]),
             constraints=[ld.Descent(per_sample=True)], readout=lambda h, i: h.sum(dim=(1, 2)),
         )
+
+
+@needs_hf
+def test_a_per_level_constraint_moves_only_the_levels_its_rows_were_drawn_at(tmp_path):
+    rows = [{**row, "level": 1} for row in _rows()]  # a collator of the user's own perturbed every row at band level 1
+    trainer = _trainer(tmp_path, steps=1, constraints=[ld.Descent(alpha=0.5, levels="band")], dual_lr=1.0, band=[0.0, 0.5])
+    trainer.train_dataset = rows
+    trainer.train()
+    assert trainer.update.labels["descent"] == ["l1<=l0@0", "l2<=l1@0", "l1<=l0@0.5", "l2<=l1@0.5"]
+    moved = (trainer.update.multipliers()["descent"] > 0).tolist()
+    assert moved == [False, False, True, True]
