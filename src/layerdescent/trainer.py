@@ -262,7 +262,7 @@ class Trainer:
         shard = idx.tensor_split(world.size)[world.rank]
         width = len(session.labels)
         grouped = bool(session.update.problem.groupings)
-        last_only = not (full or session.update.solver.trains_every_layer or grouped)
+        last_only = not (full or session.update.solver.trains_every_layer or grouped or level < 0)
         band = self.config.train.band
         rows = None
         if len(shard):
