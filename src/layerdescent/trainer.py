@@ -23,7 +23,7 @@ from layerdescent import rundir, stopping
 from layerdescent.checkpoint import load_checkpoint, load_model_state, restore_run, rng_state, save_checkpoint
 from layerdescent.config import RunConfig, check_depth
 from layerdescent.distributed import to_device
-from layerdescent.errors import DiskError, DivergenceError, PluginError
+from layerdescent.errors import DivergenceError, PluginError
 from layerdescent.evaluator import evaluate, evaluate_all
 from layerdescent.guard import build_task, describe
 from layerdescent.progress import progress_bar
@@ -52,17 +52,14 @@ class Trainer:
     def fit(self, resume: bool = False) -> dict[str, Any]:
         """Train (or continue), evaluate on the gamma grid, write and return ``results.json``."""
         check_trackers(self.config.train.trackers)
-        with rundir.claim(self.run_dir):
+        with rundir.claim(self.run_dir) as self._claim:
             try:
                 session = self.setup()
                 results = self._fit(session, resume)
             except OSError as exc:
                 if exc.errno not in rundir.DISK_ERRNOS:
                     raise
-                raise DiskError(
-                    f"cannot write to {self.run_dir}: {exc.strerror} ({getattr(exc, 'filename', None) or 'a run file'}); "
-                    f"the last checkpoint is intact: free space and continue with --resume"
-                ) from None
+                raise rundir.write_failure(self.run_dir, exc) from None
         session.world.close()  # on failure the ranks exit with their error; a barrier could hang
         return results
 
@@ -91,10 +88,11 @@ class Trainer:
         micro_per_epoch, steps_per_epoch = epoch_steps(len(train_set), train)
         window = rundir.LogWindow()
         # Line-buffered so that `tail -f metrics.jsonl` follows a run; only rank 0 writes.
-        log = metrics_file.open("a", buffering=1) if world.is_main else open(os.devnull, "w")
+        log = rundir.open_log(metrics_file) if world.is_main else open(os.devnull, "w")
         self._trackers = open_trackers(config, self.run_dir, position["step"])
 
         def checkpoint() -> None:
+            self._claim.check()  # a directory moved or unlocked under the run is no longer written
             self._log(log, window, position, update)
             log.flush()
             rngs = world.gather(rng_state())
@@ -156,6 +154,7 @@ class Trainer:
         stopping.check_finite_results(evaluation, self.who)
         results = rundir.results_table(config, self.task, position, step_times, skipped_steps, update, evaluation)
         if world.is_main:
+            self._claim.check()
             rundir.finish(self.run_dir, model.state_dict(), results, train.keep_checkpoint)
             self._trackers.close(results, self.run_dir)
         return results
