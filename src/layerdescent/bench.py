@@ -33,6 +33,7 @@ import ctypes
 import dataclasses
 import fnmatch
 import itertools
+import json
 import os
 import signal
 import sys
@@ -44,7 +45,7 @@ from pathlib import Path
 from typing import Any, Callable
 from unittest import mock
 
-from layerdescent import rundir
+from layerdescent import publish, rundir
 from layerdescent.config import RunConfig, apply_overrides, check_depth, check_seed, config_from_dict, read_toml, set_path
 from layerdescent.errors import ConfigError
 from layerdescent.guard import build_task
@@ -136,6 +137,10 @@ def plan(path: str | Path, out: str | Path, overrides: list[str] = (), registry:
     if unknown:
         raise ConfigError(f"unknown key bench.{sorted(unknown)[0]} (allowed: seeds, variants, grid, slurm)")
     slurm_table(bench)
+    if "seed" in data:  # each run's seed comes from bench.seeds, but a mistyped one here is still a mistake
+        if not isinstance(data["seed"], int) or isinstance(data["seed"], bool):
+            raise ConfigError(f"seed must be an integer, got {data['seed']!r} (a bench's runs take their seeds from bench.seeds)")
+        check_seed(data["seed"], "seed")
     seeds = _check_seeds(bench.get("seeds", [0]), "bench.seeds")
     variants = bench.get("variants", {})
     if not isinstance(variants, dict) or not variants:
@@ -287,6 +292,7 @@ def run_bench(
     runs = select(plan(path, out, overrides, registry), list(only))
     for run in runs:
         _check_same_task(run)  # before anything trains: a folder of another task's runs is never mixed in
+    publish.refuse_foreign(Path(out))  # the summary and plots come last: a file of yours in their way is found first
     for run in runs:
         recorded = run.run_dir / "config.toml"
         finished = (run.run_dir / "results.json").exists()
@@ -329,6 +335,31 @@ def run_bench(
     return summary
 
 
+# What only a trained run writes; an evaluation writes config.toml and results.json alone.
+RUN_ONLY = ("checkpoint.pt", "best.pt", "metrics.jsonl", rundir.MODEL_FILE)
+
+
+def _check_evaluation_out(root: Path, out: Path, runs: list[Path]) -> None:
+    """Raise ConfigError unless ``out`` holds nothing but earlier evaluations of ``runs`` (and no summary or plot of yours)."""
+    if root.resolve().is_relative_to(out.resolve()):
+        raise ConfigError(f"--out {out} holds {root}, the runs it tests: the new results would mix with them; --out a directory outside it")
+    if not out.is_dir():
+        return
+    targets = {(out / run_dir.relative_to(root)).resolve() for run_dir in runs}
+    for target in targets:
+        present = [name for name in RUN_ONLY if (target / name).exists()]
+        if present:
+            raise ConfigError(f"--out {out}: {target} holds a run ({present[0]}), which the evaluation would overwrite: --out a new directory")
+    for path in rundir.result_files(out):
+        try:
+            evaluated = "evaluated_from" in json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError, TypeError):
+            evaluated = False
+        if path.parent.resolve() not in targets or not evaluated:
+            raise ConfigError(f"--out {out} holds a run or bench ({path}) that is not an evaluation of {root}: --out a new directory")
+    publish.refuse_foreign(out, "evaluation")
+
+
 def evaluate_bench(
     root: str | Path,
     out: str | Path,
@@ -349,6 +380,7 @@ def evaluate_bench(
     runs = [p.parent for p in rundir.result_files(root)]
     if not runs:
         raise ConfigError(f"no finished run (results.json) under {root}")
+    _check_evaluation_out(root, out, runs)
     status = {}
     for run_dir in runs:  # every finished evaluation is checked before anything is evaluated
         target = out / run_dir.relative_to(root)

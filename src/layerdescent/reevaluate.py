@@ -62,7 +62,7 @@ def evaluate_run(run_dir: str | Path, out: str | Path, overrides: Sequence[str] 
             **evaluation,
         }
         if session.world.is_main:
-            (out / "config.toml").write_text(tomli_w.dumps(config.as_dict()))
+            rundir.write_atomic(out / "config.toml", tomli_w.dumps(config.as_dict()))
             rundir.write_atomic(out / "results.json", json.dumps(results, indent=2) + "\n")
     session.world.close()
     return results

@@ -31,6 +31,7 @@ from scipy import stats
 
 from layerdescent import rundir
 from layerdescent.errors import LayerdescentError
+from layerdescent.publish import Publication
 
 # How a model was trained, as opposed to what it is and what it is tested on (its context).
 TRAINING_CHOICES = ("solver", "constraints", "train", "seed", "label")
@@ -752,7 +753,8 @@ def write_report(root: Path, out: Path | None = None, title: str | None = None, 
     except OSError as exc:
         raise LayerdescentError(f"cannot create {out}: {exc.strerror or exc}") from None
     domains = {name: (view, summarize(view)) for name, view in domain_results(results).items()}
-    images = _plot(groups, out, {name: domain_groups for name, (_, domain_groups) in domains.items()})
-    summary = out / "summary.md"
-    summary.write_text(_markdown(groups, results, title or f"layerdescent report: {root.name}", images, note, workers, domains))
-    return summary
+    with Publication(out) as pub:  # made aside, then moved in over nothing but layerdescent's own files
+        title, note, workers = pub.remembered(root, title, note, workers)  # `report` on a bench keeps its title and note
+        images = _plot(groups, pub.stage, {name: domain_groups for name, (_, domain_groups) in domains.items()})
+        pub.write("summary.md", _markdown(groups, results, title or f"layerdescent report: {root.name}", images, note, workers, domains))
+    return out / "summary.md"

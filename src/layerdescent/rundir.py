@@ -111,20 +111,26 @@ class Held:
         self.run_dir, self._dir_fd, self._lock_fd = run_dir, dir_fd, lock_fd
         self.was_run = was_run  # a run's directory already before this claim
 
-    def check(self) -> None:
-        """Raise ConfigError when the directory was moved or replaced, or its lock file removed, since the claim (before writing more)."""
+    def gone(self) -> bool:
+        """Whether another process could now hold the directory (see :meth:`check`)."""
         try:
-            here, lock = os.stat(self.run_dir), os.lstat(self.run_dir / LOCK)
+            here = os.stat(self.run_dir) if self._dir_fd is not None else os.lstat(self.run_dir / LOCK)
         except OSError:
-            here = lock = None
-        held = os.fstat(self._dir_fd) if self._dir_fd is not None else None
-        mine = os.fstat(self._lock_fd)
-        same_dir = here is not None and (held is None or (here.st_dev, here.st_ino) == (held.st_dev, held.st_ino))
-        same_lock = lock is not None and (lock.st_dev, lock.st_ino) == (mine.st_dev, mine.st_ino)
-        if not (same_dir and same_lock):
+            return True
+        mine = os.fstat(self._dir_fd if self._dir_fd is not None else self._lock_fd)
+        return (here.st_dev, here.st_ino) != (mine.st_dev, mine.st_ino)
+
+    def check(self) -> None:
+        """Raise ConfigError, before anything more is written, when another process could now hold the directory.
+
+        That is when the directory was moved or replaced since the claim, or, where the filesystem
+        could not lock the directory itself, when its lock file was removed.
+        """
+        if self.gone():
+            what = "the directory was moved or replaced" if self._dir_fd is not None else f"{LOCK} was removed"
             raise ConfigError(
-                f"{self.run_dir} is no longer this run's ({LOCK} was removed or the directory moved while it trained): "
-                f"stopped without writing, so that two processes never write one run; once no other process uses it, --resume continues from the last checkpoint"
+                f"{self.run_dir} is no longer this run's ({what} while it trained): stopped without writing more, "
+                f"so that two processes never write one run; once no other process uses it, --resume continues from the last checkpoint"
             )
 
 
@@ -169,7 +175,7 @@ def holding(run_dir: Path) -> Iterator[Held]:
             try:
                 yield held
             except LayerdescentError:
-                if not was_run and {name for name in WRITES if (run_dir / name).exists()} == present:
+                if not was_run and not held.gone() and {name for name in WRITES if (run_dir / name).exists()} == present:
                     path.unlink(missing_ok=True)  # refused before writing anything: leave the directory as it was
                     if created:
                         try:

@@ -1,0 +1,157 @@
+"""Report files (summary.md, plots) land in a folder only over nothing, or over files layerdescent wrote there.
+
+    refuse_foreign(out)                        # before a bench trains: its --out holds no summary or plot of yours
+    with Publication(out) as pub:              # the report is made in a private folder inside ``out`` ...
+        title, note, workers = pub.remembered(root, title, note, workers)   # a bench's title and note survive `report`
+        images = plot(groups, pub.stage)
+        pub.write("summary.md", text)
+    # ... and moved in at the end, each file over nothing or over one the manifest says layerdescent wrote
+
+A file is layerdescent's when the folder's manifest (``.layerdescent-report.json``) lists it with the
+sha256 it was written with, so a summary you edited since is yours. In a folder reported into
+before the manifest existed, a summary.md in layerdescent's layout and the plots it shows are its own.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import hashlib
+import json
+import os
+import re
+import shutil
+import stat
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from layerdescent import rundir
+from layerdescent.errors import ConfigError, LayerdescentError
+
+MANIFEST = ".layerdescent-report.json"
+REPORT_FILES = ("summary.md", "*.png")  # what a report writes at the top of its folder
+# Lines only layerdescent's own summary holds (its Cost section and closing list of plots).
+SUMMARY_MARKS = ("\n## Cost\n\nEach run's median step time.", "\n## Plots\n")
+
+
+def _sha256(path: Path) -> str | None:
+    """The sha256 of the plain file at ``path``; None for a link, a directory or anything else."""
+    try:
+        fd = rundir.open_own(path, os.O_RDONLY)
+    except (OSError, ConfigError):
+        return None
+    with os.fdopen(fd, "rb") as handle:
+        return hashlib.sha256(handle.read()).hexdigest()
+
+
+def _manifest(folder: Path) -> dict[str, Any] | None:
+    """The folder's manifest, or None where it has none (or none that reads)."""
+    try:
+        data = json.loads((folder / MANIFEST).read_text(encoding="utf-8")) if not (folder / MANIFEST).is_symlink() else None
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) and isinstance(data.get("files"), dict) else None
+
+
+def owned(folder: Path) -> dict[str, list[str]]:
+    """The files in ``folder`` that layerdescent wrote, each with the sha256s it may have now."""
+    manifest = _manifest(folder)
+    if manifest is not None:
+        return {name: list(hashes) for name, hashes in manifest["files"].items() if isinstance(hashes, list)}
+    summary = folder / "summary.md"  # a report from before the manifest: recognized by its layout
+    try:
+        text = summary.read_text(encoding="utf-8") if not summary.is_symlink() else ""
+    except (OSError, UnicodeDecodeError):
+        return {}
+    if not text.startswith("# ") or not all(mark in text for mark in SUMMARY_MARKS):
+        return {}
+    plots = text.rsplit("\n## Plots\n", 1)[1]
+    names = ["summary.md", *re.findall(r"^!\[[^\]]*\]\(([^)/]+\.png)\)$", plots, flags=re.M)]
+    return {name: [digest] for name in names if (digest := _sha256(folder / name))}
+
+
+def foreign(folder: Path, names: list[str]) -> list[str]:
+    """Which of ``names`` exist in ``folder`` but are not layerdescent's as it wrote them (yours, a link, or changed since)."""
+    mine = owned(folder)
+    return [name for name in names if os.path.lexists(folder / name) and _sha256(folder / name) not in mine.get(name, [])]
+
+
+def refuse_foreign(folder: Path, command: str = "bench") -> None:
+    """Raise ConfigError when ``folder`` holds a summary.md or plot that a report would replace and layerdescent did not write."""
+    try:
+        present = sorted(p.name for p in Path(folder).iterdir() if any(fnmatch.fnmatchcase(p.name, pattern) for pattern in REPORT_FILES))
+    except (FileNotFoundError, NotADirectoryError):
+        return
+    theirs = foreign(Path(folder), present)
+    if theirs:
+        raise ConfigError(
+            f"{Path(folder) / theirs[0]} was not written by layerdescent (or was changed since), and the {command}'s summary or plots would replace it: "
+            f"move it away, or --out another directory (nothing was written)"
+        )
+
+
+class Publication:
+    """A report made in a private folder inside ``folder`` and moved in whole at the end, replacing only layerdescent's own files."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = Path(folder)
+        self.stage = self.folder
+        self._recorded = _manifest(self.folder) or {}
+        self._made: dict[str, Any] = {}
+
+    def remembered(self, root: Path, title: str | None, note: str, workers: int | None) -> tuple[str | None, str, int | None]:
+        """``title``, ``note`` and ``workers``, each from the last report here of the same ``root`` when not given (so `report` keeps a bench's)."""
+        where = os.path.relpath(Path(root).resolve(), self.folder.resolve())  # relative, so a bench moved whole keeps it
+        recorded = self._recorded if self._recorded.get("root") == where else {}
+        title = title if title is not None else recorded.get("title") if isinstance(recorded.get("title"), str) else None
+        note = note or (recorded.get("note") if isinstance(recorded.get("note"), str) else "")
+        workers = workers if workers is not None else recorded.get("workers") if isinstance(recorded.get("workers"), int) else None
+        self._made = {"root": where, "title": title, "note": note, "workers": workers}
+        return title, note, workers
+
+    def write(self, name: str, text: str) -> None:
+        """Stage file ``name`` with ``text``."""
+        (self.stage / name).write_text(text, encoding="utf-8")
+
+    def __enter__(self) -> Publication:
+        try:
+            self.stage = Path(tempfile.mkdtemp(dir=self.folder, prefix=".layerdescent-report-"))
+        except OSError as exc:
+            raise self._unwritable(exc) from None
+        return self
+
+    def __exit__(self, kind: Any, exc: BaseException | None, tb: Any) -> None:
+        try:
+            if exc is None:
+                self._move_in()
+            elif isinstance(exc, OSError):
+                raise self._unwritable(exc) from None
+        finally:
+            shutil.rmtree(self.stage, ignore_errors=True)
+
+    def _unwritable(self, exc: OSError) -> LayerdescentError:
+        return LayerdescentError(f"cannot write the report into {self.folder}: {exc.strerror or exc}: make it writable, or report --out a directory you can write to")
+
+    def _move_in(self) -> None:
+        names = sorted(p.name for p in self.stage.iterdir() if stat.S_ISREG(p.lstat().st_mode))
+        theirs = foreign(self.folder, names)
+        if theirs:
+            raise LayerdescentError(
+                f"{self.folder / theirs[0]} was not written by layerdescent (or was changed since): the report would replace it; "
+                f"move it away, or report --out another directory"
+            )
+        rundir.refuse_links(self.folder, (MANIFEST,))
+        files = {name: hashes for name, hashes in owned(self.folder).items() if os.path.lexists(self.folder / name)}
+        new = {name: _sha256(self.stage / name) for name in names}
+        try:
+            # Listed first with both hashes, so a kill between the moves leaves every file still known as ours.
+            self._record({**files, **{name: [digest, *files.get(name, [])] for name, digest in new.items()}})
+            for name in names:
+                os.replace(self.stage / name, self.folder / name)
+            self._record({**files, **{name: [digest] for name, digest in new.items()}})
+        except OSError as exc:
+            raise self._unwritable(exc) from None
+
+    def _record(self, files: dict[str, list[str]]) -> None:
+        made = {k: v for k, v in self._made.items() if v not in (None, "")}
+        rundir.write_atomic(self.folder / MANIFEST, json.dumps({**made, "files": files}, indent=2, sort_keys=True) + "\n")
