@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import shlex
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,6 +49,7 @@ DEMOS = {
     ),
 }
 DEMO_ALIASES = {"text": "text-classification"}
+TRAINING = ("run", "bench", "demo", "evaluate")  # the commands an interrupt leaves something to continue
 
 
 def _demo_task(name: str) -> str:
@@ -112,6 +114,7 @@ def cmd_plugins(args: argparse.Namespace) -> int:
 def cmd_run(args: argparse.Namespace) -> int:
     config = load_config(args.config, args.set, bench=False)
     out = Path(args.out) if args.out else Path("runs") / (Path(args.config).stem + (f"-{config.label}" if config.label else ""))
+    args.again = " ".join(["`layerdescent run", shlex.quote(str(args.config)), "--out", shlex.quote(str(out)), *(f"--set {shlex.quote(o)}" for o in args.set), "--resume`"])
     from layerdescent.trainer import train
 
     results = train(config, out, resume=args.resume)
@@ -282,8 +285,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"layerdescent: error: {line}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        again = "`layerdescent run CONFIG --resume`" if args.command == "run" else "the same command again"
-        print(f"layerdescent: interrupted; {again} continues from the last checkpoint", file=sys.stderr)
+        again = getattr(args, "again", None) or ("the same command again" if args.command in TRAINING else None)
+        print(f"layerdescent: interrupted; {again} continues from the last checkpoint" if again else "layerdescent: interrupted", file=sys.stderr)
         return 130
 
 

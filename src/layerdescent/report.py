@@ -24,6 +24,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
 from pathlib import Path
 
 import numpy as np
@@ -32,6 +33,7 @@ from scipy import stats
 from layerdescent import rundir
 from layerdescent.errors import LayerdescentError
 from layerdescent.publish import Publication
+from layerdescent.results import check as check_results
 
 # How a model was trained, as opposed to what it is and what it is tested on (its context).
 TRAINING_CHOICES = ("solver", "constraints", "train", "seed", "label")
@@ -99,6 +101,7 @@ def read_results(path: Path) -> dict:
     data.setdefault("train", {})
     for record in (r for rs in records for r in rs):
         record.setdefault("metrics", {})
+    check_results(data, path)  # types, finiteness and the layer count of every value a summary reads
     return data
 
 
@@ -517,6 +520,8 @@ def read_log(path: Path) -> list[dict]:
         lines = Path(path).read_text(encoding="utf-8").splitlines()
     except UnicodeDecodeError:
         raise LayerdescentError(f"{path} is not text (a binary or damaged file)") from None
+    except OSError as exc:
+        raise LayerdescentError(f"cannot read {path}: {exc.strerror or exc}") from None
     records = []
     for number, line in enumerate(lines, 1):
         if not line.strip():
@@ -536,7 +541,7 @@ def _traces(groups: dict) -> dict[tuple[str, str], tuple[np.ndarray, np.ndarray,
     traces = {}
     for label, grp in groups.items():
         log = Path(grp["run_dirs"][0]) / "metrics.jsonl" if grp["run_dirs"] else None
-        if not role(grp["solver"], "enforces_constraints") or log is None or not log.exists():
+        if not role(grp["solver"], "enforces_constraints") or log is None or not os.path.lexists(log):
             continue
         records = [r for r in read_log(log) if r.get("event") == "train" and isinstance(r.get("lambda"), dict) and "step" in r]
         for name in records[0]["lambda"] if records else []:

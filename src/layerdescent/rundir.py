@@ -387,8 +387,8 @@ def results_table(config: Any, task: Any, position: dict[str, Any], step_times: 
     }
 
 
-def finish(run_dir: Path, model_state: dict[str, Any], results: dict[str, Any], keep_checkpoint: bool) -> None:
-    """Write the tested model and results.json; drop optimizer state unless asked to keep it (it is most of the bytes)."""
+def finish(run_dir: Path, model_state: dict[str, Any], results: dict[str, Any], keep_checkpoint: bool, who: str = "the model") -> None:
+    """Write the tested model and results.json; drop optimizer state unless asked to keep it (it is most of the bytes); ``who`` names the task in errors."""
     import json
 
     import torch
@@ -400,7 +400,7 @@ def finish(run_dir: Path, model_state: dict[str, Any], results: dict[str, Any], 
     nonfinite = next((name for name, value in model_state.items() if value.is_floating_point() and not bool(torch.isfinite(value).all())), None)
     if nonfinite is not None:
         raise DivergenceError(
-            f"{nonfinite!r} holds non-finite (NaN or infinite) values after training, though the losses stayed finite (no loss reads it): "
+            f"{who}: parameter {nonfinite!r} holds non-finite (NaN or infinite) values after training, though the losses stayed finite (no loss reads it): "
             f"neither {MODEL_FILE} nor results.json was written; fix how the task builds or updates it"
         )
     save_model_file(run_dir / MODEL_FILE, model_state)

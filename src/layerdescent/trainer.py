@@ -21,11 +21,11 @@ import torch
 
 from layerdescent import rundir, stopping
 from layerdescent.checkpoint import load_checkpoint, load_model_state, restore_run, rng_state, save_checkpoint
-from layerdescent.config import RunConfig, check_depth
+from layerdescent.config import RunConfig, check_depth, check_steps
 from layerdescent.distributed import to_device
 from layerdescent.errors import DivergenceError, PluginError
 from layerdescent.evaluator import evaluate, evaluate_all
-from layerdescent.guard import build_task, describe
+from layerdescent.guard import build_task, calling, describe
 from layerdescent.progress import progress_bar
 from layerdescent.registry import Registry, get_registry
 from layerdescent.session import Session, build_session, epoch_steps
@@ -66,6 +66,7 @@ class Trainer:
     def _fit(self, session: Session, resume: bool) -> dict[str, Any]:
         config, train = self.config, self.config.train
         rows, model, update, world = session.rows, session.model, session.update, session.world
+        check_steps(train, epoch_steps(len(rows["train"]), train)[1])
         rundir.prepare(self.run_dir, config, self.registry, resume, write=world.is_main)
         world.barrier()
 
@@ -155,7 +156,7 @@ class Trainer:
         results = rundir.results_table(config, self.task, position, step_times, skipped_steps, update, evaluation)
         if world.is_main:
             self._claim.check()
-            rundir.finish(self.run_dir, model.state_dict(), results, train.keep_checkpoint)
+            rundir.finish(self.run_dir, model.state_dict(), results, train.keep_checkpoint, self.who)
             self._trackers.close(results, self.run_dir)
         return results
 
@@ -216,7 +217,8 @@ class Trainer:
                 raise stopping.diverged(reason)
             update.observe(micro_mean, len(idx) / total)
             shard = len(idx.tensor_split(session.world.size)[session.world.rank])
-            update.backward(means, shard / total, observe=False)  # a rank whose shard is empty adds no gradient
+            with calling(self.who, "the backward pass through layer_losses"):  # e.g. a plugin that changed its parameters in place after the forward pass
+                update.backward(means, shard / total, observe=False)  # a rank whose shard is empty adds no gradient
             step_means += micro_mean.detach() * (len(idx) / total)
         if torch.is_grad_enabled():
             session.world.sum_gradients(session.model.parameters())
