@@ -45,7 +45,7 @@ from pathlib import Path
 from typing import Any, Callable
 from unittest import mock
 
-from layerdescent import publish, rundir
+from layerdescent import progress, publish, rundir
 from layerdescent.config import RunConfig, apply_overrides, check_depth, check_seed, config_from_dict, read_toml, set_path
 from layerdescent.errors import ConfigError
 from layerdescent.guard import build_task
@@ -127,6 +127,15 @@ def _check_variant_name(name: Any) -> str:
     return name
 
 
+def _where(line: str, variant: str, overrides: list[str]) -> str:
+    """A config error's line prefixed with what the user typed: the ``--set`` it concerns, else the variant it arose in."""
+    for override in overrides:
+        key = override.partition("=")[0].strip()
+        if any(line.startswith(f"{start}{key}{end}") for start in ("", "unknown key ") for end in (" ", ";", "[", ":", ".")) or line == f"unknown key {key}":
+            return f"--set {override}: {line}"
+    return f"{variant}: {line}"
+
+
 def plan(path: str | Path, out: str | Path, overrides: list[str] = (), registry: Registry | None = None) -> list[BenchRun]:
     """Validate every run of a bench file before any of them trains."""
     data = apply_overrides(read_toml(path), list(overrides))
@@ -175,7 +184,8 @@ def plan(path: str | Path, out: str | Path, overrides: list[str] = (), registry:
                     check_depth(config, depths[key], registry)
                     check_trackers(config.train.trackers)
                 except ConfigError as exc:
-                    raise ConfigError("\n".join(f"bench.variants.{name}: {line.removeprefix('--set ')}" for line in str(exc).splitlines())) from None
+                    lines = (_where(line.removeprefix("--set "), f"bench.variants.{name}", overrides) for line in str(exc).splitlines())
+                    raise ConfigError("\n".join(dict.fromkeys(lines))) from None
                 runs.append(BenchRun(name, seed, config, Path(out) / name / f"seed-{seed}"))
     return runs
 
@@ -219,6 +229,7 @@ def _worker_init(parent: int) -> None:
             pass
     if os.getppid() != parent:  # the bench died before the signal was armed
         os._exit(1)
+    progress.share_terminal()  # one terminal, several runs: timed lines, not bars drawn over each other
     threading.Thread(target=_watch_parent, args=(parent,), daemon=True, name="layerdescent-parent-watch").start()
 
 
@@ -273,6 +284,8 @@ def run_bench(
     workers: int = 1,
     executor: ExecutorOptions | None = None,
     only: list[str] = (),
+    title: str | None = None,
+    before: Callable[[int, int], None] | None = None,
 ) -> Path | None:
     """Train every pending run of the bench file, then write ``summary.md`` and plots in ``out``.
 
@@ -282,6 +295,8 @@ def run_bench(
     Worker processes find plugins through entry points, so ``registry`` applies only with one worker.
     ``executor`` (default: the local pool of ``workers``) may train the runs on Ray or SLURM instead;
     with ``executor.wait`` false the jobs are submitted and None is returned, with no summary yet.
+    ``title`` heads the summary (default: the bench file's name); ``before(pending, total)`` is called
+    once every run is checked, before any trains (the demo says there what it is about to do).
     """
     executor = executor or ExecutorOptions(workers=workers)
     if executor.name == "local":
@@ -308,6 +323,8 @@ def run_bench(
             done.append(run)
         else:
             pending.append((run, (run.run_dir / "checkpoint.pt").exists()))
+    if before:
+        before(len(pending), len(runs))
     for run in done:  # reported once every run is known to match, so nothing is called done and then refused
         if on_run:
             on_run(run, "done")
@@ -329,7 +346,7 @@ def run_bench(
     command = command or " ".join(["layerdescent bench", str(path), "--out", str(out), *(f"--set {o}" for o in overrides), *(f"--only '{o}'" for o in only)])
     if failures and len(failures) == len(runs):
         raise failure_report(failures, len(runs), None)
-    summary = write_report(Path(out), title=f"Bench {Path(path).name}", note=f"Made by `{command}`.", workers=workers)
+    summary = write_report(Path(out), title=title or f"Bench {Path(path).name}", note=f"Made by `{command}`.", workers=workers)
     if failures:
         raise failure_report(failures, len(runs), summary)
     return summary

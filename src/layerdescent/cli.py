@@ -207,9 +207,16 @@ def cmd_demo(args: argparse.Namespace) -> int:
     out = Path(args.out or demo.out)
     workers = args.workers or demo.workers
     pace = f"{workers} runs at a time, one thread each" if workers > 1 else "one run at a time"
-    print(f"layerdescent demo --task {args.task}: {demo.what}. {pace.capitalize()}. Output: {out}", flush=True)
+
+    def announce(pending: int, total: int) -> None:  # once the demo is known to be valid, so no opening line precedes an error
+        if pending == 0:
+            print(f"layerdescent demo --task {args.task}: all {total} runs in {out} are finished; writing their summary again", flush=True)
+            return
+        left = f" {pending} of its {total} runs are left to train." if pending < total else ""
+        print(f"layerdescent demo --task {args.task}: {demo.what}.{left} {pace.capitalize()}. Output: {out}", flush=True)
+
     command = " ".join(["layerdescent demo --task", args.task, "--out", str(out), *(f"--set {o}" for o in args.set), *(["--workers", str(workers)] if workers != demo.workers else [])])
-    summary = run_bench(demo.config, out, args.set, on_run=_status, command=command, workers=workers)
+    summary = run_bench(demo.config, out, args.set, on_run=_status, command=command, workers=workers, title=f"Demo: ERM vs primal-dual descent constraints on {args.task}", before=announce)
     print(summary.read_text())
     print(f"plots and tables: {summary.parent}")
     return 0

@@ -33,6 +33,7 @@ def evaluate_run(run_dir: str | Path, out: str | Path, overrides: Sequence[str] 
     """Test a finished run's final model again (another perturbation or gamma grid) into ``out``."""
     from layerdescent.checkpoint import load_checkpoint, load_model_file
     from layerdescent.evaluator import evaluate_all
+    from layerdescent.progress import progress_bar
     from layerdescent.report import read_results  # the same checks a summary makes
     from layerdescent.stopping import check_finite_results
     from layerdescent.trainer import Trainer
@@ -52,7 +53,8 @@ def evaluate_run(run_dir: str | Path, out: str | Path, overrides: Sequence[str] 
         else:
             state = load_checkpoint(model_file, trainer.task.name, kind="model")["model"]
         trainer.load_model(model_file, session.model, state)
-        evaluation = evaluate_all(trainer.task, session.model, session.rows[config.eval.split], config.eval, session.world)
+        shown = config.train.progress and session.world.is_main
+        evaluation = evaluate_all(trainer.task, session.model, session.rows[config.eval.split], config.eval, session.world, lambda total: progress_bar(total, 0, f"{out} evaluation", shown, unit="batch"))
         check_finite_results(evaluation, trainer.who)
         results = {
             **{k: v for k, v in recorded.items() if k != "domains"},

@@ -26,7 +26,7 @@ from layerdescent.distributed import to_device
 from layerdescent.errors import DivergenceError, PluginError
 from layerdescent.evaluator import evaluate, evaluate_all
 from layerdescent.guard import build_task, calling, describe
-from layerdescent.progress import progress_bar
+from layerdescent.progress import evaluation_in_steps, progress_bar
 from layerdescent.registry import Registry, get_registry
 from layerdescent.session import Session, build_session, epoch_steps
 from layerdescent.trackers import check_trackers, open_trackers
@@ -102,7 +102,9 @@ class Trainer:
                 save_checkpoint(self.checkpoint_path, {**payload, "step_times": step_times, "skipped_steps": skipped_steps, "metrics_offset": log.tell()})
 
         # a bar on a terminal, a timed line every 30 s when stderr is a pipe (a demo or bench log)
-        bar = progress_bar(train.epochs * steps_per_epoch, position["step"], f"{config.name} seed {config.seed}", enabled=train.progress and world.is_main)
+        name, shown = f"{config.name} seed {config.seed}", train.progress and world.is_main
+        after = evaluation_in_steps(len(rows[config.eval.split]), len(config.eval.gammas) * (1 + len(config.eval.domains)), train.batch_size * train.accumulate)
+        bar = progress_bar(train.epochs * steps_per_epoch, position["step"], name, enabled=shown, after=after)  # the time left covers the evaluation
         try:
             while position["epoch"] < train.epochs and not stopping.patience_spent(train, position):
                 order = torch.randperm(len(train_set), generator=torch.Generator().manual_seed(config.seed * 100_003 + position["epoch"]))
@@ -151,7 +153,7 @@ class Trainer:
         if train.early_stopping:
             world.barrier()  # rank 0 wrote best.pt
             self.load_model(self.best_path, model, load_checkpoint(self.best_path, self.task.name, kind="model")["model"])
-        evaluation = evaluate_all(self.task, model, rows[config.eval.split], config.eval, world)
+        evaluation = evaluate_all(self.task, model, rows[config.eval.split], config.eval, world, lambda total: progress_bar(total, 0, f"{name} evaluation", shown, unit="batch"))
         stopping.check_finite_results(evaluation, self.who)
         results = rundir.results_table(config, self.task, position, step_times, skipped_steps, update, evaluation)
         if world.is_main:
