@@ -74,9 +74,11 @@ class ExecutorOptions:
             raise ConfigError(f"--workers must be at least 1, got {self.workers}")
         if self.workers is not None and self.workers > MAX_WORKERS:
             raise ConfigError(f"--workers must be at most {MAX_WORKERS}, got {self.workers}")
-        if not 1 <= self.cpus_per_run <= MAX_CPUS:
-            raise ConfigError(f"--cpus-per-run (bench.slurm.cpus_per_run) must be in 1..{MAX_CPUS}, got {self.cpus_per_run}")
-        if not (math.isfinite(self.gpus_per_run) and 0 <= self.gpus_per_run <= MAX_GPUS):
+        if self.cpus_per_run < 1 or self.gpus_per_run < 0:
+            raise ConfigError(f"--cpus-per-run must be at least 1 and --gpus-per-run at least 0, got {self.cpus_per_run} and {self.gpus_per_run}")
+        if self.cpus_per_run > MAX_CPUS:
+            raise ConfigError(f"--cpus-per-run (bench.slurm.cpus_per_run) must be at most {MAX_CPUS}, got {self.cpus_per_run}")
+        if not (math.isfinite(self.gpus_per_run) and self.gpus_per_run <= MAX_GPUS):
             raise ConfigError(f"--gpus-per-run (bench.slurm.gpus_per_run) must be a number in 0..{MAX_GPUS}, got {self.gpus_per_run}")
         if not 1 <= self.time <= MAX_MINUTES:
             raise ConfigError(f"--time (bench.slurm.time) must be in 1..{MAX_MINUTES} minutes (a year), got {self.time}")
