@@ -546,3 +546,14 @@ def test_a_file_size_limit_hit_inside_torch_save_is_one_line(tmp_path):
     lines = proc.stderr.strip().splitlines()
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
     assert lines[-1].startswith("layerdescent: error: ") and "File too large" in lines[-1] and "raise the file size limit" in lines[-1], lines
+
+
+def test_a_file_size_limit_hit_writing_the_model_file_is_one_line(tmp_path, monkeypatch):
+    import safetensors.torch
+
+    def save_file(tensors, filename):
+        raise safetensors.SafetensorError("Error while serializing: I/O error: File too large (os error 27)")
+
+    monkeypatch.setattr(safetensors.torch, "save_file", save_file)
+    assert_one_line(*cli("run", config_file(tmp_path, RUN), "--out", tmp_path / "out"), "File too large", "raise the file size limit")
+    assert not (tmp_path / "out" / "results.json").exists()

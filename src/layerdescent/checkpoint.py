@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import os
 import random
+import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -186,8 +187,11 @@ def save_model_file(path: Path, state: dict[str, torch.Tensor]) -> None:
     try:
         save_file(tensors, tmp)
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as exc:
         Path(tmp).unlink(missing_ok=True)
+        code = re.search(r"os error (\d+)", str(exc))  # safetensors reports a failed write as its own error, errno in the text
+        if code and not isinstance(exc, OSError):
+            raise OSError(int(code[1]), os.strerror(int(code[1])), tmp) from None
         raise
 
 
