@@ -29,7 +29,9 @@ from layerdescent import rundir
 from layerdescent.errors import ConfigError, LayerdescentError
 
 MANIFEST = ".layerdescent-report.json"
-REPORT_FILES = ("summary.md", "*.png")  # what a report writes at the top of its folder
+# What a report writes at the top of its folder (report._plot's names); a bench checks them before it trains, and
+# whatever a report writes is checked again when it is moved in.
+REPORT_FILES = ("summary.md", "loss_vs_layer.png", "metric_vs_gamma.png", "metric_vs_gamma_domains.png", "descent_rate.png", "traces.png", "ablation_*.png")
 # Lines only layerdescent's own summary holds (its Cost section and closing list of plots).
 SUMMARY_MARKS = ("\n## Cost\n\nEach run's median step time.", "\n## Plots\n")
 
