@@ -415,3 +415,13 @@ def test_bench_workers_sharing_a_terminal_print_progress_lines_not_bars_over_eac
     text = b"".join(chunks).decode(errors="replace").replace("\r\n", "\n")
     assert "erm seed 0: step" in text and "primal-dual seed 0: step" in text
     assert "\r" not in text  # nothing redrawn in place, so no bar overwrites another's line
+
+
+def test_evaluate_says_which_run_it_starts_and_shows_progress_through_its_evaluation(tmp_path, capsys):
+    path = write(tmp_path, GOOD.replace("progress = false", "progress = true"))
+    assert main(["run", str(path), "--out", str(tmp_path / "run")]) == 0
+    capsys.readouterr()
+    assert main(["evaluate", str(tmp_path / "run"), "--out", str(tmp_path / "again")]) == 0
+    captured = capsys.readouterr()
+    assert captured.out.splitlines()[:2] == [f"{tmp_path / 'again'}: evaluating", f"{tmp_path / 'again'}: evaluated"]
+    assert any(line.startswith(f"{tmp_path / 'again'} evaluation: batch 2/2,") for line in captured.err.splitlines()), captured.err

@@ -409,6 +409,8 @@ def evaluate_bench(
     for run_dir in runs:
         target = out / run_dir.relative_to(root)
         if not status[run_dir]:
+            if on_run:
+                on_run(target, "evaluating")  # loading a model can take a while: say at once which run is under way
             evaluate_run(run_dir, target, overrides, registry)
         if on_run:
             on_run(target, "done" if status[run_dir] else "evaluated")
