@@ -405,18 +405,18 @@ BENCH_CASES = {
 }
 
 
+def importable(name: str) -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec(name) is not None
+
+
 @pytest.mark.parametrize("flags, message", BENCH_CASES.values(), ids=BENCH_CASES.keys())
 def test_a_refused_executor_or_option_is_one_line_and_leaves_nothing_behind(tmp_path, flags, message):
     if "ray" in flags and importable("ray"):
         pytest.skip("ray is installed here, so the executor would not be refused")
     assert_one_line(*cli("bench", config_file(tmp_path, BENCH, "bench.toml"), "--out", tmp_path / "out", *flags), message)
     assert not (tmp_path / "out").exists()
-
-
-def importable(name: str) -> bool:
-    import importlib.util
-
-    return importlib.util.find_spec(name) is not None
 
 
 def test_a_bench_files_mistyped_top_level_seed_is_one_line(tmp_path):

@@ -16,6 +16,7 @@ import tomli_w
 
 import layerdescent as ld
 import layerdescent.bench as bench_module
+from layerdescent import rundir
 from layerdescent.bench import plan, run_bench
 from test_one_line_errors import RUN, assert_one_line, cli, config_file, with_
 
@@ -281,15 +282,9 @@ def test_a_lock_file_planted_as_a_symlink_is_refused_and_the_file_it_points_to_i
     victim = tmp_path / "precious.txt"
     victim.write_text("keep me")
     (tmp_path / "run").mkdir()
-    (tmp_path / "run" / rundir_module().LOCK).symlink_to(victim)
+    (tmp_path / "run" / rundir.LOCK).symlink_to(victim)
     assert_one_line(*cli("run", config_file(tmp_path, RUN), "--out", tmp_path / "run"), ".layerdescent.lock is a symbolic link")
     assert victim.read_text() == "keep me"
-
-
-def rundir_module():
-    from layerdescent import rundir
-
-    return rundir
 
 
 @pytest.mark.parametrize("name", ["metrics.jsonl", "config.toml"])
@@ -308,7 +303,7 @@ def test_deleting_the_lock_file_while_a_run_trains_does_not_let_a_second_writer_
 
     def step(self, *args, **kwargs):
         if not seen:
-            (run / rundir_module().LOCK).unlink()
+            (run / rundir.LOCK).unlink()
             seen["second"] = cli("run", path, "--out", run, "--resume")
         return real(self, *args, **kwargs)
 
