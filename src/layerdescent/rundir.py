@@ -149,7 +149,7 @@ def holding(run_dir: Path) -> Iterator[Held]:
     except OSError as exc:  # a name too long for the filesystem
         raise ConfigError(f"--out {run_dir} cannot be created: {exc.strerror or exc}") from None
     usable_dir(run_dir)
-    refuse_links(run_dir, (LOCK, *WRITES))
+    refuse_links(run_dir, (LOCK, *WRITES, "tensorboard"))  # tensorboard/: the TensorBoard tracker's event files
     path = run_dir / LOCK
     was_run = path.exists() or any((run_dir / name).exists() for name in FINISHED)
     present = {name for name in WRITES if (run_dir / name).exists()}
