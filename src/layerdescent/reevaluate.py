@@ -45,7 +45,7 @@ def evaluate_run(run_dir: str | Path, out: str | Path, overrides: Sequence[str] 
         raise ConfigError(f"--out must differ from the run directory {run_dir}: its results would be overwritten")
     recorded = read_results(run_dir / "results.json")
     trainer = Trainer(config, out, registry)
-    with rundir.claim(out):
+    with rundir.claim(out) as held:
         session = trainer.setup()
         # The model that was tested: the best validation epoch's when early stopping kept one.
         if model_file.suffix == ".safetensors":
@@ -64,6 +64,7 @@ def evaluate_run(run_dir: str | Path, out: str | Path, overrides: Sequence[str] 
             **evaluation,
         }
         if session.world.is_main:
+            held.check()  # an --out moved or replaced while the model was tested is not written into
             rundir.write_atomic(out / "config.toml", tomli_w.dumps(config.as_dict()))
             rundir.write_atomic(out / "results.json", json.dumps(results, indent=2) + "\n")
     session.world.close()
