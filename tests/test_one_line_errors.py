@@ -83,7 +83,7 @@ CONFIG_CASES = {
     "label-over-255": (with_(RUN, "label", "x" * 300), "label is 300 bytes long"),
     "label-escapes": (with_(RUN, "label", "/../../../x"), "must be a plain name"),
     "test_size-1": (with_(RUN, "task.test_size", "1"), "task.test_size must be an integer"),
-    "epochs-past-int64": (with_(RUN, "train.epochs", 2**62), "train.epochs must be at most 1,000,000"),
+    "epochs-past-int64": (with_(RUN, "train.epochs", 2**64), "train.epochs must be at most 1,000,000"),
     "batch_size-2**40": (with_(RUN, "train.batch_size", 2**40), "train.batch_size must be at most 2,147,483,647"),
     "eval-batch_size-2**40": (with_(RUN, "eval.batch_size", 2**40), "eval.batch_size must be at most 2,147,483,647"),
 }
