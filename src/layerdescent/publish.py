@@ -23,6 +23,7 @@ import shutil
 import stat
 import tempfile
 from pathlib import Path
+from types import TracebackType
 from typing import Any
 
 from layerdescent import rundir
@@ -39,11 +40,12 @@ SUMMARY_MARKS = ("\n## Cost\n\nEach run's median step time.", "\n## Plots\n")
 def _sha256(path: Path) -> str | None:
     """The sha256 of the plain file at ``path``; None for a link, a directory or anything else."""
     try:
-        fd = rundir.open_own(path, os.O_RDONLY)
-    except (OSError, ConfigError):
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
         return None
     with os.fdopen(fd, "rb") as handle:
-        return hashlib.sha256(handle.read()).hexdigest()
+        # a rename replaces this name alone, so a second hard link (a backup made with cp -al) is no obstacle
+        return hashlib.sha256(handle.read()).hexdigest() if stat.S_ISREG(os.fstat(fd).st_mode) else None
 
 
 def _manifest(folder: Path) -> dict[str, Any] | None:
@@ -68,7 +70,7 @@ def owned(folder: Path) -> dict[str, list[str]]:
     if not text.startswith("# ") or not all(mark in text for mark in SUMMARY_MARKS):
         return {}
     plots = text.rsplit("\n## Plots\n", 1)[1]
-    names = ["summary.md", *re.findall(r"^!\[[^\]]*\]\(([^)/]+\.png)\)$", plots, flags=re.M)]
+    names = ["summary.md", *re.findall(r"^!\[[^\]]*\]\(([^)/]+\.png)\)$", plots, flags=re.MULTILINE)]
     return {name: [digest] for name in names if (digest := _sha256(folder / name))}
 
 
@@ -115,14 +117,14 @@ class Publication:
         """Stage file ``name`` with ``text``."""
         (self.stage / name).write_text(text, encoding="utf-8")
 
-    def __enter__(self) -> Publication:
+    def __enter__(self) -> Publication:  # noqa: PYI034 - a final class in all but name
         try:
             self.stage = Path(tempfile.mkdtemp(dir=self.folder, prefix=".layerdescent-report-"))
         except OSError as exc:
             raise self._unwritable(exc) from None
         return self
 
-    def __exit__(self, kind: Any, exc: BaseException | None, tb: Any) -> None:
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
         try:
             if exc is None:
                 self._move_in()
