@@ -127,11 +127,11 @@ def _check_variant_name(name: Any) -> str:
     return name
 
 
-def _where(line: str, variant: str, overrides: list[str]) -> str:
-    """A config error's line prefixed with what the user typed: the ``--set`` it concerns, else the variant it arose in."""
+def _where(line: str, variant: str, overrides: list[str], own: set[str]) -> str:
+    """A config error's line prefixed with what the user typed: the ``--set`` it concerns (unless the variant's ``own`` keys replace it), else the variant."""
     for override in overrides:
         key = override.partition("=")[0].strip()
-        if any(line.startswith(f"{start}{key}{end}") for start in ("", "unknown key ") for end in (" ", ";", "[", ":", ".")) or line == f"unknown key {key}":
+        if key not in own and any(line.startswith(f"{start}{key}{end}") for start in ("", "unknown key ") for end in (" ", ";", "[", ":", ".")) or line == f"unknown key {key}":
             return f"--set {override}: {line}"
     return f"{variant}: {line}"
 
@@ -184,7 +184,8 @@ def plan(path: str | Path, out: str | Path, overrides: list[str] = (), registry:
                     check_depth(config, depths[key], registry)
                     check_trackers(config.train.trackers)
                 except ConfigError as exc:
-                    lines = (_where(line.removeprefix("--set "), f"bench.variants.{name}", overrides) for line in str(exc).splitlines())
+                    own = {*_flatten(override), *grid}  # keys the variant or the grid set over a --set
+                    lines = (_where(line.removeprefix("--set "), f"bench.variants.{name}", overrides, own) for line in str(exc).splitlines())
                     raise ConfigError("\n".join(dict.fromkeys(lines))) from None
                 runs.append(BenchRun(name, seed, config, Path(out) / name / f"seed-{seed}"))
     return runs

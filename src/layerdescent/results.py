@@ -73,6 +73,9 @@ def _record(record: Any, where: str, layers: int) -> None:
 def _check(data: dict[str, Any]) -> None:
     for key in ("label", "task", "solver"):
         _text(data.get(key), key)
+    for key in ("split", "perturbation"):  # absent from the oldest runs
+        if key in data:
+            _text(data[key], key)
     _integer(data.get("seed"), "seed")
     layers = _integer(data.get("num_layers"), "num_layers", low=1)
     for i, record in enumerate(data.get("gammas") or []):
