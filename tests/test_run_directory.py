@@ -365,3 +365,18 @@ def test_evaluate_refuses_an_out_that_holds_a_bench_or_the_runs_it_reads(tmp_pat
     target = bench / "erm" if into == "the-runs-parent" else bench
     assert_one_line(*cli("evaluate", runs, "--out", target), "--out")
     assert {p: p.read_bytes() for p in bench.rglob("*") if p.is_file()} == before
+
+
+def test_where_a_directory_cannot_be_locked_deleting_the_lock_file_stops_the_run_before_its_next_checkpoint(tmp_path, monkeypatch):
+    from layerdescent.trainer import Trainer
+
+    monkeypatch.setattr(rundir, "_lock_directory", lambda run_dir: None)  # as on an NFS mount: the lock file alone holds the run
+    run, real = tmp_path / "run", Trainer.step
+
+    def step(self, *args, **kwargs):
+        (run / rundir.LOCK).unlink(missing_ok=True)
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(Trainer, "step", step)
+    assert_one_line(*cli("run", config_file(tmp_path, RUN), "--out", run), "is no longer this run's (.layerdescent.lock was removed")
+    assert not (run / "checkpoint.pt").exists() and not (run / "results.json").exists()
