@@ -380,3 +380,15 @@ def test_where_a_directory_cannot_be_locked_deleting_the_lock_file_stops_the_run
     monkeypatch.setattr(Trainer, "step", step)
     assert_one_line(*cli("run", config_file(tmp_path, RUN), "--out", run), "is no longer this run's (.layerdescent.lock was removed")
     assert not (run / "checkpoint.pt").exists() and not (run / "results.json").exists()
+
+
+def test_a_report_killed_while_it_wrote_leaves_no_folder_behind_once_another_report_runs(tmp_path, benched):
+    from layerdescent import publish
+
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    out = tmp_path / "bench"
+    shutil.copytree(benched[1], out)
+    (out / f"{publish.STAGE}{dead.pid}-abc").mkdir()  # a report killed mid-way, by a process now gone
+    assert cli("report", out)[0] == 0
+    assert not any(p.name.startswith(publish.STAGE) for p in out.iterdir())

@@ -30,11 +30,23 @@ from layerdescent import rundir
 from layerdescent.errors import ConfigError, LayerdescentError
 
 MANIFEST = ".layerdescent-report.json"
+STAGE = ".layerdescent-report-"  # + pid: the private folder a report is made in
 # What a report writes at the top of its folder (report._plot's names); a bench checks them before it trains, and
 # whatever a report writes is checked again when it is moved in.
 REPORT_FILES = ("summary.md", "loss_vs_layer.png", "metric_vs_gamma.png", "metric_vs_gamma_domains.png", "descent_rate.png", "traces.png", "ablation_*.png")
 # Lines only layerdescent's own summary holds (its Cost section and closing list of plots).
 SUMMARY_MARKS = ("\n## Cost\n\nEach run's median step time.", "\n## Plots\n")
+
+
+def _alive(pid: int) -> bool:
+    """Whether process ``pid`` exists."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True  # another user's: alive
+    return True
 
 
 def _sha256(path: Path) -> str | None:
@@ -118,8 +130,12 @@ class Publication:
         (self.stage / name).write_text(text, encoding="utf-8")
 
     def __enter__(self) -> Publication:  # noqa: PYI034 - a final class in all but name
+        for stale in self.folder.glob(f"{STAGE}*-*"):  # left by a report that was killed: its pid is in the name
+            pid = stale.name.removeprefix(STAGE).split("-", 1)[0]
+            if pid.isdigit() and not _alive(int(pid)) and stale.is_dir() and not stale.is_symlink():
+                shutil.rmtree(stale, ignore_errors=True)
         try:
-            self.stage = Path(tempfile.mkdtemp(dir=self.folder, prefix=".layerdescent-report-"))
+            self.stage = Path(tempfile.mkdtemp(dir=self.folder, prefix=f"{STAGE}{os.getpid()}-"))
         except OSError as exc:
             raise self._unwritable(exc) from None
         return self
