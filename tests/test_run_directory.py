@@ -392,3 +392,13 @@ def test_a_report_killed_while_it_wrote_leaves_no_folder_behind_once_another_rep
     (out / f"{publish.STAGE}{dead.pid}-abc").mkdir()  # a report killed mid-way, by a process now gone
     assert cli("report", out)[0] == 0
     assert not any(p.name.startswith(publish.STAGE) for p in out.iterdir())
+
+
+def test_evaluate_refuses_an_out_holding_the_evaluation_of_another_bench_laid_out_alike(tmp_path, benched):
+    other = tmp_path / "other"
+    shutil.copytree(benched[1], other)
+    for results in other.rglob("results.json"):  # another training of the same variants
+        data = json.loads(results.read_text())
+        results.write_text(json.dumps({**data, "train": {**data["train"], "step_time_median": 1.0}}))
+    assert cli("evaluate", benched[1], "--out", tmp_path / "again")[0] == 0
+    assert_one_line(*cli("evaluate", other, "--out", tmp_path / "again"), "is an evaluation of another run than")

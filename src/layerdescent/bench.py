@@ -357,24 +357,34 @@ def run_bench(
 RUN_ONLY = ("checkpoint.pt", "best.pt", "metrics.jsonl", rundir.MODEL_FILE)
 
 
+def _json(path: Path) -> dict[str, Any]:
+    """The JSON object in ``path``, or an empty one where it holds none (a damaged file is then no match for anything)."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
 def _check_evaluation_out(root: Path, out: Path, runs: list[Path]) -> None:
     """Raise ConfigError unless ``out`` holds nothing but earlier evaluations of ``runs`` (and no summary or plot of yours)."""
     if root.resolve().is_relative_to(out.resolve()):
         raise ConfigError(f"--out {out} holds {root}, the runs it tests: the new results would mix with them; --out a directory outside it")
     if not out.is_dir():
         return
-    targets = {(out / run_dir.relative_to(root)).resolve() for run_dir in runs}
-    for target in targets:
+    sources = {(out / run_dir.relative_to(root)).resolve(): run_dir for run_dir in runs}
+    for target in sources:
         present = [name for name in RUN_ONLY if (target / name).exists()]
         if present:
             raise ConfigError(f"--out {out}: {target} holds a run ({present[0]}), which the evaluation would overwrite: --out a new directory")
     for path in rundir.result_files(out):
-        try:
-            evaluated = "evaluated_from" in json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, ValueError, TypeError):
-            evaluated = False
-        if path.parent.resolve() not in targets or not evaluated:
+        evaluation = _json(path)
+        if path.parent.resolve() not in sources or "evaluated_from" not in evaluation:
             raise ConfigError(f"--out {out} holds a run or bench ({path}) that is not an evaluation of {root}: --out a new directory")
+        # An evaluation copies its run's training record (steps, step times, final multipliers), so a path moved since still matches.
+        source = _json(sources[path.parent.resolve()] / "results.json")
+        if any(evaluation.get(key) != source.get(key) for key in ("label", "seed", "train", "constraints")):
+            raise ConfigError(f"--out {out}: {path} is an evaluation of another run than {sources[path.parent.resolve()]}: --out a new directory")
     publish.refuse_foreign(out, "evaluation")
 
 
