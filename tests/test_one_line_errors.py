@@ -419,6 +419,11 @@ def test_a_refused_executor_or_option_is_one_line_and_leaves_nothing_behind(tmp_
     assert not (tmp_path / "out").exists()
 
 
+def test_a_bench_of_more_runs_than_any_sweep_is_one_line_before_planning(tmp_path):
+    table = {**BENCH, "bench": {**BENCH["bench"], "seeds": list(range(200)), "grid": {"train.lr": [0.001 * (i + 1) for i in range(100)]}}}
+    assert_one_line(*cli("bench", config_file(tmp_path, table, "bench.toml"), "--out", tmp_path / "out"), "the bench has 20,000 runs", "at most 10,000")
+
+
 def test_a_bench_files_mistyped_top_level_seed_is_one_line(tmp_path):
     table = {**BENCH, "seed": "many"}
     assert_one_line(*cli("bench", config_file(tmp_path, table, "bench.toml"), "--out", tmp_path / "out"), "seed must be an integer, got 'many'")

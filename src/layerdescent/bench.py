@@ -34,6 +34,7 @@ import dataclasses
 import fnmatch
 import itertools
 import json
+import math
 import os
 import signal
 import sys
@@ -110,6 +111,9 @@ def _grid_names(key: str, values: list[Any]) -> list[str]:
     raise ConfigError(f"bench.grid.{key}: values {clashing[0]!r} and {clashing[1]!r} would share the run name {first!r}; give the grid distinct values")
 
 
+MAX_RUNS = 10_000  # runs in one bench: far above any real sweep, and a typo'd grid or seed list is refused before it is planned
+
+
 def _check_seeds(seeds: Any, key: str) -> list[int]:
     if not isinstance(seeds, list) or not seeds or not all(isinstance(s, int) and not isinstance(s, bool) for s in seeds):
         raise ConfigError(f"{key} must be a non-empty list of integers")
@@ -158,6 +162,10 @@ def plan(path: str | Path, out: str | Path, overrides: list[str] = (), registry:
     if not all(isinstance(v, list) and v for v in grid.values()):
         raise ConfigError('bench.grid must map dotted config keys to non-empty lists, e.g. "solver.dual_lr" = [0.1, 1.0]')
     names = {key: _grid_names(key, values) for key, values in grid.items()}
+    points = math.prod(len(values) for values in grid.values())
+    count = sum(len(v.get("seeds", seeds)) if isinstance(v, dict) and isinstance(v.get("seeds", seeds), list) else 1 for v in variants.values()) * points
+    if count > MAX_RUNS:
+        raise ConfigError(f"the bench has {count:,} runs (variants x grid points x seeds); at most {MAX_RUNS:,}: split it into several bench files")
     runs, where, depths = [], {}, {}
     for variant, override in variants.items():
         _check_variant_name(variant)
