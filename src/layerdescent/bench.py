@@ -131,7 +131,7 @@ def _check_variant_name(name: Any) -> str:
     return name
 
 
-def _where(line: str, variant: str, overrides: list[str], own: set[str]) -> str:
+def blame(line: str, variant: str, overrides: list[str], own: set[str]) -> str:
     """A config error's line prefixed with what the user typed: the ``--set`` it concerns (unless the variant's ``own`` keys replace it), else the variant."""
     for override in overrides:
         key = override.partition("=")[0].strip()
@@ -193,7 +193,7 @@ def plan(path: str | Path, out: str | Path, overrides: list[str] = (), registry:
                     check_trackers(config.train.trackers)
                 except ConfigError as exc:
                     own = {*_flatten(override), *grid}  # keys the variant or the grid set over a --set
-                    lines = (_where(line.removeprefix("--set "), f"bench.variants.{name}", overrides, own) for line in str(exc).splitlines())
+                    lines = (blame(line.removeprefix("--set "), f"bench.variants.{name}", overrides, own) for line in str(exc).splitlines())
                     raise ConfigError("\n".join(dict.fromkeys(lines))) from None
                 runs.append(BenchRun(name, seed, config, Path(out) / name / f"seed-{seed}"))
     return runs

@@ -184,9 +184,18 @@ def cmd_assets(args: argparse.Namespace) -> int:
 
 def _fetch_required_assets(config: Path, overrides: Sequence[str]) -> None:
     """Fetch what the config's task reads and the cache lacks, before any timed work starts."""
+    from layerdescent.bench import blame
+    from layerdescent.config import config_from_dict
+    from layerdescent.guard import build_task
+
     registry = get_registry()
-    table = dict(apply_overrides(read_toml(config), list(overrides)).get("task", {}))
-    task = registry.task(table.pop("name"))(**table)
+    data = apply_overrides(read_toml(config), list(overrides))
+    data.pop("bench", None)
+    try:  # the task's options checked as any run's, before the task reads them
+        run = config_from_dict(data, registry)
+    except ConfigError as exc:
+        raise ConfigError("\n".join(dict.fromkeys(blame(line, "the demo", list(overrides), set()) for line in str(exc).splitlines()))) from None
+    task = build_task(registry, run.task.name, run.task.options)
     for name in task.required_assets():
         asset = registry.asset(name)
         if not assets.is_fetched(asset):
