@@ -222,7 +222,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
             print(f"layerdescent demo --task {args.task}: all {total} runs in {out} are finished; writing their summary again", flush=True)
             return
         left = f" {pending} of its {total} runs are left to train." if pending < total else ""
-        print(f"layerdescent demo --task {args.task}: {demo.what}.{left} {pace.capitalize()}. Output: {out}", flush=True)
+        changed = f" As changed by {' '.join(f'--set {o}' for o in args.set)}." if args.set else ""  # the description is the demo file's
+        print(f"layerdescent demo --task {args.task}: {demo.what}.{changed}{left} {pace.capitalize()}. Output: {out}", flush=True)
 
     command = " ".join(["layerdescent demo --task", args.task, "--out", str(out), *(f"--set {o}" for o in args.set), *(["--workers", str(workers)] if workers != demo.workers else [])])
     summary = run_bench(demo.config, out, args.set, on_run=_status, command=command, workers=workers, title=f"Demo: ERM vs primal-dual descent constraints on {args.task}", before=announce)
