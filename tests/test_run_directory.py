@@ -402,3 +402,12 @@ def test_evaluate_refuses_an_out_holding_the_evaluation_of_another_bench_laid_ou
         results.write_text(json.dumps({**data, "train": {**data["train"], "step_time_median": 1.0}}))
     assert cli("evaluate", benched[1], "--out", tmp_path / "again")[0] == 0
     assert_one_line(*cli("evaluate", other, "--out", tmp_path / "again"), "is an evaluation of another run than")
+
+
+def test_a_variant_folder_planted_as_a_symlink_is_refused_before_anything_trains(tmp_path):
+    elsewhere, out = tmp_path / "elsewhere", tmp_path / "out"
+    elsewhere.mkdir()
+    out.mkdir()
+    (out / "erm").symlink_to(elsewhere)
+    assert_one_line(*cli("bench", config_file(tmp_path, BENCH, "bench.toml"), "--out", out), f"{out / 'erm'} is a symbolic link")
+    assert list(elsewhere.iterdir()) == [] and sorted(p.name for p in out.iterdir()) == ["erm"]

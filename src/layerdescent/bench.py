@@ -315,6 +315,7 @@ def run_bench(
     pending, done = [], []
     runs = select(plan(path, out, overrides, registry), list(only))
     for run in runs:
+        rundir.refuse_linked_path(Path(out), run.run_dir)  # OUT/VARIANT/seed-N all inside --out
         _check_same_task(run)  # before anything trains: a folder of another task's runs is never mixed in
     publish.refuse_foreign(Path(out))  # the summary and plots come last: a file of yours in their way is found first
     for run in runs:
@@ -380,6 +381,8 @@ def _check_evaluation_out(root: Path, out: Path, runs: list[Path]) -> None:
         raise ConfigError(f"--out {out} holds {root}, the runs it tests: the new results would mix with them; --out a directory outside it")
     if not out.is_dir():
         return
+    for run_dir in runs:
+        rundir.refuse_linked_path(out, out / run_dir.relative_to(root))
     sources = {(out / run_dir.relative_to(root)).resolve(): run_dir for run_dir in runs}
     for target in sources:
         present = [name for name in RUN_ONLY if (target / name).exists()]

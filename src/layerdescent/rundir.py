@@ -79,6 +79,14 @@ def refuse_links(run_dir: Path, names: tuple[str, ...]) -> None:
             raise ConfigError(f"{run_dir / name} is a symbolic link; layerdescent writes only files of its own there: remove the link, or --out another directory")
 
 
+def refuse_linked_path(root: Path, path: Path) -> None:
+    """Raise ConfigError when a folder between ``root`` and ``path`` (``path`` included) is a symbolic link, which would lead the run out of ``root``."""
+    for depth in range(1, len(path.relative_to(root).parts) + 1):
+        step = root.joinpath(*path.relative_to(root).parts[:depth])
+        if step.is_symlink():
+            raise ConfigError(f"{step} is a symbolic link, so what layerdescent writes under it would land outside {root}: remove the link, or --out another directory")
+
+
 def _lock_directory(run_dir: Path) -> int | None:
     """A descriptor on ``run_dir`` itself holding its flock (None where the filesystem cannot lock a directory), or ConfigError while another process holds it."""
     fd = os.open(run_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
