@@ -168,7 +168,8 @@ class Publication:
             self._record({**files, **{name: [digest, *files.get(name, [])] for name, digest in new.items()}})
             for name in names:
                 os.replace(self.stage / name, self.folder / name)
-            self._record({**files, **{name: [digest] for name, digest in new.items()}})
+            # Hashed where they landed: a report writing here at the same time leaves a list that matches the files either way.
+            self._record({**files, **{name: [digest] for name in names if (digest := _sha256(self.folder / name))}})
         except OSError as exc:
             raise self._unwritable(exc) from None
 
