@@ -49,22 +49,28 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def _sha256(path: Path) -> str | None:
-    """The sha256 of the plain file at ``path``; None for a link, a directory or anything else."""
+def _read(path: Path) -> bytes | None:
+    """The bytes of the plain file at ``path``; None for a link, a directory, a pipe (never waited on) or anything else."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError:
         return None
     with os.fdopen(fd, "rb") as handle:
         # a rename replaces this name alone, so a second hard link (a backup made with cp -al) is no obstacle
-        return hashlib.sha256(handle.read()).hexdigest() if stat.S_ISREG(os.fstat(fd).st_mode) else None
+        return handle.read() if stat.S_ISREG(os.fstat(fd).st_mode) else None
+
+
+def _sha256(path: Path) -> str | None:
+    """The sha256 of the plain file at ``path``, or None (see :func:`_read`)."""
+    data = _read(path)
+    return None if data is None else hashlib.sha256(data).hexdigest()
 
 
 def _manifest(folder: Path) -> dict[str, Any] | None:
     """The folder's manifest, or None where it has none (or none that reads)."""
     try:
-        data = json.loads((folder / MANIFEST).read_text(encoding="utf-8")) if not (folder / MANIFEST).is_symlink() else None
-    except (OSError, ValueError):
+        data = json.loads(_read(folder / MANIFEST) or b"null")
+    except ValueError:
         return None
     return data if isinstance(data, dict) and isinstance(data.get("files"), dict) else None
 
@@ -76,8 +82,8 @@ def owned(folder: Path) -> dict[str, list[str]]:
         return {name: list(hashes) for name, hashes in manifest["files"].items() if isinstance(hashes, list)}
     summary = folder / "summary.md"  # a report from before the manifest: recognized by its layout
     try:
-        text = summary.read_text(encoding="utf-8") if not summary.is_symlink() else ""
-    except (OSError, UnicodeDecodeError):
+        text = (_read(summary) or b"").decode("utf-8")
+    except UnicodeDecodeError:
         return {}
     if not text.startswith("# ") or not all(mark in text for mark in SUMMARY_MARKS):
         return {}
