@@ -342,3 +342,88 @@ def test_gammas_outside_the_perturbations_range_are_refused_for_runs_and_re_eval
     capsys.readouterr()
     assert main(["evaluate", str(tmp_path / "r"), "--out", str(tmp_path / "e"), "--set", "task.perturbation=impulse"]) == 2
     assert "probability γ" in capsys.readouterr().err and not (tmp_path / "e").exists()
+
+
+# --- first contact (issue 36) ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "typed, message", [("train.epoch=2", "unknown key train.epoch; did you mean 'epochs'?"), ("task.layers=x", "task.layers must be an integer, got 'x'")]
+)
+def test_a_demo_mistake_names_the_set_the_user_typed_and_comes_before_the_opening_line(tmp_path, capsys, typed, message):
+    assert main(["demo", "--task", "lista", "--out", str(tmp_path / "demo"), "--set", typed]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and not (tmp_path / "demo").exists()
+    assert len(captured.err.splitlines()) == 1 and captured.err.startswith(f"layerdescent: error: --set {typed}: {message}"), captured.err
+
+
+def test_a_demo_summary_is_titled_for_the_demo_a_finished_demo_says_so_and_report_leaves_its_summary_intact(tmp_path, capsys):
+    out = tmp_path / "demo"
+    assert main(["demo", "--task", "lista", "--out", str(out), *LISTA_DEMO_SMALL]) == 0
+    summary = (out / "summary.md").read_text()
+    assert summary.startswith("# Demo: ERM vs primal-dual descent constraints on lista\n") and "Made by `layerdescent demo --task lista" in summary
+    capsys.readouterr()
+    assert main(["demo", "--task", "lista", "--out", str(out), *LISTA_DEMO_SMALL]) == 0
+    first = capsys.readouterr().out.splitlines()[0]
+    assert first == f"layerdescent demo --task lista: all 2 runs in {out} are finished; writing their summary again"
+    assert main(["report", str(out)]) == 0
+    assert (out / "summary.md").read_text() == summary
+
+
+def test_progress_lines_cover_the_evaluation_after_training(tmp_path, capsys):
+    path = write(tmp_path, GOOD.replace("progress = false", "progress = true"))
+    assert main(["run", str(path), "--out", str(tmp_path / "run")]) == 0
+    lines = capsys.readouterr().err.splitlines()
+    training = [line for line in lines if line.startswith("primal-dual seed 0: step")]
+    evaluation = [line for line in lines if line.startswith("primal-dual seed 0 evaluation: batch")]
+    assert training[-1].startswith("primal-dual seed 0: step 4/4,") and training[-1].endswith("left (evaluation included)"), training
+    assert evaluation[0].startswith("primal-dual seed 0 evaluation: batch 0/2,") and evaluation[-1].startswith("primal-dual seed 0 evaluation: batch 2/2,"), lines
+
+
+def test_the_interrupt_message_names_the_runs_out_and_the_resume_command(tmp_path, monkeypatch, capsys):
+    from layerdescent.trainer import Trainer
+
+    def interrupted(self, *args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(Trainer, "step", interrupted)
+    path = write(tmp_path, GOOD)
+    assert main(["run", str(path), "--out", str(tmp_path / "my run")]) == 130
+    err = capsys.readouterr().err
+    assert f"`layerdescent run {path} --out '{tmp_path / 'my run'}' --resume` continues from the last checkpoint" in err, err
+
+
+def test_bench_workers_sharing_a_terminal_print_progress_lines_not_bars_over_each_other(tmp_path):
+    import pty
+    import select
+    import shutil
+
+    path = write(tmp_path, GOOD.replace("progress = false", "progress = true") + '\n[bench]\n[bench.variants.erm]\nsolver.name = "erm"\n[bench.variants.primal-dual]\n', "bench.toml")
+    command = [shutil.which("layerdescent") or sys.executable, *([] if shutil.which("layerdescent") else ["-m", "layerdescent.cli"])]
+    primary, secondary = pty.openpty()
+    proc = subprocess.Popen([*command, "bench", str(path), "--out", str(tmp_path / "out"), "--workers", "2"], stdin=secondary, stdout=secondary, stderr=secondary)
+    os.close(secondary)
+    chunks = []
+    while select.select([primary], [], [], 300)[0]:
+        try:
+            chunk = os.read(primary, 65536)
+        except OSError:  # every writer closed the terminal
+            break
+        if not chunk:
+            break
+        chunks.append(chunk)
+    os.close(primary)
+    assert proc.wait(timeout=60) == 0
+    text = b"".join(chunks).decode(errors="replace").replace("\r\n", "\n")
+    assert "erm seed 0: step" in text and "primal-dual seed 0: step" in text
+    assert "\r" not in text  # nothing redrawn in place, so no bar overwrites another's line
+
+
+def test_evaluate_says_which_run_it_starts_and_shows_progress_through_its_evaluation(tmp_path, capsys):
+    path = write(tmp_path, GOOD.replace("progress = false", "progress = true"))
+    assert main(["run", str(path), "--out", str(tmp_path / "run")]) == 0
+    capsys.readouterr()
+    assert main(["evaluate", str(tmp_path / "run"), "--out", str(tmp_path / "again")]) == 0
+    captured = capsys.readouterr()
+    assert captured.out.splitlines()[:2] == [f"{tmp_path / 'again'}: evaluating", f"{tmp_path / 'again'}: evaluated"]
+    assert any(line.startswith(f"{tmp_path / 'again'} evaluation: batch 2/2,") for line in captured.err.splitlines()), captured.err

@@ -83,6 +83,9 @@ CONFIG_CASES = {
     "label-over-255": (with_(RUN, "label", "x" * 300), "label is 300 bytes long"),
     "label-escapes": (with_(RUN, "label", "/../../../x"), "must be a plain name"),
     "test_size-1": (with_(RUN, "task.test_size", "1"), "task.test_size must be an integer"),
+    "epochs-past-int64": (with_(RUN, "train.epochs", 2**64), "train.epochs must be at most 1,000,000"),
+    "batch_size-2**40": (with_(RUN, "train.batch_size", 2**40), "train.batch_size must be at most 2,147,483,647"),
+    "eval-batch_size-2**40": (with_(RUN, "eval.batch_size", 2**40), "eval.batch_size must be at most 2,147,483,647"),
 }
 
 
@@ -122,6 +125,12 @@ FILE_CASES = {
 @pytest.mark.parametrize("make, message", FILE_CASES.values(), ids=FILE_CASES.keys())
 def test_a_config_file_that_is_not_a_config_is_one_line(tmp_path, make, message):
     assert_one_line(*cli("run", make(tmp_path), "--out", tmp_path / "out"), message)
+
+
+def test_epochs_that_make_more_steps_than_a_run_could_ever_take_are_one_line(tmp_path):
+    table = with_(with_(with_(RUN, "train.epochs", 1_000_000), "train.batch_size", 1), "task.train_size", 2000)
+    assert_one_line(*cli("run", config_file(tmp_path, table), "--out", tmp_path / "out"), "train.epochs = 1000000 makes 2,000,000,000 optimizer steps")
+    assert not (tmp_path / "out").exists()
 
 
 def test_several_config_mistakes_are_all_reported_one_line_each(tmp_path):
@@ -172,6 +181,22 @@ def test_a_full_disk_is_one_line_that_says_the_checkpoint_is_intact(tmp_path, mo
     assert checkpoint.load_checkpoint(tmp_path / "out" / "checkpoint.pt", "lista", kind="run")["position"]["epoch"] == 1
 
 
+def test_a_run_folder_made_read_only_mid_run_is_one_line_that_says_the_checkpoint_is_intact(tmp_path, monkeypatch):
+    from layerdescent import checkpoint
+
+    real, calls = checkpoint.tempfile.mkstemp, {"n": 0}
+
+    def mkstemp(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise PermissionError(13, "Permission denied", str(kwargs.get("dir")))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(checkpoint.tempfile, "mkstemp", mkstemp)
+    table = with_(RUN, "train.epochs", 2)
+    assert_one_line(*cli("run", config_file(tmp_path, table), "--out", tmp_path / "out"), "Permission denied", "the last checkpoint is intact: make it writable")
+
+
 # --- checkpoints --------------------------------------------------------------------------------
 
 
@@ -192,8 +217,9 @@ def _edit(key, value):
         else:
             node, parts = payload, key.split(".")
             for part in parts[:-1]:
-                node = node[part]
-            node[parts[-1]] = value(node[parts[-1]]) if callable(value) else value
+                node = node[int(part)] if isinstance(node, list) else node[part]
+            last = int(parts[-1]) if isinstance(node, list) else parts[-1]
+            node[last] = value(node[last]) if callable(value) else value
         return payload
 
     return edit
@@ -222,6 +248,17 @@ def test_a_damaged_or_edited_checkpoint_is_one_line_naming_the_file(tmp_path, fi
     assert_one_line(*cli("run", path, "--out", run, "--resume"), message)
     assert not (run / "results.json").exists()
     assert (run / "metrics.jsonl").stat().st_size == (source / "metrics.jsonl").stat().st_size  # not grown, not cut
+
+
+def test_resume_refuses_a_log_line_damaged_before_the_checkpoint(tmp_path, finished):
+    path, source = finished
+    run = tmp_path / "run"
+    shutil.copytree(source, run)
+    (run / "results.json").unlink()
+    log = (run / "metrics.jsonl").read_bytes()
+    (run / "metrics.jsonl").write_bytes(b"X" + log[1:])  # same length: only the content tells
+    assert_one_line(*cli("run", path, "--out", run, "--resume"), "metrics.jsonl:1 is not a JSON record", "before the point checkpoint")
+    assert (run / "metrics.jsonl").read_bytes() == b"X" + log[1:]
 
 
 def test_a_missing_log_on_resume_is_one_line(tmp_path, finished):
@@ -264,7 +301,10 @@ class Broken(Task):
         return "2" if self.options["mode"] == "num_layers-string" else self.options["layers"]
 
     def build_model(self):
-        return torch.nn.ModuleList([torch.nn.Linear(3, 1) for _ in range(3)])
+        model = torch.nn.ModuleList([torch.nn.Linear(3, 1) for _ in range(3)])
+        if self.options["mode"] == "nan-unused":
+            model.unused = torch.nn.Parameter(torch.full((2,), float("nan")))  # no loss reads it
+        return model
 
     def build_datasets(self):
         x = torch.randn(32, 3, generator=torch.Generator().manual_seed(0))
@@ -293,6 +333,10 @@ class Broken(Task):
             return LayerOutput(losses[:, :2])
         if mode == "metric-shapes":
             return LayerOutput(losses, preds=torch.zeros(len(losses), 5), target=batch["y"])
+        if mode == "in-place":  # a chain whose backward needs model[1].weight as the forward saw it
+            losses = losses + 0 * model[1](model[0](batch["x"]).repeat(1, 3)).pow(2)
+            with torch.no_grad():
+                model[1].weight.add_(0.0)
         return LayerOutput(losses, preds=model[-1](batch["x"]), target=batch["y"])
 
     def metrics(self):
@@ -316,6 +360,8 @@ PLUGIN_CASES = {
     "layer_losses-integer": ("integer", "layer_losses returned losses of dtype torch.int64"),
     "wrong-column-count": ("columns", "layer_losses returned losses with 2 columns; it needs 3"),
     "metric-shapes": ("metric-shapes", "metrics().update"),
+    "parameters-changed-in-place": ("in-place", "the backward pass through layer_losses raised RuntimeError: one of the variables needed for gradient computation has been modified by an inplace operation"),
+    "nan-but-unused-parameter": ("nan-unused", "'unused' holds non-finite (NaN or infinite) values after training"),
 }
 
 
@@ -325,6 +371,105 @@ def test_a_plugin_that_breaks_the_contract_is_one_line_naming_it_and_the_method(
     table = {"task": {"name": "broken", "mode": mode}, "train": {"epochs": 1, "batch_size": 16, "progress": False}, "solver": {"name": "erm"}}
     assert_one_line(*cli("run", config_file(tmp_path, table), "--out", tmp_path / "out"), "task 'broken' (plugin 'broken-plugin')", message)
     assert not (tmp_path / "out" / "results.json").exists()
+    assert not (tmp_path / "out" / "model.safetensors").exists()
+
+
+@pytest.fixture
+def ctrl_c_plugin(tmp_path, monkeypatch):
+    """A plugin installed under an entry point whose import raises KeyboardInterrupt."""
+    (tmp_path / "ctrl_c_plugin.py").write_text("raise KeyboardInterrupt\n")
+    dist = tmp_path / "ctrl_c_plugin-1.0.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: ctrl-c-plugin\nVersion: 1.0\n")
+    (dist / "entry_points.txt").write_text("[layerdescent]\nctrl-c = ctrl_c_plugin\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(registry_module, "_registry", None)
+
+
+def test_a_plugin_raising_keyboard_interrupt_at_import_is_a_plugin_failure_not_an_interrupt(ctrl_c_plugin):
+    err, out = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(out):
+        assert main(["list"]) == 0 and main(["plugins"]) == 0
+    assert "interrupted" not in err.getvalue()
+    assert any(line.startswith("ctrl-c") and "failed" in line and "KeyboardInterrupt" in line for line in out.getvalue().splitlines()), out.getvalue()
+
+
+# --- bench --------------------------------------------------------------------------------------
+
+BENCH = {**RUN, "bench": {"seeds": [0], "variants": {"erm": {"solver": {"name": "erm"}}}}}
+
+BENCH_CASES = {
+    "slurm-mem-gb-nan": (("--executor", "slurm", "--mem-gb", "nan"), "--mem-gb (bench.slurm.mem_gb) must be a number of GB"),
+    "slurm-time-absurd": (("--executor", "slurm", "--time", "99999999"), "--time (bench.slurm.time) must be in 1..527040 minutes"),
+    "ray-not-installed": (("--executor", "ray"), "ray"),
+}
+
+
+def importable(name: str) -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec(name) is not None
+
+
+@pytest.mark.parametrize("flags, message", BENCH_CASES.values(), ids=BENCH_CASES.keys())
+def test_a_refused_executor_or_option_is_one_line_and_leaves_nothing_behind(tmp_path, flags, message):
+    if "ray" in flags and importable("ray"):
+        pytest.skip("ray is installed here, so the executor would not be refused")
+    assert_one_line(*cli("bench", config_file(tmp_path, BENCH, "bench.toml"), "--out", tmp_path / "out", *flags), message)
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_bench_of_more_runs_than_any_sweep_is_one_line_before_planning(tmp_path):
+    table = {**BENCH, "bench": {**BENCH["bench"], "seeds": list(range(200)), "grid": {"train.lr": [0.001 * (i + 1) for i in range(100)]}}}
+    assert_one_line(*cli("bench", config_file(tmp_path, table, "bench.toml"), "--out", tmp_path / "out"), "the bench has 20,000 runs", "at most 10,000")
+
+
+def test_a_bench_files_mistyped_top_level_seed_is_one_line(tmp_path):
+    table = {**BENCH, "seed": "many"}
+    assert_one_line(*cli("bench", config_file(tmp_path, table, "bench.toml"), "--out", tmp_path / "out"), "seed must be an integer, got 'many'")
+    assert not (tmp_path / "out").exists()
+
+
+# --- report -------------------------------------------------------------------------------------
+
+SCHEMA_CASES = {
+    "layer_loss-not-a-number": (_edit("gammas.0.layer_loss.1", "x"), "gammas[0].layer_loss[1] is 'x', not a number"),
+    "metric-nan": (_edit("gammas.1.metrics.mse", float("nan")), "gammas[1].metrics.mse is nan, not a finite number"),
+    "num_layers-disagrees": (_edit("num_layers", 5), "gammas[0].layer_loss has 4 entries, but num_layers = 5 needs 6"),
+    "seed-a-string": (_edit("seed", "0"), "seed is '0', not an integer"),
+    "descent_rate-above-1": (_edit("gammas.0.descent_rate.0", 7), "gammas[0].descent_rate[0] is 7, outside 0..1"),
+}
+
+
+@pytest.mark.parametrize("edit, message", SCHEMA_CASES.values(), ids=SCHEMA_CASES.keys())
+def test_report_on_a_results_file_that_breaks_the_schema_is_one_line_naming_the_file_and_field(tmp_path, finished, edit, message):
+    run = tmp_path / "run"
+    shutil.copytree(finished[1], run)
+    data = edit(json.loads((run / "results.json").read_text()))
+    (run / "results.json").write_text(json.dumps(data))
+    assert_one_line(*cli("report", run), f"{run / 'results.json'}: {message}")
+    assert not (run / "summary.md").exists()
+
+
+def test_report_on_an_unreadable_log_is_one_line(tmp_path, finished):
+    run = tmp_path / "run"
+    shutil.copytree(finished[1], run)
+    (run / "metrics.jsonl").unlink()
+    (run / "metrics.jsonl").mkdir()  # what root cannot be kept from reading, a directory still is not a log
+    assert_one_line(*cli("report", run), f"cannot read {run / 'metrics.jsonl'}")
+
+
+def test_report_into_a_read_only_folder_is_one_line(tmp_path, finished, monkeypatch):
+    import matplotlib.figure
+
+    def refuse(self, path, *args, **kwargs):
+        raise PermissionError(13, "Permission denied", str(path))
+
+    run = tmp_path / "run"
+    shutil.copytree(finished[1], run)
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", refuse)
+    assert_one_line(*cli("report", run), f"cannot write the report into {run}: Permission denied")
+    assert sorted(p.name for p in run.iterdir()) == sorted(p.name for p in finished[1].iterdir())
 
 
 # --- evaluate -----------------------------------------------------------------------------------
@@ -385,7 +530,8 @@ def console(*argv, limit_memory: bool = False, **kwargs) -> subprocess.Completed
 
 def test_the_console_script_ends_in_one_line_for_a_device_a_huge_model_and_too_many_threads(tmp_path):
     cases = [
-        (("run", "/dev/zero", "--out", tmp_path / "a"), {}, "larger than 10 MiB"),
+        (("run", "/dev/zero", "--out", tmp_path / "a"), {}, "config file /dev/zero is a device"),
+        (("run", "/dev/null", "--out", tmp_path / "a"), {}, "config file /dev/null is a device"),
         (("run", config_file(tmp_path, with_(RUN, "task.layers", 100_000_000), "big.toml"), "--out", tmp_path / "b"), {"limit_memory": True}, "too large"),
         (("run", config_file(tmp_path, with_(RUN, "train.threads", 100000), "threads.toml"), "--out", tmp_path / "c"), {}, "train.threads must be at most"),
     ]
@@ -394,3 +540,25 @@ def test_the_console_script_ends_in_one_line_for_a_device_a_huge_model_and_too_m
         lines = proc.stderr.strip().splitlines()
         assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
         assert lines[-1].startswith("layerdescent: error: ") and message in lines[-1], lines
+
+
+def test_a_file_size_limit_hit_inside_torch_save_is_one_line(tmp_path):
+    def limit():  # room for the config and the log, not for a checkpoint (about 23 kB)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (8000, 8000))
+
+    command = [shutil.which("layerdescent") or sys.executable, *([] if shutil.which("layerdescent") else ["-m", "layerdescent.cli"])]
+    proc = subprocess.run([*command, "run", str(config_file(tmp_path, RUN)), "--out", str(tmp_path / "out")], capture_output=True, text=True, preexec_fn=limit, timeout=300, check=False)
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert lines[-1].startswith("layerdescent: error: ") and "File too large" in lines[-1] and "raise the file size limit" in lines[-1], lines
+
+
+def test_a_file_size_limit_hit_writing_the_model_file_is_one_line(tmp_path, monkeypatch):
+    import safetensors.torch
+
+    def save_file(tensors, filename):
+        raise safetensors.SafetensorError("Error while serializing: I/O error: File too large (os error 27)")
+
+    monkeypatch.setattr(safetensors.torch, "save_file", save_file)
+    assert_one_line(*cli("run", config_file(tmp_path, RUN), "--out", tmp_path / "out"), "File too large", "raise the file size limit")
+    assert not (tmp_path / "out" / "results.json").exists()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -15,6 +16,7 @@ import tomli_w
 
 import layerdescent as ld
 import layerdescent.bench as bench_module
+from layerdescent import rundir
 from layerdescent.bench import plan, run_bench
 from test_one_line_errors import RUN, assert_one_line, cli, config_file, with_
 
@@ -271,3 +273,141 @@ def test_resuming_a_finished_run_without_its_checkpoint_is_refused_not_retrained
 
 def test_a_list_option_of_the_wrong_type_reads_well(tmp_path):
     assert_one_line(*cli("run", config_file(tmp_path, with_(RUN, "constraints.0.layers", ["a"])), "--out", tmp_path / "out"), "must be a list of integers")
+
+
+# --- the output folder is layerdescent's alone (issue 36) ------------------------------------------
+
+
+def test_a_lock_file_planted_as_a_symlink_is_refused_and_the_file_it_points_to_is_untouched(tmp_path):
+    victim = tmp_path / "precious.txt"
+    victim.write_text("keep me")
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / rundir.LOCK).symlink_to(victim)
+    assert_one_line(*cli("run", config_file(tmp_path, RUN), "--out", tmp_path / "run"), ".layerdescent.lock is a symbolic link")
+    assert victim.read_text() == "keep me"
+
+
+@pytest.mark.parametrize("name", ["metrics.jsonl", "config.toml"])
+def test_a_dangling_symlink_planted_as_a_run_file_is_refused_and_nothing_is_created_where_it_points(tmp_path, name):
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / name).symlink_to(tmp_path / "elsewhere" / name)
+    (tmp_path / "elsewhere").mkdir()
+    assert_one_line(*cli("run", config_file(tmp_path, RUN), "--out", tmp_path / "run"), f"{name} is a symbolic link")
+    assert list((tmp_path / "elsewhere").iterdir()) == []
+
+
+def test_deleting_the_lock_file_while_a_run_trains_does_not_let_a_second_writer_in(tmp_path, monkeypatch):
+    from layerdescent.trainer import Trainer
+
+    run, path, seen, real = tmp_path / "run", config_file(tmp_path, with_(RUN, "train.epochs", 2)), {}, Trainer.step
+
+    def step(self, *args, **kwargs):
+        if not seen:
+            (run / rundir.LOCK).unlink()
+            seen["second"] = cli("run", path, "--out", run, "--resume")
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(Trainer, "step", step)
+    status, lines = cli("run", path, "--out", run)
+    assert_one_line(*seen["second"], "is in use by another layerdescent process")
+    assert status == 0, lines
+    steps = [r["step"] for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines()) if r["event"] == "train"]
+    assert steps == sorted(steps) and len(steps) == len(set(steps))  # one writer: no repeated or out-of-order step
+
+
+def test_a_run_whose_directory_is_moved_away_stops_before_writing_into_its_replacement(tmp_path, monkeypatch):
+    from layerdescent.trainer import Trainer
+
+    run, real = tmp_path / "run", Trainer.step
+
+    def step(self, *args, **kwargs):
+        if not (tmp_path / "moved").exists():
+            run.rename(tmp_path / "moved")
+            run.mkdir()
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(Trainer, "step", step)
+    assert_one_line(*cli("run", config_file(tmp_path, RUN), "--out", run), "is no longer this run's", "moved or replaced")
+    assert list(run.iterdir()) == []
+
+
+USERS_OWN = {"summary.md": b"my own notes\n", "loss_vs_layer.png": b"\x89PNG my own plot"}
+
+
+@pytest.mark.parametrize("name", USERS_OWN)
+@pytest.mark.parametrize("command", ["bench", "demo"])
+def test_bench_and_demo_never_replace_your_own_summary_or_plots(tmp_path, name, command):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / name).write_bytes(USERS_OWN[name])
+    argv = ("bench", config_file(tmp_path, BENCH, "bench.toml")) if command == "bench" else ("demo", "--task", "lista")
+    assert_one_line(*cli(*argv, "--out", out), f"{out / name} was not written by layerdescent")
+    assert sorted(p.name for p in out.iterdir()) == [name] and (out / name).read_bytes() == USERS_OWN[name]
+
+
+def test_report_replaces_its_own_summary_but_not_one_you_edited_since(tmp_path, benched):
+    out = tmp_path / "bench"
+    shutil.copytree(benched[1], out)
+    made = (out / "summary.md").read_text()
+    assert cli("report", out)[0] == 0
+    assert (out / "summary.md").read_text() == made  # the bench's title and "Made by" line kept
+    (out / "summary.md").write_text(made + "my own conclusions\n")
+    assert_one_line(*cli("report", out), "summary.md was not written by layerdescent (or was changed since)")
+    assert (out / "summary.md").read_text().endswith("my own conclusions\n")
+
+
+@pytest.mark.parametrize("into", ["the-bench", "the-runs-parent"])
+def test_evaluate_refuses_an_out_that_holds_a_bench_or_the_runs_it_reads(tmp_path, benched, into):
+    bench = tmp_path / "bench"
+    shutil.copytree(benched[1], bench)
+    before = {p: p.read_bytes() for p in bench.rglob("*") if p.is_file()}
+    runs = bench / "erm" / "seed-0" if into == "the-runs-parent" else benched[1] / "erm" / "seed-0"
+    target = bench / "erm" if into == "the-runs-parent" else bench
+    assert_one_line(*cli("evaluate", runs, "--out", target), "--out")
+    assert {p: p.read_bytes() for p in bench.rglob("*") if p.is_file()} == before
+
+
+def test_where_a_directory_cannot_be_locked_deleting_the_lock_file_stops_the_run_before_its_next_checkpoint(tmp_path, monkeypatch):
+    from layerdescent.trainer import Trainer
+
+    monkeypatch.setattr(rundir, "_lock_directory", lambda run_dir: None)  # as on an NFS mount: the lock file alone holds the run
+    run, real = tmp_path / "run", Trainer.step
+
+    def step(self, *args, **kwargs):
+        (run / rundir.LOCK).unlink(missing_ok=True)
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(Trainer, "step", step)
+    assert_one_line(*cli("run", config_file(tmp_path, RUN), "--out", run), "is no longer this run's (.layerdescent.lock was removed")
+    assert not (run / "checkpoint.pt").exists() and not (run / "results.json").exists()
+
+
+def test_a_report_killed_while_it_wrote_leaves_no_folder_behind_once_another_report_runs(tmp_path, benched):
+    from layerdescent import publish
+
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    out = tmp_path / "bench"
+    shutil.copytree(benched[1], out)
+    (out / f"{publish.STAGE}{dead.pid}-abc").mkdir()  # a report killed mid-way, by a process now gone
+    assert cli("report", out)[0] == 0
+    assert not any(p.name.startswith(publish.STAGE) for p in out.iterdir())
+
+
+def test_evaluate_refuses_an_out_holding_the_evaluation_of_another_bench_laid_out_alike(tmp_path, benched):
+    other = tmp_path / "other"
+    shutil.copytree(benched[1], other)
+    for results in other.rglob("results.json"):  # another training of the same variants
+        data = json.loads(results.read_text())
+        results.write_text(json.dumps({**data, "train": {**data["train"], "step_time_median": 1.0}}))
+    assert cli("evaluate", benched[1], "--out", tmp_path / "again")[0] == 0
+    assert_one_line(*cli("evaluate", other, "--out", tmp_path / "again"), "is an evaluation of another run than")
+
+
+def test_a_variant_folder_planted_as_a_symlink_is_refused_before_anything_trains(tmp_path):
+    elsewhere, out = tmp_path / "elsewhere", tmp_path / "out"
+    elsewhere.mkdir()
+    out.mkdir()
+    (out / "erm").symlink_to(elsewhere)
+    assert_one_line(*cli("bench", config_file(tmp_path, BENCH, "bench.toml"), "--out", out), f"{out / 'erm'} is a symbolic link")
+    assert list(elsewhere.iterdir()) == [] and sorted(p.name for p in out.iterdir()) == ["erm"]

@@ -37,6 +37,8 @@ import ctypes
 import dataclasses
 import fnmatch
 import itertools
+import json
+import math
 import os
 import signal
 import sys
@@ -48,7 +50,7 @@ from pathlib import Path
 from typing import Any, Callable
 from unittest import mock
 
-from layerdescent import rundir
+from layerdescent import progress, publish, rundir
 from layerdescent.config import RunConfig, apply_overrides, check_depth, check_seed, config_from_dict, read_toml, set_path
 from layerdescent.endpoints import BenchSpec, parse_spec
 from layerdescent.errors import ConfigError
@@ -114,6 +116,9 @@ def _grid_names(key: str, values: list[Any]) -> list[str]:
     raise ConfigError(f"bench.grid.{key}: values {clashing[0]!r} and {clashing[1]!r} would share the run name {first!r}; give the grid distinct values")
 
 
+MAX_RUNS = 10_000  # runs in one bench: far above any real sweep, and a typo'd grid or seed list is refused before it is planned
+
+
 def _check_seeds(seeds: Any, key: str) -> list[int]:
     if not isinstance(seeds, list) or not seeds or not all(isinstance(s, int) and not isinstance(s, bool) for s in seeds):
         raise ConfigError(f"{key} must be a non-empty list of integers")
@@ -134,6 +139,15 @@ def _check_variant_name(name: Any) -> str:
 BENCH_KEYS = {"seeds", "variants", "grid", "slurm", "baselines", "primary", "tuning"}
 
 
+def blame(line: str, variant: str, overrides: list[str], own: set[str]) -> str:
+    """A config error's line prefixed with what the user typed: the ``--set`` it concerns (unless the variant's ``own`` keys replace it), else the variant."""
+    for override in overrides:
+        key = override.partition("=")[0].strip()
+        if key not in own and any(line.startswith(f"{start}{key}{end}") for start in ("", "unknown key ") for end in (" ", ";", "[", ":", ".")) or line == f"unknown key {key}":
+            return f"--set {override}: {line}"
+    return f"{variant}: {line}"
+
+
 def plan(path: str | Path, out: str | Path, overrides: list[str] = (), registry: Registry | None = None) -> list[BenchRun]:
     """Validate every run of a bench file before any of them trains."""
     data = apply_overrides(read_toml(path), list(overrides))
@@ -144,6 +158,10 @@ def plan(path: str | Path, out: str | Path, overrides: list[str] = (), registry:
     if unknown:
         raise ConfigError(f"unknown key bench.{sorted(unknown)[0]} (allowed: {', '.join(sorted(BENCH_KEYS))})")
     slurm_table(bench)
+    if "seed" in data:  # each run's seed comes from bench.seeds, but a mistyped one here is still a mistake
+        if not isinstance(data["seed"], int) or isinstance(data["seed"], bool):
+            raise ConfigError(f"seed must be an integer, got {data['seed']!r} (a bench's runs take their seeds from bench.seeds)")
+        check_seed(data["seed"], "seed")
     seeds = _check_seeds(bench.get("seeds", [0]), "bench.seeds")
     variants = bench.get("variants", {})
     if not isinstance(variants, dict) or not variants:
@@ -152,6 +170,10 @@ def plan(path: str | Path, out: str | Path, overrides: list[str] = (), registry:
     if not all(isinstance(v, list) and v for v in grid.values()):
         raise ConfigError('bench.grid must map dotted config keys to non-empty lists, e.g. "solver.dual_lr" = [0.1, 1.0]')
     names = {key: _grid_names(key, values) for key, values in grid.items()}
+    points = math.prod(len(values) for values in grid.values())
+    count = sum(len(v.get("seeds", seeds)) if isinstance(v, dict) and isinstance(v.get("seeds", seeds), list) else 1 for v in variants.values()) * points
+    if count > MAX_RUNS:
+        raise ConfigError(f"the bench has {count:,} runs (variants x grid points x seeds); at most {MAX_RUNS:,}: split it into several bench files")
     runs, where, tasks = [], {}, {}
     for variant, override in variants.items():
         _check_variant_name(variant)
@@ -178,7 +200,9 @@ def plan(path: str | Path, out: str | Path, overrides: list[str] = (), registry:
                     check_depth(config, tasks[key].num_layers, registry)
                     check_trackers(config.train.trackers)
                 except ConfigError as exc:
-                    raise ConfigError("\n".join(f"bench.variants.{name}: {line.removeprefix('--set ')}" for line in str(exc).splitlines())) from None
+                    own = {*_flatten(override), *grid}  # keys the variant or the grid set over a --set
+                    lines = (blame(line.removeprefix("--set "), f"bench.variants.{name}", overrides, own) for line in str(exc).splitlines())
+                    raise ConfigError("\n".join(dict.fromkeys(lines))) from None
                 runs.append(BenchRun(name, seed, config, Path(out) / name / f"seed-{seed}"))
     spec = parse_spec(bench, [run.variant for run in runs])  # a bad [bench.primary] or baseline fails before anything trains
     if spec.primary:
@@ -244,6 +268,7 @@ def _worker_init(parent: int) -> None:
             pass
     if os.getppid() != parent:  # the bench died before the signal was armed
         os._exit(1)
+    progress.share_terminal()  # one terminal, several runs: timed lines, not bars drawn over each other
     threading.Thread(target=_watch_parent, args=(parent,), daemon=True, name="layerdescent-parent-watch").start()
 
 
@@ -298,6 +323,8 @@ def run_bench(
     workers: int = 1,
     executor: ExecutorOptions | None = None,
     only: list[str] = (),
+    title: str | None = None,
+    before: Callable[[int, int], None] | None = None,
 ) -> Path | None:
     """Train every pending run of the bench file, then write ``summary.md`` and plots in ``out``.
 
@@ -307,6 +334,8 @@ def run_bench(
     Worker processes find plugins through entry points, so ``registry`` applies only with one worker.
     ``executor`` (default: the local pool of ``workers``) may train the runs on Ray or SLURM instead;
     with ``executor.wait`` false the jobs are submitted and None is returned, with no summary yet.
+    ``title`` heads the summary (default: the bench file's name); ``before(pending, total)`` is called
+    once every run is checked, before any trains (the demo says there what it is about to do).
     """
     executor = executor or ExecutorOptions(workers=workers)
     if executor.name == "local":
@@ -316,7 +345,9 @@ def run_bench(
     pending, done = [], []
     runs = select(plan(path, out, overrides, registry), list(only))
     for run in runs:
+        rundir.refuse_linked_path(Path(out), run.run_dir)  # OUT/VARIANT/seed-N all inside --out
         _check_same_task(run)  # before anything trains: a folder of another task's runs is never mixed in
+    publish.refuse_foreign(Path(out))  # the summary and plots come last: a file of yours in their way is found first
     for run in runs:
         recorded = run.run_dir / "config.toml"
         finished = (run.run_dir / "results.json").exists()
@@ -332,6 +363,8 @@ def run_bench(
             done.append(run)
         else:
             pending.append((run, (run.run_dir / "checkpoint.pt").exists()))
+    if before:
+        before(len(pending), len(runs))
     for run in done:  # reported once every run is known to match, so nothing is called done and then refused
         if on_run:
             on_run(run, "done")
@@ -353,10 +386,47 @@ def run_bench(
     command = command or " ".join(["layerdescent bench", str(path), "--out", str(out), *(f"--set {o}" for o in overrides), *(f"--only '{o}'" for o in only)])
     if failures and len(failures) == len(runs):
         raise failure_report(failures, len(runs), None)
-    summary = write_report(Path(out), title=f"Bench {Path(path).name}", note=f"Made by `{command}`.", workers=workers, spec=bench_spec(path, overrides))
+    summary = write_report(Path(out), title=title or f"Bench {Path(path).name}", note=f"Made by `{command}`.", workers=workers, spec=bench_spec(path, overrides))
     if failures:
         raise failure_report(failures, len(runs), summary)
     return summary
+
+
+# What only a trained run writes; an evaluation writes config.toml and results.json alone.
+RUN_ONLY = ("checkpoint.pt", "best.pt", "metrics.jsonl", rundir.MODEL_FILE)
+
+
+def _json(path: Path) -> dict[str, Any]:
+    """The JSON object in ``path``, or an empty one where it holds none (a damaged file is then no match for anything)."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _check_evaluation_out(root: Path, out: Path, runs: list[Path]) -> None:
+    """Raise ConfigError unless ``out`` holds nothing but earlier evaluations of ``runs`` (and no summary or plot of yours)."""
+    if root.resolve().is_relative_to(out.resolve()):
+        raise ConfigError(f"--out {out} holds {root}, the runs it tests: the new results would mix with them; --out a directory outside it")
+    if not out.is_dir():
+        return
+    for run_dir in runs:
+        rundir.refuse_linked_path(out, out / run_dir.relative_to(root))
+    sources = {(out / run_dir.relative_to(root)).resolve(): run_dir for run_dir in runs}
+    for target in sources:
+        present = [name for name in RUN_ONLY if (target / name).exists()]
+        if present:
+            raise ConfigError(f"--out {out}: {target} holds a run ({present[0]}), which the evaluation would overwrite: --out a new directory")
+    for path in rundir.result_files(out):
+        evaluation = _json(path)
+        if path.parent.resolve() not in sources or "evaluated_from" not in evaluation:
+            raise ConfigError(f"--out {out} holds a run or bench ({path}) that is not an evaluation of {root}: --out a new directory")
+        # An evaluation copies its run's training record (steps, step times, final multipliers), so a path moved since still matches.
+        source = _json(sources[path.parent.resolve()] / "results.json")
+        if any(evaluation.get(key) != source.get(key) for key in ("label", "seed", "train", "constraints")):
+            raise ConfigError(f"--out {out}: {path} is an evaluation of another run than {sources[path.parent.resolve()]}: --out a new directory")
+    publish.refuse_foreign(out, "evaluation")
 
 
 def evaluate_bench(
@@ -379,6 +449,7 @@ def evaluate_bench(
     runs = [p.parent for p in rundir.result_files(root)]
     if not runs:
         raise ConfigError(f"no finished run (results.json) under {root}")
+    _check_evaluation_out(root, out, runs)
     status = {}
     for run_dir in runs:  # every finished evaluation is checked before anything is evaluated
         target = out / run_dir.relative_to(root)
@@ -390,6 +461,8 @@ def evaluate_bench(
     for run_dir in runs:
         target = out / run_dir.relative_to(root)
         if not status[run_dir]:
+            if on_run:
+                on_run(target, "evaluating")  # loading a model can take a while: say at once which run is under way
             evaluate_run(run_dir, target, overrides, registry)
         if on_run:
             on_run(target, "done" if status[run_dir] else "evaluated")

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import random
+import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -55,7 +57,12 @@ def save_checkpoint(path: Path, payload: dict[str, Any]) -> None:
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as handle:
-            torch.save({"format": FORMAT, "version": VERSION, **payload}, handle)
+            try:
+                torch.save({"format": FORMAT, "version": VERSION, **payload}, handle)
+            except RuntimeError as exc:
+                if "inline_container" not in str(exc) and "PytorchStreamWriter" not in str(exc):
+                    raise
+                raise _write_error(handle, tmp, exc) from None
             handle.flush()
             os.fsync(handle.fileno())
         if path.exists():
@@ -63,7 +70,7 @@ def save_checkpoint(path: Path, payload: dict[str, Any]) -> None:
             try:
                 os.link(path, keep)  # a second name for the current file: `path` never disappears
             except OSError:  # a filesystem without hard links
-                shutil.copy2(path, keep)
+                shutil.copy2(path, keep, follow_symlinks=False)
             os.replace(keep, previous_path(path))
         os.replace(tmp, path)
         _fsync_dir(path.parent)
@@ -71,6 +78,17 @@ def save_checkpoint(path: Path, payload: dict[str, Any]) -> None:
         for leftover in (tmp, f"{tmp}.prev"):
             Path(leftover).unlink(missing_ok=True)
         raise
+
+
+def _write_error(handle: Any, tmp: str, exc: RuntimeError) -> OSError:
+    """The OSError behind torch.save's "unexpected pos" (its writer hides errno): one more write to the same file tells it."""
+    try:
+        handle.write(b"\0" * 4096)
+        handle.flush()
+        os.fsync(handle.fileno())
+    except OSError as cause:
+        return OSError(cause.errno, cause.strerror, tmp)
+    return OSError(errno.EIO, f"torch.save could not write the checkpoint ({(str(exc).splitlines() or [''])[0][:120]})", tmp)
 
 
 def _fsync_dir(directory: Path) -> None:
@@ -164,9 +182,17 @@ def save_model_file(path: Path, state: dict[str, torch.Tensor]) -> None:
 
     # safetensors refuses tensors that share storage (tied weights); each gets its own copy.
     tensors = {name: value.detach().to("cpu").clone().contiguous() for name, value in state.items()}
-    tmp = path.with_name(f".{path.name}.tmp")
-    save_file(tensors, str(tmp))
-    os.replace(tmp, path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")  # a fresh file: never one a link points at
+    os.close(fd)
+    try:
+        save_file(tensors, tmp)
+        os.replace(tmp, path)
+    except BaseException as exc:
+        Path(tmp).unlink(missing_ok=True)
+        code = re.search(r"os error (\d+)", str(exc))  # safetensors reports a failed write as its own error, errno in the text
+        if code and not isinstance(exc, OSError):
+            raise OSError(int(code[1]), os.strerror(int(code[1])), tmp) from None
+        raise
 
 
 def load_model_file(path: Path) -> dict[str, torch.Tensor]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import shlex
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,6 +49,7 @@ DEMOS = {
     ),
 }
 DEMO_ALIASES = {"text": "text-classification"}
+TRAINING = ("run", "bench", "demo", "evaluate")  # the commands an interrupt leaves something to continue
 
 
 def _demo_task(name: str) -> str:
@@ -112,6 +114,7 @@ def cmd_plugins(args: argparse.Namespace) -> int:
 def cmd_run(args: argparse.Namespace) -> int:
     config = load_config(args.config, args.set, bench=False)
     out = Path(args.out) if args.out else Path("runs") / (Path(args.config).stem + (f"-{config.label}" if config.label else ""))
+    args.again = " ".join(["`layerdescent run", shlex.quote(str(args.config)), "--out", shlex.quote(str(out)), *(f"--set {shlex.quote(o)}" for o in args.set), "--resume`"])
     from layerdescent.trainer import train
 
     results = train(config, out, resume=args.resume)
@@ -198,9 +201,18 @@ def cmd_assets(args: argparse.Namespace) -> int:
 
 def _fetch_required_assets(config: Path, overrides: Sequence[str]) -> None:
     """Fetch what the config's task reads and the cache lacks, before any timed work starts."""
+    from layerdescent.bench import blame
+    from layerdescent.config import config_from_dict
+    from layerdescent.guard import build_task
+
     registry = get_registry()
-    table = dict(apply_overrides(read_toml(config), list(overrides)).get("task", {}))
-    task = registry.task(table.pop("name"))(**table)
+    data = apply_overrides(read_toml(config), list(overrides))
+    data.pop("bench", None)
+    try:  # the task's options checked as any run's, before the task reads them
+        run = config_from_dict(data, registry)
+    except ConfigError as exc:
+        raise ConfigError("\n".join(dict.fromkeys(blame(line, "the demo", list(overrides), set()) for line in str(exc).splitlines()))) from None
+    task = build_task(registry, run.task.name, run.task.options)
     for name in task.required_assets():
         asset = registry.asset(name)
         if not assets.is_fetched(asset):
@@ -221,9 +233,17 @@ def cmd_demo(args: argparse.Namespace) -> int:
     out = Path(args.out or demo.out)
     workers = args.workers or demo.workers
     pace = f"{workers} runs at a time, one thread each" if workers > 1 else "one run at a time"
-    print(f"layerdescent demo --task {args.task}: {demo.what}. {pace.capitalize()}. Output: {out}", flush=True)
+
+    def announce(pending: int, total: int) -> None:  # once the demo is known to be valid, so no opening line precedes an error
+        if pending == 0:
+            print(f"layerdescent demo --task {args.task}: all {total} runs in {out} are finished; writing their summary again", flush=True)
+            return
+        left = f" {pending} of its {total} runs are left to train." if pending < total else ""
+        changed = f" As changed by {' '.join(f'--set {o}' for o in args.set)}." if args.set else ""  # the description is the demo file's
+        print(f"layerdescent demo --task {args.task}: {demo.what}.{changed}{left} {pace.capitalize()}. Output: {out}", flush=True)
+
     command = " ".join(["layerdescent demo --task", args.task, "--out", str(out), *(f"--set {o}" for o in args.set), *(["--workers", str(workers)] if workers != demo.workers else [])])
-    summary = run_bench(demo.config, out, args.set, on_run=_status, command=command, workers=workers)
+    summary = run_bench(demo.config, out, args.set, on_run=_status, command=command, workers=workers, title=f"Demo: ERM vs primal-dual descent constraints on {args.task}", before=announce)
     print(summary.read_text())
     print(f"plots and tables: {summary.parent}")
     return 0
@@ -307,8 +327,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"layerdescent: error: {line}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        again = "`layerdescent run CONFIG --resume`" if args.command == "run" else "the same command again"
-        print(f"layerdescent: interrupted; {again} continues from the last checkpoint", file=sys.stderr)
+        again = getattr(args, "again", None) or ("the same command again" if args.command in TRAINING else None)
+        print(f"layerdescent: interrupted; {again} continues from the last checkpoint" if again else "layerdescent: interrupted", file=sys.stderr)
         return 130
 
 

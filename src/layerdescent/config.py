@@ -37,6 +37,10 @@ MAX_THREADS = max(256, 4 * (os.cpu_count() or 1))
 MAX_LABEL = 200  # a label names a directory: one path component, well under the 255-byte limit
 MAX_CONFIG_BYTES = 10 * 2**20  # read at most this much, so /dev/zero or a huge file is refused, not swallowed
 MAX_DEPTH = 64  # tables and arrays nested deeper than this are not a config
+# Far above any real run, so that an extra digit is refused in one line instead of training until killed.
+MAX_EPOCHS = 1_000_000
+MAX_STEPS = 10**9  # optimizer steps in one run: years of training at a millisecond a step
+MAX_COUNT = 2**31 - 1  # batch sizes, intervals, patience: int32, what a torch index or a step counter holds
 
 
 def _require(ok: bool, key: str, message: str) -> None:
@@ -121,6 +125,9 @@ class TrainConfig:
     def __post_init__(self) -> None:
         for key in ("epochs", "batch_size", "accumulate", "log_every"):
             _require(getattr(self, key) >= 1, f"train.{key}", "must be >= 1")
+        _require(self.epochs <= MAX_EPOCHS, "train.epochs", f"must be at most {MAX_EPOCHS:,}, got {self.epochs}")
+        for key in ("batch_size", "accumulate", "log_every", "checkpoint_every", "early_stopping"):
+            _require(getattr(self, key) <= MAX_COUNT, f"train.{key}", f"must be at most {MAX_COUNT:,}, got {getattr(self, key)}")
         _require(self.early_stopping >= 0, "train.early_stopping", "must be >= 0 (epochs without a better validation loss; 0 is off)")
         _require(self.validate or not self.early_stopping, "train.early_stopping", "needs train.validate = true: it watches the validation loss")
         for key in ("lr",):
@@ -176,6 +183,8 @@ class EvalConfig:
         check_seed(self.seed, "eval.seed")
         _require(self.batch_size >= 1, "eval.batch_size", "must be >= 1")
         _require(self.domain_samples >= 0, "eval.domain_samples", "must be >= 0 (0 keeps every row)")
+        for key in ("batch_size", "domain_samples"):
+            _require(getattr(self, key) <= MAX_COUNT, f"eval.{key}", f"must be at most {MAX_COUNT:,}, got {getattr(self, key)}")
         _require(len(set(self.domains)) == len(self.domains), "eval.domains", "names a domain twice")
 
 
@@ -453,6 +462,12 @@ def check_levels(spec: ConstraintSpec, band: tuple[float, ...], prefix: str) -> 
         raise ConfigError(f"{prefix}.levels: {', '.join(f'{g:g}' for g in missing)} not in train.train_gamma's band ({', '.join(f'{g:g}' for g in band)})")
 
 
+def check_steps(train: TrainConfig, steps_per_epoch: int) -> None:
+    """Raise ConfigError when ``train.epochs`` epochs of ``steps_per_epoch`` steps pass MAX_STEPS (a run that would never end)."""
+    total = train.epochs * steps_per_epoch
+    _require(total <= MAX_STEPS, "train.epochs", f"= {train.epochs} makes {total:,} optimizer steps ({steps_per_epoch:,} an epoch); at most {MAX_STEPS:,}: lower train.epochs")
+
+
 def check_depth(config: RunConfig, num_layers: int, registry: Registry | None = None) -> None:
     """Raise ConfigError, one line per problem, where the solver or a constraint names a layer a model of ``num_layers`` lacks.
 
@@ -474,6 +489,8 @@ def read_toml(path: str | Path) -> dict[str, Any]:
     try:
         if path.is_dir():
             raise ConfigError(f"config file {path} is a directory; give the path of a .toml file")
+        if path.is_char_device() or path.is_block_device():
+            raise ConfigError(f"config file {path} is a device, not a file; give the path of a .toml file")
         with path.open("rb") as handle:
             raw = handle.read(MAX_CONFIG_BYTES + 1)  # a device such as /dev/zero never ends
     except FileNotFoundError:

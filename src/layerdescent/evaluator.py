@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+import math
+from typing import Any, Callable, Iterable
 
 import datasets
 import torch
@@ -24,6 +25,7 @@ def evaluate(
     batch_size: int = 256,
     seed: int = 1234,
     world: World | None = None,
+    bar: Any = None,
 ) -> list[dict[str, Any]]:
     """One record per gamma: ``layer_loss`` (L+1), ``descent_rate`` (L), ``metrics``, ``samples``.
 
@@ -32,6 +34,7 @@ def evaluate(
     Batch k draws its perturbations from a torch RNG seeded with (``seed``, k), so the numbers
     depend neither on what ran before nor on how many ranks share the batches (rank r takes
     batches r, r + size, ...; sums are reduced over ranks), and the caller's RNG is left as it was.
+    ``bar`` (a progress bar) counts this rank's batches.
     """
     world = world or World()
     rows = dataset if isinstance(dataset, Rows) else Rows(dataset)
@@ -57,6 +60,8 @@ def evaluate(
                     torch.manual_seed(seed * 1_000_003 + k)
                     batch = to_device(task.collate(rows[start : start + batch_size]), device)
                     out = task.layer_losses(model, batch, gamma=float(gamma))
+                if bar is not None:
+                    bar.update(1)
                 losses = out.losses.detach().double()
                 loss_sum += losses.sum(0)
                 descents += (losses[:, 1:] < losses[:, :-1]).sum(0)
@@ -106,14 +111,31 @@ def domain_rows(task: Task, name: str, samples: int = 0, seed: int = 1234) -> Ro
     return rows
 
 
-def evaluate_all(task: Task, model: torch.nn.Module, rows: Rows, config: EvalConfig, world: World | None = None) -> dict[str, Any]:
-    """The final evaluation as ``results.json`` records it: ``gammas`` on ``rows``, plus ``domains`` when the config names any."""
-    out: dict[str, Any] = {"gammas": evaluate(task, model, rows, config.gammas, config.batch_size, config.seed, world)}
-    if config.domains:
-        out["domains"] = {
-            name: evaluate(task, model, domain_rows(task, name, config.domain_samples, config.seed), config.gammas, config.batch_size, config.seed, world)
-            for name in config.domains
-        }
+def evaluate_all(
+    task: Task, model: torch.nn.Module, rows: Rows, config: EvalConfig, world: World | None = None, progress: Callable[[int], Any] | None = None
+) -> dict[str, Any]:
+    """The final evaluation as ``results.json`` records it: ``gammas`` on ``rows``, plus ``domains`` when the config names any.
+
+    ``progress(total)`` makes the bar that counts this rank's batches; each domain adds its own when it is read.
+    """
+    world = world or World()
+
+    def batches(dataset: Rows) -> int:  # this rank's share: batches rank, rank + size, ...
+        return len(range(world.rank, math.ceil(len(dataset) / config.batch_size), world.size)) * len(config.gammas)
+
+    bar = progress(batches(rows)) if progress else None
+    try:
+        out: dict[str, Any] = {"gammas": evaluate(task, model, rows, config.gammas, config.batch_size, config.seed, world, bar)}
+        if config.domains:
+            out["domains"] = {}
+            for name in config.domains:
+                domain = domain_rows(task, name, config.domain_samples, config.seed)
+                if bar is not None:
+                    bar.total += batches(domain)
+                out["domains"][name] = evaluate(task, model, domain, config.gammas, config.batch_size, config.seed, world, bar)
+    finally:
+        if bar is not None:
+            bar.close()
     return out
 
 

@@ -20,6 +20,7 @@ import dataclasses
 import errno
 import fcntl
 import json
+import math
 import os
 import re
 import shutil
@@ -42,6 +43,8 @@ LOG_TAIL = 12  # lines of a failed run's log in the bench's report
 SLURM_KEYS = ("partition", "time", "mem_gb", "cpus_per_run", "gpus_per_run", "account", "cluster")
 ACTIVE_SLURM_STATES = ("PENDING", "RUNNING", "REQUEUED", "CONFIGURING", "COMPLETING", "RESIZING", "SUSPENDED")
 POLL_SECONDS = 0.5
+# Far above any real job, low enough that a typo (an extra digit, nan) is refused before anything is submitted.
+MAX_WORKERS, MAX_CPUS, MAX_GPUS, MAX_MINUTES, MAX_MEM_GB = 4096, 4096, 64, 366 * 24 * 60, 100_000
 
 
 class RunsFailed(LayerdescentError):
@@ -69,10 +72,18 @@ class ExecutorOptions:
             raise ConfigError(f"--executor {self.name!r} is not one of {', '.join(EXECUTORS)}")
         if self.workers is not None and self.workers < 1:
             raise ConfigError(f"--workers must be at least 1, got {self.workers}")
+        if self.workers is not None and self.workers > MAX_WORKERS:
+            raise ConfigError(f"--workers must be at most {MAX_WORKERS}, got {self.workers}")
         if self.cpus_per_run < 1 or self.gpus_per_run < 0:
             raise ConfigError(f"--cpus-per-run must be at least 1 and --gpus-per-run at least 0, got {self.cpus_per_run} and {self.gpus_per_run}")
-        if self.time < 1:
-            raise ConfigError(f"bench.slurm.time must be at least 1 (minutes), got {self.time}")
+        if self.cpus_per_run > MAX_CPUS:
+            raise ConfigError(f"--cpus-per-run (bench.slurm.cpus_per_run) must be at most {MAX_CPUS}, got {self.cpus_per_run}")
+        if not (math.isfinite(self.gpus_per_run) and self.gpus_per_run <= MAX_GPUS):
+            raise ConfigError(f"--gpus-per-run (bench.slurm.gpus_per_run) must be a number in 0..{MAX_GPUS}, got {self.gpus_per_run}")
+        if not 1 <= self.time <= MAX_MINUTES:
+            raise ConfigError(f"--time (bench.slurm.time) must be in 1..{MAX_MINUTES} minutes (a year), got {self.time}")
+        if self.mem_gb is not None and not (math.isfinite(self.mem_gb) and 0 < self.mem_gb <= MAX_MEM_GB):
+            raise ConfigError(f"--mem-gb (bench.slurm.mem_gb) must be a number of GB in (0, {MAX_MEM_GB}], got {self.mem_gb}")
         if self.cluster not in ("slurm", "local"):
             raise ConfigError(f"bench.slurm.cluster = {self.cluster!r} is not allowed (allowed: 'slurm', or 'local' to run the jobs as processes here)")
         if not self.wait and self.name != "slurm":
@@ -102,8 +113,9 @@ def mark_out(out: Path) -> str:
     """The id of ``out`` that workers must find there (written once), proof that they see the same directory."""
     rundir.usable_dir(out)
     marker = out / MARKER
+    rundir.refuse_links(out, (MARKER, "logs", ".submitit"))  # the runs' logs and submitit's jobs stay inside --out
     if not marker.exists():
-        marker.write_text(uuid.uuid4().hex + "\n")
+        rundir.write_atomic(marker, uuid.uuid4().hex + "\n")
     return marker.read_text().strip()
 
 
@@ -121,17 +133,19 @@ def _check_visible(out: Path, token: str) -> None:
 
 
 def _in_use(run_dir: Path) -> bool:
-    """Whether another process holds ``run_dir``'s lock (trains it) right now."""
-    try:
-        fd = os.open(run_dir / rundir.LOCK, os.O_RDONLY)
-    except OSError:
-        return False
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError as exc:
-        return exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES)
-    finally:
-        os.close(fd)
+    """Whether another process holds ``run_dir``'s lock (trains it) right now: on the directory itself, or on its lock file."""
+    for path, flags in ((run_dir, os.O_RDONLY | os.O_DIRECTORY), (run_dir / rundir.LOCK, os.O_RDONLY | os.O_NOFOLLOW)):
+        try:
+            fd = os.open(path, flags)
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                return True
+        finally:
+            os.close(fd)
     return False
 
 
@@ -148,7 +162,8 @@ def execute(run: Any, out: str, token: str, threads: int, env: dict[str, str]) -
     _check_visible(out_dir, token)
     log = log_path(out_dir, run)
     log.parent.mkdir(parents=True, exist_ok=True)
-    with mock.patch.dict(os.environ, env), log.open("a", buffering=1) as handle, contextlib.redirect_stdout(handle), contextlib.redirect_stderr(handle):
+    handle = os.fdopen(rundir.open_own(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT), "a", buffering=1)
+    with mock.patch.dict(os.environ, env), handle, contextlib.redirect_stdout(handle), contextlib.redirect_stderr(handle):
         print(f"{run.variant} seed {run.seed} on {socket.gethostname()} (pid {os.getpid()})", flush=True)
         try:
             config = dataclasses.replace(run.config, train=dataclasses.replace(run.config.train, threads=threads))
@@ -271,7 +286,7 @@ class _Slurm:
         job = self.executor.submit(execute, run, *self.args)
         jobs = self.recorded()
         jobs[_key(run)] = job.job_id
-        self.jobs_file.write_text(json.dumps(jobs, indent=2) + "\n")
+        rundir.write_atomic(self.jobs_file, json.dumps(jobs, indent=2) + "\n")
         return job
 
     def ready(self, handles: list[Any]) -> list[Any]:
@@ -326,8 +341,17 @@ def run_remote(
 ) -> tuple[list[RunFailure], int | None]:
     """Train ``pending`` runs on the Ray or SLURM executor; returns the failures and how many ran at once (None: unknown)."""
     out = Path(out).resolve()
+    existed, marked = out.exists(), (out / MARKER).exists()
     token = mark_out(out)
-    backend = _Ray(options, out, token, env) if options.name == "ray" else _Slurm(options, out, token, env)
+    try:
+        backend = _Ray(options, out, token, env) if options.name == "ray" else _Slurm(options, out, token, env)
+    except BaseException:  # a refused executor (not installed, no sbatch) leaves --out as it found it
+        if not marked:
+            (out / MARKER).unlink(missing_ok=True)
+        if not existed:
+            with contextlib.suppress(OSError):
+                out.rmdir()
+        raise
     failures: list[RunFailure] = []
     try:
         queue = [run for run, _ in pending]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -16,6 +17,8 @@ def read_log(path: Path) -> list[dict]:
         lines = Path(path).read_text(encoding="utf-8").splitlines()
     except UnicodeDecodeError:
         raise LayerdescentError(f"{path} is not text (a binary or damaged file)") from None
+    except OSError as exc:
+        raise LayerdescentError(f"cannot read {path}: {exc.strerror or exc}") from None
     records = []
     for number, line in enumerate(lines, 1):
         if not line.strip():
@@ -35,7 +38,7 @@ def _traces(groups: dict) -> dict[tuple[str, str], tuple[np.ndarray, np.ndarray,
     traces = {}
     for label, grp in groups.items():
         log = Path(grp["run_dirs"][0]) / "metrics.jsonl" if grp["run_dirs"] else None
-        if not role(grp["solver"], "enforces_constraints") or log is None or not log.exists():
+        if not role(grp["solver"], "enforces_constraints") or log is None or not os.path.lexists(log):
             continue
         records = [r for r in read_log(log) if r.get("event") == "train" and isinstance(r.get("lambda"), dict) and "step" in r]
         for name in records[0]["lambda"] if records else []:

@@ -33,6 +33,7 @@ def evaluate_run(run_dir: str | Path, out: str | Path, overrides: Sequence[str] 
     """Test a finished run's final model again (another perturbation or gamma grid) into ``out``."""
     from layerdescent.checkpoint import load_checkpoint, load_model_file
     from layerdescent.evaluator import evaluate_all
+    from layerdescent.progress import progress_bar
     from layerdescent.report import read_results  # the same checks a summary makes
     from layerdescent.stopping import check_finite_results
     from layerdescent.trainer import Trainer
@@ -44,7 +45,7 @@ def evaluate_run(run_dir: str | Path, out: str | Path, overrides: Sequence[str] 
         raise ConfigError(f"--out must differ from the run directory {run_dir}: its results would be overwritten")
     recorded = read_results(run_dir / "results.json")
     trainer = Trainer(config, out, registry)
-    with rundir.claim(out):
+    with rundir.claim(out) as held:
         session = trainer.setup()
         # The model that was tested: the best validation epoch's when early stopping kept one.
         if model_file.suffix == ".safetensors":
@@ -52,7 +53,8 @@ def evaluate_run(run_dir: str | Path, out: str | Path, overrides: Sequence[str] 
         else:
             state = load_checkpoint(model_file, trainer.task.name, kind="model")["model"]
         trainer.load_model(model_file, session.model, state)
-        evaluation = evaluate_all(trainer.task, session.model, session.rows[config.eval.split], config.eval, session.world)
+        shown = config.train.progress and session.world.is_main
+        evaluation = evaluate_all(trainer.task, session.model, session.rows[config.eval.split], config.eval, session.world, lambda total: progress_bar(total, 0, f"{out} evaluation", shown, unit="batch"))
         check_finite_results(evaluation, trainer.who)
         results = {
             **{k: v for k, v in recorded.items() if k != "domains"},
@@ -63,7 +65,8 @@ def evaluate_run(run_dir: str | Path, out: str | Path, overrides: Sequence[str] 
             **evaluation,
         }
         if session.world.is_main:
-            (out / "config.toml").write_text(tomli_w.dumps(config.as_dict()))
+            held.check()  # an --out moved or replaced while the model was tested is not written into
+            rundir.write_atomic(out / "config.toml", tomli_w.dumps(config.as_dict()))
             rundir.write_atomic(out / "results.json", json.dumps(results, indent=2) + "\n")
     session.world.close()
     return results

@@ -106,7 +106,8 @@ class Registry:
                 continue
             try:
                 plugin = ep.load()
-            except (Exception, SystemExit) as exc:  # a broken plugin must not take the others down, nor exit for them
+            # A broken plugin must not take the others down, nor exit or act as a Ctrl-C for them.
+            except (Exception, SystemExit, KeyboardInterrupt) as exc:
                 what = f"SystemExit({exc.code!r}), sys.exit() at import" if isinstance(exc, SystemExit) else f"{type(exc).__name__}: {exc}"
                 self._fail(info, f"import failed: {what}")
                 continue
@@ -143,7 +144,7 @@ class Registry:
                     continue
                 try:
                     impl.function(register=self._registrar(base, staged[attr], info.name))
-                except (Exception, SystemExit) as exc:
+                except (Exception, SystemExit, KeyboardInterrupt) as exc:
                     self._unregister(name)
                     self._fail(info, f"{hook} raised {type(exc).__name__}: {exc}")
                     return

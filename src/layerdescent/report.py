@@ -25,6 +25,8 @@ from layerdescent.errors import LayerdescentError
 # re-exported: the names scripts and tests have imported from here
 from layerdescent.groups import TRAINING_CHOICES, comparisons, context_titles, domain_results, metric_names, role, summarize  # noqa: F401
 from layerdescent.provenance import made_by
+from layerdescent.publish import Publication
+from layerdescent.results import check as check_results
 from layerdescent.stats import paired_difference  # noqa: F401
 from layerdescent.tables import format_difference, format_stat, paired_cell  # noqa: F401
 
@@ -79,6 +81,7 @@ def read_results(path: Path) -> dict:
     data.setdefault("train", {})
     for record in (r for rs in records for r in rs):
         record.setdefault("metrics", {})
+    check_results(data, path)  # types, finiteness and the layer count of every value a summary reads
     return data
 
 
@@ -128,7 +131,8 @@ def write_report(root: Path, out: Path | None = None, title: str | None = None, 
     except OSError as exc:
         raise LayerdescentError(f"cannot create {out}: {exc.strerror or exc}") from None
     domains = {name: (view, summarize(view)) for name, view in domain_results(results).items()}
-    images = plot(groups, out, {name: domain_groups for name, (_, domain_groups) in domains.items()}, spec=spec, results=results)
-    summary = out / "summary.md"
-    summary.write_text(markdown(groups, results, title or f"layerdescent report: {root.name}", images, note, workers, domains, spec))
-    return summary
+    with Publication(out) as pub:  # made aside, then moved in over nothing but layerdescent's own files
+        title, note, workers = pub.remembered(root, title, note, workers)  # `report` on a bench keeps its title and note
+        images = plot(groups, pub.stage, {name: domain_groups for name, (_, domain_groups) in domains.items()}, spec=spec, results=results)
+        pub.write("summary.md", markdown(groups, results, title or f"layerdescent report: {root.name}", images, note, workers, domains, spec))
+    return out / "summary.md"

@@ -2,6 +2,8 @@
 
     with locked(run_dir) as was_run:     # one process at a time; the lock dies with its holder
         refuse_foreign(run_dir, was_run)  # never overwrite files a person put there
+    with claim(run_dir) as held: ...     # both, on the rank that writes; held.check() before each checkpoint
+    write_atomic(path, text)             # every file is replaced whole, never written through a link
         ...
     config_difference(recorded_table, config)   # "train.lr (recorded 0.003, asked 0.01)" or None
     prepare(run_dir, config, registry, resume)  # record the config; a resume must ask for the recorded one
@@ -13,6 +15,8 @@ from __future__ import annotations
 import errno
 import fcntl
 import os
+import stat
+import tempfile
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
@@ -52,46 +56,146 @@ def usable_dir(path: Path, what: str = "--out") -> Path:
     return path
 
 
+def open_own(path: Path, flags: int, mode: int = 0o644) -> int:
+    """A descriptor on ``path``, a plain file of the run's own (ConfigError for a link, a device, a file with a second name)."""
+    try:
+        fd = os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise ConfigError(f"{path} is a symbolic link; layerdescent writes only files of its own there: remove the link, or --out another directory") from None
+        raise
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode) or info.st_nlink > 1:
+        os.close(fd)
+        what = "has a second name (a hard link)" if stat.S_ISREG(info.st_mode) else "is not a plain file"
+        raise ConfigError(f"{path} {what}, so writing it could change a file elsewhere: remove it, or --out another directory")
+    return fd
+
+
+def refuse_links(run_dir: Path, names: tuple[str, ...]) -> None:
+    """Raise ConfigError when one of ``names`` in ``run_dir`` is a symbolic link (writing it would reach outside the folder)."""
+    for name in names:
+        if (run_dir / name).is_symlink():
+            raise ConfigError(f"{run_dir / name} is a symbolic link; layerdescent writes only files of its own there: remove the link, or --out another directory")
+
+
+def refuse_linked_path(root: Path, path: Path) -> None:
+    """Raise ConfigError when a folder between ``root`` and ``path`` (``path`` included) is a symbolic link, which would lead the run out of ``root``."""
+    for depth in range(1, len(path.relative_to(root).parts) + 1):
+        step = root.joinpath(*path.relative_to(root).parts[:depth])
+        if step.is_symlink():
+            raise ConfigError(f"{step} is a symbolic link, so what layerdescent writes under it would land outside {root}: remove the link, or --out another directory")
+
+
+def _lock_directory(run_dir: Path) -> int | None:
+    """A descriptor on ``run_dir`` itself holding its flock (None where the filesystem cannot lock a directory), or ConfigError while another process holds it."""
+    fd = os.open(run_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as exc:
+        os.close(fd)
+        if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+            raise ConfigError(f"{run_dir} is in use by another layerdescent process (pid {_holder(run_dir)}): wait for it to finish, or --out another directory") from None
+        return None  # e.g. NFS, where only the lock file below can be locked
+    return fd
+
+
+def _holder(run_dir: Path) -> str:
+    """The pid the lock file names, or "unknown"."""
+    try:
+        fd = os.open(run_dir / LOCK, os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError:
+        return "unknown"
+    try:
+        return os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+    finally:
+        os.close(fd)
+
+
+class Held:
+    """A run directory held by this process: ``check()`` says whether it still is."""
+
+    def __init__(self, run_dir: Path, dir_fd: int | None, lock_fd: int, was_run: bool) -> None:
+        self.run_dir, self._dir_fd, self._lock_fd = run_dir, dir_fd, lock_fd
+        self.was_run = was_run  # a run's directory already before this claim
+
+    def gone(self) -> bool:
+        """Whether another process could now hold the directory (see :meth:`check`)."""
+        try:
+            here = os.stat(self.run_dir) if self._dir_fd is not None else os.lstat(self.run_dir / LOCK)
+        except OSError:
+            return True
+        mine = os.fstat(self._dir_fd if self._dir_fd is not None else self._lock_fd)
+        return (here.st_dev, here.st_ino) != (mine.st_dev, mine.st_ino)
+
+    def check(self) -> None:
+        """Raise ConfigError, before anything more is written, when another process could now hold the directory.
+
+        That is when the directory was moved or replaced since the claim, or, where the filesystem
+        could not lock the directory itself, when its lock file was removed.
+        """
+        if self.gone():
+            what = "the directory was moved or replaced" if self._dir_fd is not None else f"{LOCK} was removed"
+            raise ConfigError(
+                f"{self.run_dir} is no longer this run's ({what} while it trained): stopped without writing more, "
+                f"so that two processes never write one run; once no other process uses it, --resume continues from the last checkpoint"
+            )
+
+
 @contextmanager
 def locked(run_dir: Path) -> Iterator[bool]:
     """Hold ``run_dir``'s lock for the block (ConfigError when another process holds it); yields whether it was a run already."""
+    with holding(run_dir) as held:
+        yield held.was_run
+
+
+@contextmanager
+def holding(run_dir: Path) -> Iterator[Held]:
+    """Hold ``run_dir`` for the block: a flock on the directory itself, which deleting the lock file cannot release, and on its lock file."""
     try:
         created = not run_dir.exists()
     except OSError as exc:  # a name too long for the filesystem
         raise ConfigError(f"--out {run_dir} cannot be created: {exc.strerror or exc}") from None
     usable_dir(run_dir)
+    refuse_links(run_dir, (LOCK, *WRITES, "tensorboard"))  # tensorboard/: the TensorBoard tracker's event files
     path = run_dir / LOCK
     was_run = path.exists() or any((run_dir / name).exists() for name in FINISHED)
     present = {name for name in WRITES if (run_dir / name).exists()}
+    dir_fd = _lock_directory(run_dir)
     try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    except OSError as exc:
-        raise ConfigError(f"cannot create the lock file {path}: {exc.strerror or exc}") from None
-    try:
-        # flock dies with the process that holds it, so a SIGKILLed run never leaves a stale lock.
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError as exc:
-        holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
-        os.close(fd)
-        if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-            raise ConfigError(f"{run_dir} is in use by another layerdescent process (pid {holder}): wait for it to finish, or --out another directory") from None
-        raise ConfigError(f"cannot lock {path}: {exc.strerror or exc}") from None
-    try:
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         try:
-            yield was_run
-        except LayerdescentError:
-            if not was_run and {name for name in WRITES if (run_dir / name).exists()} == present:
-                path.unlink(missing_ok=True)  # refused before writing anything: leave the directory as it was
-                if created:
-                    try:
-                        run_dir.rmdir()
-                    except OSError:
-                        pass  # something else appeared in it
-            raise
+            fd = open_own(path, os.O_RDWR | os.O_CREAT)
+        except OSError as exc:
+            raise ConfigError(f"cannot create the lock file {path}: {exc.strerror or exc}") from None
+        try:
+            # flock dies with the process that holds it, so a SIGKILLed run never leaves a stale lock.
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+            os.close(fd)
+            if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                raise ConfigError(f"{run_dir} is in use by another layerdescent process (pid {holder}): wait for it to finish, or --out another directory") from None
+            raise ConfigError(f"cannot lock {path}: {exc.strerror or exc}") from None
+        try:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+            held = Held(run_dir, dir_fd, fd, was_run)
+            try:
+                yield held
+            except LayerdescentError:
+                if not was_run and not held.gone() and {name for name in WRITES if (run_dir / name).exists()} == present:
+                    path.unlink(missing_ok=True)  # refused before writing anything: leave the directory as it was
+                    if created:
+                        try:
+                            run_dir.rmdir()
+                        except OSError:
+                            pass  # something else appeared in it
+                raise
+        finally:
+            os.close(fd)
     finally:
-        os.close(fd)
+        if dir_fd is not None:
+            os.close(dir_fd)
 
 
 def refuse_foreign(run_dir: Path, was_run: bool) -> None:
@@ -103,15 +207,22 @@ def refuse_foreign(run_dir: Path, was_run: bool) -> None:
         raise ConfigError(f"{run_dir} is not a run directory but holds {present[0]}, which the run would overwrite: --out an empty or new directory")
 
 
+class _NotHeld:
+    """What a rank that does not write holds: nothing to check."""
+
+    def check(self) -> None:
+        """Nothing: rank 0 checks the claim."""
+
+
 @contextmanager
-def claim(run_dir: Path) -> Iterator[None]:
+def claim(run_dir: Path) -> Iterator[Held | _NotHeld]:
     """Hold ``run_dir`` for the block, refusing foreign files: on rank 0 only, the one that writes (torchrun sets RANK first)."""
     if int(os.environ.get("RANK", "0")) != 0:
-        yield
+        yield _NotHeld()
         return
-    with locked(run_dir) as was_run:
-        refuse_foreign(run_dir, was_run)
-        yield
+    with holding(run_dir) as held:
+        refuse_foreign(run_dir, held.was_run)
+        yield held
 
 
 def flat_keys(table: Any, prefix: str = "") -> dict[str, Any]:
@@ -152,15 +263,36 @@ def config_difference(recorded: dict[str, Any], wanted: Any, registry: Any = Non
 
 RESULTS_SCHEMA = 1
 MODEL_FILE = "model.safetensors"  # the final (evaluated) model of a finished run
-# Write errors that mean the disk, not the run, is the problem (EFBIG: a file size limit).
-DISK_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EIO)
+# Write errors that mean the disk, not the run, is the problem (EFBIG: a file size limit; EACCES, EPERM: a folder made read-only).
+DISK_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EIO, errno.EACCES, errno.EPERM)
 
 
-def write_atomic(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` through a temporary file, so a reader sees the old file or the new one."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+def write_failure(run_dir: Path, exc: OSError) -> Exception:
+    """The one-line DiskError for a write to ``run_dir`` that failed with ``exc``: what failed, and what to do before --resume."""
+    from layerdescent.errors import DiskError
+
+    fix = {errno.EACCES: "make it writable", errno.EPERM: "make it writable", errno.EROFS: "make it writable", errno.EFBIG: "raise the file size limit (ulimit -f)"}.get(exc.errno, "free space")
+    return DiskError(
+        f"cannot write to {run_dir}: {exc.strerror or exc} ({getattr(exc, 'filename', None) or 'a run file'}); "
+        f"the last checkpoint is intact: {fix} and continue with --resume"
+    )
+
+
+def write_atomic(path: Path, text: str | bytes) -> None:
+    """Write ``text`` to ``path`` through a new temporary file, so a reader sees the old file or the new one and a link there is replaced, never followed."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(text.encode() if isinstance(text, str) else text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def open_log(path: Path) -> Any:
+    """``path`` (metrics.jsonl) opened to append, line-buffered, so that `tail -f` follows a run; never through a link."""
+    return os.fdopen(open_own(path, os.O_WRONLY | os.O_APPEND), "a", buffering=1)
 
 
 def prepare(run_dir: Path, config: Any, registry: Any, resume: bool, write: bool = True) -> None:
@@ -182,11 +314,12 @@ def prepare(run_dir: Path, config: Any, registry: Any, resume: bool, write: bool
         raise ConfigError(f"{run_dir} already holds a run; pass --resume to continue it or --out a new directory")
     if not write:
         return
-    for stale in run_dir.glob(f".{checkpoint.name}.*"):
-        stale.unlink()  # a checkpoint write cut short by a kill
-    config_file.write_text(tomli_w.dumps(config.as_dict()))
+    for name in WRITES:
+        for stale in run_dir.glob(f".{name}.*"):
+            stale.unlink()  # a write cut short by a kill
+    write_atomic(config_file, tomli_w.dumps(config.as_dict()))
     if not (resume and checkpoint.exists()):
-        (run_dir / "metrics.jsonl").write_text("")  # nothing to continue: start the log over
+        write_atomic(run_dir / "metrics.jsonl", "")  # nothing to continue: start the log over
 
 
 def rewind_log(metrics_file: Path, checkpoint: Path, offset: int) -> None:
@@ -195,13 +328,34 @@ def rewind_log(metrics_file: Path, checkpoint: Path, offset: int) -> None:
 
     if not metrics_file.exists():
         raise CheckpointError(f"{metrics_file} is missing, so the run's log cannot continue: restore it, or start the run again in a new --out")
-    if offset > metrics_file.stat().st_size:
-        raise CheckpointError(
-            f"checkpoint {checkpoint} says metrics.jsonl held {offset} bytes, but it holds {metrics_file.stat().st_size}: "
-            f"the log is not the one this checkpoint wrote; restore it, or start the run again in a new --out"
-        )
-    with metrics_file.open("r+b") as handle:  # drop what was logged after the checkpoint
-        handle.truncate(offset)
+    fd = open_own(metrics_file, os.O_RDWR)
+    with os.fdopen(fd, "r+b") as handle:
+        size = os.fstat(fd).st_size
+        if offset > size:
+            raise CheckpointError(
+                f"checkpoint {checkpoint} says metrics.jsonl held {offset} bytes, but it holds {size}: "
+                f"the log is not the one this checkpoint wrote; restore it, or start the run again in a new --out"
+            )
+        problem = _log_problem(handle.read(offset))
+        if problem:
+            raise CheckpointError(f"{metrics_file}{problem}, before the point checkpoint {checkpoint} continues from: the log was damaged; restore it, or start the run again in a new --out")
+        handle.truncate(offset)  # drop what was logged after the checkpoint
+
+
+def _log_problem(kept: bytes) -> str | None:
+    """Why the part of a log a resume keeps is not whole JSON records, one a line (``:LINE ...``), or None."""
+    import json
+
+    if kept and not kept.endswith(b"\n"):
+        return " does not end a line where the checkpoint says it does"
+    for number, line in enumerate(kept.splitlines(), 1):
+        try:
+            record = json.loads(line)
+        except ValueError:  # not UTF-8, or not JSON
+            return f":{number} is not a JSON record"
+        if not isinstance(record, dict) or not isinstance(record.get("event"), str):
+            return f":{number} is not a log record"
+    return None
 
 
 def results_table(config: Any, task: Any, position: dict[str, Any], step_times: list[float], skipped: int, update: Any, evaluation: dict[str, Any], satisfied: dict[str, float] | None = None) -> dict[str, Any]:
@@ -256,12 +410,22 @@ def _constraint_record(labels: list[str], value: Any, relaxation: Any, satisfied
     }
 
 
-def finish(run_dir: Path, model_state: dict[str, Any], results: dict[str, Any], keep_checkpoint: bool) -> None:
-    """Write the tested model and results.json; drop optimizer state unless asked to keep it (it is most of the bytes)."""
+def finish(run_dir: Path, model_state: dict[str, Any], results: dict[str, Any], keep_checkpoint: bool, who: str = "the model") -> None:
+    """Write the tested model and results.json; drop optimizer state unless asked to keep it (it is most of the bytes); ``who`` names the task in errors."""
     import json
 
-    from layerdescent.checkpoint import previous_path, save_model_file
+    import torch
 
+    from layerdescent.checkpoint import previous_path, save_model_file
+    from layerdescent.errors import DivergenceError
+
+    # A parameter the loss never reads escapes every check of the loss; the saved model must still load.
+    nonfinite = next((name for name, value in model_state.items() if value.is_floating_point() and not bool(torch.isfinite(value).all())), None)
+    if nonfinite is not None:
+        raise DivergenceError(
+            f"{who}: parameter {nonfinite!r} holds non-finite (NaN or infinite) values after training, though the losses stayed finite (no loss reads it): "
+            f"neither {MODEL_FILE} nor results.json was written; fix how the task builds or updates it"
+        )
     save_model_file(run_dir / MODEL_FILE, model_state)
     write_atomic(run_dir / "results.json", json.dumps(results, indent=2) + "\n")
     if not keep_checkpoint:

@@ -21,13 +21,13 @@ import torch
 
 from layerdescent import rundir, stopping
 from layerdescent.checkpoint import load_checkpoint, load_model_state, restore_run, rng_state, save_checkpoint
-from layerdescent.config import RunConfig, check_depth
+from layerdescent.config import RunConfig, check_depth, check_steps
 from layerdescent.distributed import to_device
-from layerdescent.errors import DiskError, DivergenceError, PluginError
+from layerdescent.errors import DivergenceError, PluginError
 from layerdescent.evaluator import evaluate, evaluate_all, rows_satisfied
-from layerdescent.guard import build_task, describe
+from layerdescent.guard import build_task, calling, describe
 from layerdescent.problem import LayerBatch
-from layerdescent.progress import progress_bar
+from layerdescent.progress import evaluation_in_steps, progress_bar
 from layerdescent.registry import Registry, get_registry
 from layerdescent.session import Session, build_session, epoch_steps
 from layerdescent.trackers import check_trackers, open_trackers
@@ -53,23 +53,21 @@ class Trainer:
     def fit(self, resume: bool = False) -> dict[str, Any]:
         """Train (or continue), evaluate on the gamma grid, write and return ``results.json``."""
         check_trackers(self.config.train.trackers)
-        with rundir.claim(self.run_dir):
+        with rundir.claim(self.run_dir) as self._claim:
             try:
                 session = self.setup()
                 results = self._fit(session, resume)
             except OSError as exc:
                 if exc.errno not in rundir.DISK_ERRNOS:
                     raise
-                raise DiskError(
-                    f"cannot write to {self.run_dir}: {exc.strerror} ({getattr(exc, 'filename', None) or 'a run file'}); "
-                    f"the last checkpoint is intact: free space and continue with --resume"
-                ) from None
+                raise rundir.write_failure(self.run_dir, exc) from None
         session.world.close()  # on failure the ranks exit with their error; a barrier could hang
         return results
 
     def _fit(self, session: Session, resume: bool) -> dict[str, Any]:
         config, train = self.config, self.config.train
         rows, model, update, world = session.rows, session.model, session.update, session.world
+        check_steps(train, epoch_steps(len(rows["train"]), train)[1])
         rundir.prepare(self.run_dir, config, self.registry, resume, write=world.is_main)
         world.barrier()
 
@@ -92,10 +90,11 @@ class Trainer:
         micro_per_epoch, steps_per_epoch = epoch_steps(len(train_set), train)
         window = rundir.LogWindow()
         # Line-buffered so that `tail -f metrics.jsonl` follows a run; only rank 0 writes.
-        log = metrics_file.open("a", buffering=1) if world.is_main else open(os.devnull, "w")
+        log = rundir.open_log(metrics_file) if world.is_main else open(os.devnull, "w")
         self._trackers = open_trackers(config, self.run_dir, position["step"])
 
         def checkpoint() -> None:
+            self._claim.check()  # a directory moved or unlocked under the run is no longer written
             self._log(log, window, position, update)
             log.flush()
             rngs = world.gather(rng_state())
@@ -104,7 +103,9 @@ class Trainer:
                 save_checkpoint(self.checkpoint_path, {**payload, "step_times": step_times, "skipped_steps": skipped_steps, "metrics_offset": log.tell()})
 
         # a bar on a terminal, a timed line every 30 s when stderr is a pipe (a demo or bench log)
-        bar = progress_bar(train.epochs * steps_per_epoch, position["step"], f"{config.name} seed {config.seed}", enabled=train.progress and world.is_main)
+        name, shown = f"{config.name} seed {config.seed}", train.progress and world.is_main
+        after = evaluation_in_steps(len(rows[config.eval.split]), len(config.eval.gammas) * (1 + len(config.eval.domains)), train.batch_size * train.accumulate)
+        bar = progress_bar(train.epochs * steps_per_epoch, position["step"], name, enabled=shown, after=after)  # the time left covers the evaluation
         try:
             while position["epoch"] < train.epochs and not stopping.patience_spent(train, position):
                 order = torch.randperm(len(train_set), generator=torch.Generator().manual_seed(config.seed * 100_003 + position["epoch"]))
@@ -155,12 +156,13 @@ class Trainer:
         if train.early_stopping:
             world.barrier()  # rank 0 wrote best.pt
             self.load_model(self.best_path, model, load_checkpoint(self.best_path, self.task.name, kind="model")["model"])
-        evaluation = evaluate_all(self.task, model, rows[config.eval.split], config.eval, world)
+        evaluation = evaluate_all(self.task, model, rows[config.eval.split], config.eval, world, lambda total: progress_bar(total, 0, f"{name} evaluation", shown, unit="batch"))
         stopping.check_finite_results(evaluation, self.who)
         satisfied = rows_satisfied(self.task, model, train_set, train.band, update, config.eval.batch_size, config.eval.seed, world)
         results = rundir.results_table(config, self.task, position, step_times, skipped_steps, update, evaluation, satisfied)
         if world.is_main:
-            rundir.finish(self.run_dir, model.state_dict(), results, train.keep_checkpoint)
+            self._claim.check()
+            rundir.finish(self.run_dir, model.state_dict(), results, train.keep_checkpoint, self.who)
             self._trackers.close(results, self.run_dir)
         return results
 
@@ -238,10 +240,11 @@ class Trainer:
                 raise stopping.diverged(reason)
             update.observe(micro_mean, len(idx) / total)
             shard = len(idx.tensor_split(session.world.size)[session.world.rank])
-            if batch is None:
-                update.backward(means, shard / total, observe=False)  # a rank whose shard is empty adds no gradient
-            else:  # per-level or per-sample constraints read each row's losses, index and level
-                update.backward(batch.losses, shard / total, observe=False, rows=batch.rows, levels=batch.levels)
+            with calling(self.who, "the backward pass through layer_losses"):  # e.g. a plugin that changed its parameters in place after the forward pass
+                if batch is None:
+                    update.backward(means, shard / total, observe=False)  # a rank whose shard is empty adds no gradient
+                else:  # per-level or per-sample constraints read each row's losses, index and level
+                    update.backward(batch.losses, shard / total, observe=False, rows=batch.rows, levels=batch.levels)
             step_means += micro_mean.detach() * (len(idx) / total)
         if torch.is_grad_enabled():
             session.world.sum_gradients(session.model.parameters())

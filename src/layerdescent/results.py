@@ -1,0 +1,112 @@
+"""The results.json schema as a reader checks it: every value a summary uses has its type, is finite and fits the layer count.
+
+    check(data, path)   # LayerdescentError naming the file and the field, e.g. "gammas[1].layer_loss[2] is 'x', not a number"
+
+:func:`layerdescent.rundir.results_table` is what a run writes; this is what a reader trusts.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+from layerdescent.errors import LayerdescentError
+
+
+class _Bad(Exception):
+    """One field of results.json that is not what the schema says."""
+
+
+def _number(value: Any, where: str, low: float | None = None, high: float | None = None) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise _Bad(f"{where} is {value!r}, not a number")
+    if not math.isfinite(value):
+        raise _Bad(f"{where} is {value}, not a finite number")
+    if (low is not None and value < low) or (high is not None and value > high):
+        raise _Bad(f"{where} is {value}, outside {low if low is not None else '-inf'}..{high if high is not None else 'inf'}")
+    return float(value)
+
+
+def _integer(value: Any, where: str, low: int = 0) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise _Bad(f"{where} is {value!r}, not an integer >= {low}")
+    return value
+
+
+def _text(value: Any, where: str) -> str:
+    if not isinstance(value, str):
+        raise _Bad(f"{where} is {value!r}, not a string")
+    return value
+
+
+def _numbers(value: Any, where: str, length: int | None, low: float | None = None, high: float | None = None) -> None:
+    if not isinstance(value, list):
+        raise _Bad(f"{where} is {value!r}, not a list of numbers")
+    if length is not None and len(value) != length:
+        raise _Bad(f"{where} has {len(value)} entries, but num_layers = {length - 1 if length else 0} needs {length}")
+    for i, item in enumerate(value):
+        _number(item, f"{where}[{i}]", low, high)
+
+
+def _record(record: Any, where: str, layers: int) -> None:
+    """One gamma record: the level, a loss per layer 0..L, a descent rate per transition, metrics."""
+    if not isinstance(record, dict):
+        raise _Bad(f"{where} is {record!r}, not a gamma record")
+    _number(record.get("gamma"), f"{where}.gamma", low=0)
+    _numbers(record.get("layer_loss"), f"{where}.layer_loss", layers + 1)
+    _numbers(record.get("descent_rate"), f"{where}.descent_rate", layers, 0, 1)
+    metrics = record.get("metrics", {})
+    if not isinstance(metrics, dict):
+        raise _Bad(f"{where}.metrics is {metrics!r}, not a table of numbers")
+    for name, value in metrics.items():
+        _number(value, f"{where}.metrics.{name}")
+    if "samples" in record:
+        _integer(record["samples"], f"{where}.samples", low=1)
+    per_layer = record.get("layer_metrics", {})
+    if not isinstance(per_layer, dict):
+        raise _Bad(f"{where}.layer_metrics is {per_layer!r}, not a table of lists")
+    for name, values in per_layer.items():
+        _numbers(values, f"{where}.layer_metrics.{name}", layers + 1)
+
+
+def _check(data: dict[str, Any]) -> None:
+    for key in ("label", "task", "solver"):
+        _text(data.get(key), key)
+    for key in ("split", "perturbation"):  # absent from the oldest runs
+        if key in data:
+            _text(data[key], key)
+    _integer(data.get("seed"), "seed")
+    layers = _integer(data.get("num_layers"), "num_layers", low=1)
+    for i, record in enumerate(data.get("gammas") or []):
+        _record(record, f"gammas[{i}]", layers)
+    domains = data.get("domains", {})
+    if not isinstance(domains, dict):
+        raise _Bad(f"domains is {domains!r}, not a table of gamma records")
+    for name, records in domains.items():
+        if not isinstance(records, list):
+            raise _Bad(f"domains.{name} is {records!r}, not a list of gamma records")
+        for i, record in enumerate(records):
+            _record(record, f"domains.{name}[{i}]", layers)
+    train = data.get("train", {})
+    if not isinstance(train, dict):
+        raise _Bad(f"train is {train!r}, not a table")
+    if train.get("step_time_median") is not None:
+        _number(train["step_time_median"], "train.step_time_median", low=0)
+    constraints = data.get("constraints", {})
+    if not isinstance(constraints, dict):
+        raise _Bad(f"constraints is {constraints!r}, not a table")
+    for name, table in constraints.items():
+        if not isinstance(table, dict):
+            raise _Bad(f"constraints.{name} is {table!r}, not a table")
+        for key in ("lambda", "relaxation"):
+            if key in table:
+                _numbers(table[key], f"constraints.{name}.{key}", None, low=0 if key == "lambda" else None)
+
+
+def check(data: dict[str, Any], path: Path) -> None:
+    """Raise LayerdescentError naming ``path`` and the first field of ``data`` (a parsed results.json) that breaks the schema."""
+    try:
+        _check(data)
+    except _Bad as bad:
+        raise LayerdescentError(f"{path}: {bad}; the file is damaged or was edited: re-run or re-evaluate that run") from None
