@@ -287,6 +287,12 @@ def test_a_lock_file_planted_as_a_symlink_is_refused_and_the_file_it_points_to_i
     assert victim.read_text() == "keep me"
 
 
+def test_a_pipe_planted_as_a_run_file_is_refused_instead_of_waited_on(tmp_path):
+    (tmp_path / "run").mkdir()
+    os.mkfifo(tmp_path / "run" / "config.toml")
+    assert_one_line(*cli("run", config_file(tmp_path, RUN), "--out", tmp_path / "run", "--resume"), "config.toml is not a plain file")
+
+
 @pytest.mark.parametrize("name", ["metrics.jsonl", "config.toml"])
 def test_a_dangling_symlink_planted_as_a_run_file_is_refused_and_nothing_is_created_where_it_points(tmp_path, name):
     (tmp_path / "run").mkdir()

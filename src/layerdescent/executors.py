@@ -113,7 +113,7 @@ def mark_out(out: Path) -> str:
     """The id of ``out`` that workers must find there (written once), proof that they see the same directory."""
     rundir.usable_dir(out)
     marker = out / MARKER
-    rundir.refuse_links(out, (MARKER, "logs", ".submitit"))  # the runs' logs and submitit's jobs stay inside --out
+    rundir.refuse_links(out, (MARKER,), folders=("logs", ".submitit"))  # the runs' logs and submitit's jobs stay inside --out
     if not marker.exists():
         rundir.write_atomic(marker, uuid.uuid4().hex + "\n")
     return marker.read_text().strip()

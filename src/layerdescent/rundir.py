@@ -72,11 +72,17 @@ def open_own(path: Path, flags: int, mode: int = 0o644) -> int:
     return fd
 
 
-def refuse_links(run_dir: Path, names: tuple[str, ...]) -> None:
-    """Raise ConfigError when one of ``names`` in ``run_dir`` is a symbolic link (writing it would reach outside the folder)."""
-    for name in names:
-        if (run_dir / name).is_symlink():
+def refuse_links(run_dir: Path, names: tuple[str, ...], folders: tuple[str, ...] = ()) -> None:
+    """Raise ConfigError when one of ``names`` in ``run_dir`` is a symbolic link (writing it would reach outside the folder) or not a plain file (a pipe would hang a reader); ``folders`` may be directories."""
+    for name in (*names, *folders):
+        try:
+            mode = os.lstat(run_dir / name).st_mode
+        except FileNotFoundError:
+            continue
+        if stat.S_ISLNK(mode):
             raise ConfigError(f"{run_dir / name} is a symbolic link; layerdescent writes only files of its own there: remove the link, or --out another directory")
+        if not (stat.S_ISREG(mode) or (name in folders and stat.S_ISDIR(mode))):
+            raise ConfigError(f"{run_dir / name} is not a plain file; layerdescent writes only files of its own there: remove it, or --out another directory")
 
 
 def refuse_linked_path(root: Path, path: Path) -> None:
@@ -157,7 +163,7 @@ def holding(run_dir: Path) -> Iterator[Held]:
     except OSError as exc:  # a name too long for the filesystem
         raise ConfigError(f"--out {run_dir} cannot be created: {exc.strerror or exc}") from None
     usable_dir(run_dir)
-    refuse_links(run_dir, (LOCK, *WRITES, "tensorboard"))  # tensorboard/: the TensorBoard tracker's event files
+    refuse_links(run_dir, (LOCK, *WRITES), folders=("tensorboard",))  # tensorboard/: the TensorBoard tracker's event files
     path = run_dir / LOCK
     was_run = path.exists() or any((run_dir / name).exists() for name in FINISHED)
     present = {name for name in WRITES if (run_dir / name).exists()}
