@@ -348,9 +348,10 @@ def markdown(groups: dict, results: list[dict], title: str, images: list[str], n
     constrained = {label: grp for label, grp in groups.items() if role(grp["solver"], "enforces_constraints")}
     if constrained:
         rows = [[label, name, _multipliers(lam), _binding(lam)] for label, grp in constrained.items() for name, lam in grp["lambda"].items()]
-        body += ["## Final multipliers (mean over seeds)", "", "Still binding: the multipliers (entries x seeds) that ended above 0. A constraint held per level shows each level's;",
-                 "one held per sample shows each entry's mean over the training rows, the share of rows whose multiplier ended above 0,",
-                 "and the share of rows that meet the constraint at the end.", ""]
+        grouped = any("per_sample" in lam or any("@" in label for label in lam["labels"]) for grp in constrained.values() for lam in grp["lambda"].values())
+        body += ["## Final multipliers (mean over seeds)", "", "Still binding: the multipliers (entries x seeds) that ended above 0."
+                 + (" A constraint held per level shows each level's;\none held per sample shows each entry's mean over the training rows, the share of rows"
+                    " whose multiplier ended above 0,\nand the share of rows that meet the constraint at the end." if grouped else ""), ""]
         body += _table(["label", "constraint", "λ", "still binding"], rows)
 
     rows = [[label, grp["solver"], _fmt(grp["step_time"] and grp["step_time"] * 1e3), _fmt(grp["step_time_ratio"])]
