@@ -269,7 +269,10 @@ def tradeoff(groups: dict, domains: dict[str, dict], path: Path, spec=None, titl
     if shifted == gammas[0] and split == "test":
         return False  # nothing shifted to trade against
     titles = context_titles(groups)
-    contexts = list(titles)
+    # a panel per context with runs on test: a context of tuning runs evaluated on validation has no point to draw
+    contexts = [key for key in titles if any(g["context_key"] == key and g["split"] == "test" for g in groups.values())]
+    if not contexts:
+        return False
     cols = min(3, len(contexts))
     rows = -(-len(contexts) // cols)
     fig, axes = plt.subplots(rows, cols, figsize=(5.5 * cols, 4.5 * rows), squeeze=False)
