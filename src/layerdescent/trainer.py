@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import sys
 import time
 from pathlib import Path
 from typing import Any, Sequence
@@ -156,7 +157,7 @@ class Trainer:
         if train.early_stopping:
             world.barrier()  # rank 0 wrote best.pt
             self.load_model(self.best_path, model, load_checkpoint(self.best_path, self.task.name, kind="model")["model"])
-        evaluation = evaluate_all(self.task, model, rows[config.eval.split], config.eval, world, lambda total: progress_bar(total, 0, f"{name} evaluation", shown, unit="batch"))
+        evaluation = self._evaluate(session, position, name, shown)
         stopping.check_finite_results(evaluation, self.who)
         satisfied = rows_satisfied(self.task, model, train_set, train.band, update, config.eval.batch_size, config.eval.seed, world)
         results = rundir.results_table(config, self.task, position, step_times, skipped_steps, update, evaluation, satisfied)
@@ -165,6 +166,23 @@ class Trainer:
             rundir.finish(self.run_dir, model.state_dict(), results, train.keep_checkpoint, self.who)
             self._trackers.close(results, self.run_dir)
         return results
+
+    def _evaluate(self, session: Session, position: dict[str, Any], name: str, shown: bool) -> dict[str, Any]:
+        """The final evaluation, each record saved as it is taken, so that a run interrupted here resumes at the next record."""
+        config, world = self.config, session.world
+        # the model evaluated is the one this position trained (or its best epoch), under this eval config
+        key = {"step": position["step"], "epoch": position["epoch"], "eval": config.as_dict()["eval"]}
+        done = rundir.partial_evaluation(self.run_dir, key)
+        if done and shown:
+            taken = len(done.get("gammas", [])) + sum(len(r) for r in done.get("domains", {}).values())
+            print(f"{name} evaluation: resumed after {taken} of {len(config.eval.gammas) * (1 + len(config.eval.domains))} records", file=sys.stderr, flush=True)
+
+        def save(partial: dict[str, Any]) -> None:
+            if world.is_main:
+                self._claim.check()
+                rundir.save_partial_evaluation(self.run_dir, key, partial)
+
+        return evaluate_all(self.task, session.model, session.rows[config.eval.split], config.eval, world, lambda total: progress_bar(total, 0, f"{name} evaluation", shown, unit="batch"), done, save)
 
     def load_model(self, path: Path, model: torch.nn.Module, state: dict[str, Any]) -> None:
         """Load ``state`` into ``model``, or CheckpointError naming ``path`` when it belongs to another model."""
