@@ -10,6 +10,7 @@ what a run trains is built by :mod:`layerdescent.session`, the run directory's f
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -274,6 +275,12 @@ class Trainer:
             violations = update.violations(step_means)  # a single micro-batch's are the step's already
         return step_means, violations
 
+    def _autocast(self, device: torch.device) -> Any:
+        """The training forward pass's precision: autocast to bfloat16 under train.precision = "bf16", else nothing."""
+        if self.config.train.precision == "bf16":
+            return torch.autocast(device.type, dtype=torch.bfloat16)
+        return contextlib.nullcontext()
+
     def _shard_means(self, session: Session, idx: torch.Tensor, full: bool, level: int = 0) -> tuple[torch.Tensor, torch.Tensor, bool, LayerBatch | None]:
         """This rank's layer means on its shard of ``idx`` (differentiable), the mean over all of ``idx``, whether every layer was read, and the rows' LayerBatch where per-level or per-sample constraints need it.
 
@@ -289,19 +296,25 @@ class Trainer:
         if len(shard):
             batch = to_device(self.task.collate(session.rows["train"][shard]), session.device)
             gamma = band[max(level, 0)]
-            last = self.task.last_layer_losses(session.model, batch, gamma=gamma) if last_only else None
-            if level < 0:  # every level of the band, in one step: the rows repeat once per level
-                losses = torch.cat([self.task.layer_losses(session.model, batch, gamma=g).losses for g in band])
+            with self._autocast(session.device):
+                last = self.task.last_layer_losses(session.model, batch, gamma=gamma) if last_only else None
+                if level < 0:  # every level of the band, in one step: the rows repeat once per level
+                    output = None
+                    losses = torch.cat([_float32(self.task.layer_losses(session.model, batch, gamma=g).losses) for g in band])
+                elif last is None:
+                    output = self.task.layer_losses(session.model, batch, gamma=gamma)
+            # the losses leave autocast in float32: the Lagrangian, the layer means and the dual step never see bf16
+            if level < 0:
                 means = losses.mean(dim=0)
                 rows = LayerBatch(losses, shard.repeat(len(band)), torch.arange(len(band)).repeat_interleave(len(shard)))
             elif last is None:
                 last_only = False
-                output = self.task.layer_losses(session.model, batch, gamma=gamma)
-                means = output.layer_means
+                losses = _float32(output.losses)
+                means = losses.mean(dim=0)
                 if grouped:
-                    rows = LayerBatch(output.losses, shard, torch.full((len(shard),), level))
+                    rows = LayerBatch(losses, shard, torch.full((len(shard),), level))
             else:
-                means = torch.cat([torch.full((width - 1,), float("nan"), device=session.device), last.layer_means])
+                means = torch.cat([torch.full((width - 1,), float("nan"), device=session.device), _float32(last.losses).mean(dim=0)])
             if not means.requires_grad and torch.is_grad_enabled():  # the alternating dual pass reads under no_grad
                 method = "last_layer_losses" if last_only else "layer_losses"
                 raise PluginError(f"{self.who}: {method} returned losses without gradients (computed under torch.no_grad() or detached): nothing would train")
@@ -313,6 +326,11 @@ class Trainer:
         if world.size == 1:
             return means, means.detach(), not last_only, rows
         return means, world.sum(means.detach() * len(shard)) / len(idx), not last_only, rows
+
+
+def _float32(losses: torch.Tensor) -> torch.Tensor:
+    """Losses a bf16 (or fp16) forward pass gave, in float32; any other dtype as it is, so that fp32 runs keep their numbers."""
+    return losses.float() if losses.dtype in (torch.bfloat16, torch.float16) else losses
 
 
 def train(config: RunConfig, run_dir: str | Path, resume: bool = False, registry: Registry | None = None) -> dict[str, Any]:
