@@ -157,6 +157,23 @@ def test_gradient_checkpointing_gives_the_multipliers_and_layer_losses_of_a_plai
 
 
 @needs_hf
+def test_a_bf16_readout_steps_the_multipliers_in_float32_close_to_a_float32_one(tmp_path):
+    options = {"steps": 4, "constraints": [ld.Descent(alpha=0.5)], "dual_lr": 1.0}
+    runs = {}
+    for dtype in (torch.float32, torch.bfloat16):
+        model = _tiny_bert()
+        readout = _cls_readout(model)
+        runs[dtype] = _trainer(tmp_path / str(dtype), model=model, readout=lambda hidden, inputs, readout=readout, dtype=dtype: readout(hidden, inputs).to(dtype), **options)
+        runs[dtype].train()
+    key = "lambda/descent/l2<=l1"
+    exact, rounded = [line[key] for line in _lines(runs[torch.float32])], [line[key] for line in _lines(runs[torch.bfloat16])]
+    assert exact[-1] > 0
+    # float32 means from bf16 losses: lambda moves by the losses' rounding (8 bits), not by a bf16 step's
+    assert rounded == pytest.approx(exact, rel=1e-2) and rounded != exact
+    assert all(value.dtype == torch.float32 for value in runs[torch.bfloat16].update.multipliers().values())
+
+
+@needs_hf
 def test_resuming_from_a_checkpoint_continues_with_the_saved_multipliers(tmp_path):
     options = {"steps": 4, "constraints": [ld.Descent(alpha=0.5)], "dual_lr": 1.0, "save_strategy": "steps", "save_steps": 2}
     whole = _trainer(tmp_path / "whole", **options)
