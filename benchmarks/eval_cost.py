@@ -95,6 +95,7 @@ def floor_batches(task, rows: Rows, config) -> list[dict]:
 def floor(model: torch.nn.Module, batches: list[dict]) -> None:
     """The forward passes alone."""
     net = backbone(model)
+    model.eval()  # as evaluate() does: no dropout
     with torch.inference_mode():
         for batch in batches:
             net(**batch)
