@@ -57,6 +57,7 @@ def results(out: Path) -> dict[str, dict]:
     for path in sorted(out.glob("*/seed-*/results.json")):
         data = json.loads(path.read_text())
         data["train"].pop("step_time_median")
+        data.pop("eval_seconds", None)  # wall times differ between identical runs
         found[str(path.relative_to(out))] = data
     return found
 

@@ -25,11 +25,12 @@ LOCAL_JOBS = {"slurm": {"cluster": "local", "time": 10}}
 
 
 def results(out: Path) -> dict[str, dict]:
-    """Each run's results.json without its timing, the one field that differs between identical runs."""
+    """Each run's results.json without its timings, the fields that differ between identical runs."""
     found = {}
     for variant in VARIANTS:
         data = json.loads((out / variant / "seed-0" / "results.json").read_text())
         data["train"].pop("step_time_median")
+        data.pop("eval_seconds")
         found[variant] = data
     return found
 

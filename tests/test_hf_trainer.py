@@ -44,6 +44,9 @@ def _trainer(tmp_path, model=None, readout=None, steps: int = 4, accumulate: int
 
     model = model or _tiny_bert()
     trainer_args = {k: kwargs.pop(k) for k in ("save_steps", "save_strategy", "label_smoothing_factor") if k in kwargs}
+    if kwargs.pop("recompute", False):  # transformers 5 renamed gradient_checkpointing
+        fields = transformers.TrainingArguments.__dataclass_fields__
+        trainer_args["activation_checkpointing" if "activation_checkpointing" in fields else "gradient_checkpointing"] = True
     args = transformers.TrainingArguments(
         str(tmp_path / "out"), max_steps=steps, per_device_train_batch_size=8, gradient_accumulation_steps=accumulate, learning_rate=1e-3,
         logging_steps=1, report_to=[], use_cpu=True, disable_tqdm=True, save_strategy=trainer_args.pop("save_strategy", "no"), **trainer_args,
@@ -133,6 +136,41 @@ def test_erm_trains_with_its_multipliers_logged_at_zero(tmp_path):
     lines = _lines(trainer)
     assert len(lines) == 4 and all(line["lambda/descent/l1<=l0"] == 0 and line["lambda/descent/l2<=l1"] == 0 for line in lines)
     assert all(line["violation/descent/l1<=l0"] > 0 for line in lines)  # measured, never enforced
+
+
+@needs_hf
+def test_gradient_checkpointing_gives_the_multipliers_and_layer_losses_of_a_plain_run(tmp_path):
+    options = {"steps": 4, "constraints": [ld.Descent(alpha=0.5)], "dual_lr": 1.0}
+    calls = {}
+    trainers = {}
+    for name, recompute in (("plain", False), ("recomputed", True)):
+        trainers[name] = _trainer(tmp_path / name, recompute=recompute, **options)
+        calls[name] = 0
+        trainers[name].model.bert.encoder.layer[0].attention.register_forward_hook(lambda *_, name=name: calls.__setitem__(name, calls[name] + 1))
+        trainers[name].train()
+    plain, recomputed = trainers["plain"], trainers["recomputed"]
+    assert (calls["plain"], calls["recomputed"]) == (4, 8)  # each step's layer ran again in the backward pass (its inner modules do)
+    keys = [k for k in _lines(plain)[0] if k.startswith(("lambda/", "layer_loss/"))]
+    assert len(keys) == 2 + 3 and _lines(plain)[-1]["lambda/descent/l2<=l1"] > 0
+    for a, b in zip(_lines(plain), _lines(recomputed)):
+        assert [b[k] for k in keys] == pytest.approx([a[k] for k in keys], rel=1e-5, abs=1e-7)
+
+
+@needs_hf
+def test_a_bf16_readout_steps_the_multipliers_in_float32_close_to_a_float32_one(tmp_path):
+    options = {"steps": 4, "constraints": [ld.Descent(alpha=0.5)], "dual_lr": 1.0}
+    runs = {}
+    for dtype in (torch.float32, torch.bfloat16):
+        model = _tiny_bert()
+        readout = _cls_readout(model)
+        runs[dtype] = _trainer(tmp_path / str(dtype), model=model, readout=lambda hidden, inputs, readout=readout, dtype=dtype: readout(hidden, inputs).to(dtype), **options)
+        runs[dtype].train()
+    key = "lambda/descent/l2<=l1"
+    exact, rounded = [line[key] for line in _lines(runs[torch.float32])], [line[key] for line in _lines(runs[torch.bfloat16])]
+    assert exact[-1] > 0
+    # float32 means from bf16 losses: lambda moves by the losses' rounding (8 bits), not by a bf16 step's
+    assert rounded == pytest.approx(exact, rel=1e-2) and rounded != exact
+    assert all(value.dtype == torch.float32 for value in runs[torch.bfloat16].update.multipliers().values())
 
 
 @needs_hf

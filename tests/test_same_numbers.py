@@ -29,7 +29,7 @@ import layerdescent as ld
 from conftest import TINY
 
 RECORDED = Path(__file__).parent / "data" / "same_numbers"
-TIMING_KEYS = ("step_time_median", "layerdescent", "code")
+TIMING_KEYS = ("step_time_median", "eval_seconds", "layerdescent", "code")
 
 TEXT = {
     "task": {"name": "text-classification", "model_path": "tiny", "dataset": "synthetic", "synthetic_size": 200, "max_length": 16},

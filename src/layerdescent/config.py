@@ -112,6 +112,8 @@ class TrainConfig:
     gamma_sampling: Literal["draw", "all"] = "draw"
     threads: int = 0
     device: Literal["auto", "cpu", "cuda"] = "auto"
+    # bf16: the training forward pass under autocast; the losses, the multipliers and their step stay float32, and so does evaluation
+    precision: Literal["fp32", "bf16"] = "fp32"
     log_every: int = 10
     checkpoint_every: int = 0
     validate: bool = True
@@ -220,6 +222,8 @@ class RunConfig:
             del out["train"]["trackers"]
         if self.train.gamma_sampling == "draw":
             del out["train"]["gamma_sampling"]
+        if self.train.precision == "fp32":
+            del out["train"]["precision"]
         for constraint in out["constraints"]:
             if not constraint["per_sample"]:
                 del constraint["per_sample"]

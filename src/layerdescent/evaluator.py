@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import time
 from typing import Any, Callable, Iterable
 
 import datasets
@@ -16,7 +17,7 @@ from layerdescent.problem import LayerBatch
 from layerdescent.task import Task
 
 
-@torch.no_grad()
+@torch.inference_mode()  # no autograd bookkeeping at all: the forward passes are the whole cost
 def evaluate(
     task: Task,
     model: torch.nn.Module,
@@ -112,31 +113,67 @@ def domain_rows(task: Task, name: str, samples: int = 0, seed: int = 1234) -> Ro
 
 
 def evaluate_all(
-    task: Task, model: torch.nn.Module, rows: Rows, config: EvalConfig, world: World | None = None, progress: Callable[[int], Any] | None = None
+    task: Task,
+    model: torch.nn.Module,
+    rows: Rows,
+    config: EvalConfig,
+    world: World | None = None,
+    progress: Callable[[int], Any] | None = None,
+    done: dict[str, Any] | None = None,
+    on_record: Callable[[dict[str, Any]], Any] | None = None,
 ) -> dict[str, Any]:
-    """The final evaluation as ``results.json`` records it: ``gammas`` on ``rows``, plus ``domains`` when the config names any.
+    """The final evaluation as ``results.json`` records it: ``gammas`` on ``rows``, ``domains`` when the config names any, its workload and wall time.
 
     ``progress(total)`` makes the bar that counts this rank's batches; each domain adds its own when it is read.
+    ``done`` is an interrupted evaluation's partial table (what ``on_record`` was last given): its
+    records are kept and evaluation resumes at the next (gamma, domain) record. ``on_record(partial)``
+    is called on every rank after each record, with ``eval_seconds`` so far, for the caller to save.
     """
     world = world or World()
+    done = done or {}
+    sets = [("gammas", None), *((name, name) for name in config.domains)]
+    kept = {key: list(done.get("gammas", []) if key == "gammas" else done.get("domains", {}).get(key, [])) for key, _ in sets}
+    seconds = float(done.get("eval_seconds", 0.0))
 
-    def batches(dataset: Rows) -> int:  # this rank's share: batches rank, rank + size, ...
-        return len(range(world.rank, math.ceil(len(dataset) / config.batch_size), world.size)) * len(config.gammas)
+    def batches(dataset: Rows, gammas: int) -> int:  # this rank's share: batches rank, rank + size, ...
+        return len(range(world.rank, math.ceil(len(dataset) / config.batch_size), world.size)) * gammas
 
-    bar = progress(batches(rows)) if progress else None
-    try:
-        out: dict[str, Any] = {"gammas": evaluate(task, model, rows, config.gammas, config.batch_size, config.seed, world, bar)}
+    def table() -> dict[str, Any]:
+        out: dict[str, Any] = {"gammas": kept["gammas"]}
         if config.domains:
-            out["domains"] = {}
-            for name in config.domains:
-                domain = domain_rows(task, name, config.domain_samples, config.seed)
-                if bar is not None:
-                    bar.total += batches(domain)
-                out["domains"][name] = evaluate(task, model, domain, config.gammas, config.batch_size, config.seed, world, bar)
+            out["domains"] = {name: kept[name] for name in config.domains if kept[name]}
+        return out
+
+    bar = progress(batches(rows, len(config.gammas) - len(kept["gammas"]))) if progress else None
+    try:
+        for key, domain in sets:
+            if len(kept[key]) == len(config.gammas):
+                continue  # every record of this set was taken before the interruption
+            start = time.perf_counter()
+            dataset = rows if domain is None else domain_rows(task, domain, config.domain_samples, config.seed)
+            if bar is not None and domain is not None:
+                bar.total += batches(dataset, len(config.gammas) - len(kept[key]))
+            for gamma in config.gammas[len(kept[key]) :]:
+                kept[key] += evaluate(task, model, dataset, [gamma], config.batch_size, config.seed, world, bar)
+                seconds += time.perf_counter() - start
+                start = time.perf_counter()
+                if on_record is not None:
+                    on_record({**table(), "eval_seconds": seconds})
     finally:
         if bar is not None:
             bar.close()
+    out = table()
+    out["eval_workload"] = workload(out, config)
+    out["eval_seconds"] = seconds
     return out
+
+
+def workload(evaluation: dict[str, Any], config: EvalConfig) -> dict[str, Any]:
+    """What an evaluation computed: rows per set (the split, then each domain), gammas, records (gamma x set) and rows passed forward in all."""
+    sets = {config.split: evaluation["gammas"], **evaluation.get("domains", {})}
+    rows = {name: records[0]["samples"] for name, records in sets.items()}  # a record's samples are its set's rows, the same at every gamma
+    gammas = len(config.gammas)
+    return {"rows": rows, "gammas": gammas, "records": gammas * len(sets), "forward_rows": gammas * sum(rows.values())}
 
 
 @torch.no_grad()

@@ -137,7 +137,7 @@ class DescentTrainer(transformers.Trainer):
         outputs = _forward(model, inputs)
         losses = self.layer_losses(outputs, inputs)
         if model.training and self.update is not None:
-            means = losses.detach().mean(dim=0)
+            means = losses.detach().float().mean(dim=0)  # a bf16 readout's means would step lambda in bf16
             weight = 1.0 / getattr(self, "current_gradient_accumulation_steps", self.args.gradient_accumulation_steps)
             self._pending = means * weight if self._pending is None else self._pending + means * weight
             self.update.observe_rows(losses.detach().float(), **where)

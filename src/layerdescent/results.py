@@ -93,6 +93,19 @@ def _check(data: dict[str, Any]) -> None:
         raise _Bad(f"train is {train!r}, not a table")
     if train.get("step_time_median") is not None:
         _number(train["step_time_median"], "train.step_time_median", low=0)
+    if "eval_seconds" in data:  # absent from runs before evaluations were timed
+        _number(data["eval_seconds"], "eval_seconds", low=0)
+    work = data.get("eval_workload", {})
+    if not isinstance(work, dict):
+        raise _Bad(f"eval_workload is {work!r}, not a table")
+    for key in ("gammas", "records", "forward_rows"):
+        if key in work:
+            _integer(work[key], f"eval_workload.{key}")
+    rows = work.get("rows", {})
+    if not isinstance(rows, dict):
+        raise _Bad(f"eval_workload.rows is {rows!r}, not a table of row counts")
+    for name, count in rows.items():
+        _integer(count, f"eval_workload.rows.{name}")
     constraints = data.get("constraints", {})
     if not isinstance(constraints, dict):
         raise _Bad(f"constraints is {constraints!r}, not a table")

@@ -8,6 +8,7 @@
     config_difference(recorded_table, config)   # "train.lr (recorded 0.003, asked 0.01)" or None
     prepare(run_dir, config, registry, resume)  # record the config; a resume must ask for the recorded one
     results_table(...)                          # the results.json schema; finish() writes it beside the model
+    partial_evaluation(run_dir, key)            # an interrupted evaluation's records, where ``key`` (model and eval config) matches
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ from typing import Any, Iterator
 from layerdescent.errors import ConfigError, LayerdescentError
 
 LOCK = ".layerdescent.lock"  # also marks the directory as a run's, even before its first checkpoint
-WRITES = ("config.toml", "metrics.jsonl", "checkpoint.pt", "checkpoint.prev.pt", "best.pt", "results.json", "model.safetensors")
+EVALUATION_PARTIAL = "evaluation.partial.json"  # the records an evaluation has taken so far, so an interrupted one resumes at the next
+WRITES = ("config.toml", "metrics.jsonl", "checkpoint.pt", "checkpoint.prev.pt", "best.pt", "results.json", "model.safetensors", EVALUATION_PARTIAL)
 FINISHED = ("checkpoint.pt", "results.json")  # a directory holding one of these is a run, lock file or not (older runs)
 # How a run executes, not what it computes: a finished run is the same run whatever these say.
 EXECUTION_KEYS = ("train.threads", "train.progress", "train.keep_checkpoint", "train.checkpoint_every", "train.trackers")
@@ -416,6 +418,26 @@ def _constraint_record(labels: list[str], value: Any, relaxation: Any, satisfied
     }
 
 
+def partial_evaluation(run_dir: Path, key: dict[str, Any]) -> dict[str, Any] | None:
+    """The records an interrupted evaluation of the same model under the same eval config saved, or None (none, another's, or unreadable: evaluate again)."""
+    import json
+
+    try:
+        saved = json.loads((run_dir / EVALUATION_PARTIAL).read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(saved, dict) or saved.get("key") != key or not isinstance(saved.get("evaluation"), dict):
+        return None
+    return saved["evaluation"]
+
+
+def save_partial_evaluation(run_dir: Path, key: dict[str, Any], evaluation: dict[str, Any]) -> None:
+    """Record the evaluation's records so far under ``key``, replacing the file whole."""
+    import json
+
+    write_atomic(run_dir / EVALUATION_PARTIAL, json.dumps({"key": key, "evaluation": evaluation}) + "\n")
+
+
 def finish(run_dir: Path, model_state: dict[str, Any], results: dict[str, Any], keep_checkpoint: bool, who: str = "the model") -> None:
     """Write the tested model and results.json; drop optimizer state unless asked to keep it (it is most of the bytes); ``who`` names the task in errors."""
     import json
@@ -434,6 +456,7 @@ def finish(run_dir: Path, model_state: dict[str, Any], results: dict[str, Any], 
         )
     save_model_file(run_dir / MODEL_FILE, model_state)
     write_atomic(run_dir / "results.json", json.dumps(results, indent=2) + "\n")
+    (run_dir / EVALUATION_PARTIAL).unlink(missing_ok=True)  # results.json holds every record now
     if not keep_checkpoint:
         for stale in (run_dir / "checkpoint.pt", run_dir / "best.pt"):
             stale.unlink(missing_ok=True)

@@ -10,9 +10,11 @@ what a run trains is built by :mod:`layerdescent.session`, the run directory's f
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
+import sys
 import time
 from pathlib import Path
 from typing import Any, Sequence
@@ -156,7 +158,7 @@ class Trainer:
         if train.early_stopping:
             world.barrier()  # rank 0 wrote best.pt
             self.load_model(self.best_path, model, load_checkpoint(self.best_path, self.task.name, kind="model")["model"])
-        evaluation = evaluate_all(self.task, model, rows[config.eval.split], config.eval, world, lambda total: progress_bar(total, 0, f"{name} evaluation", shown, unit="batch"))
+        evaluation = self._evaluate(session, position, name, shown)
         stopping.check_finite_results(evaluation, self.who)
         satisfied = rows_satisfied(self.task, model, train_set, train.band, update, config.eval.batch_size, config.eval.seed, world)
         results = rundir.results_table(config, self.task, position, step_times, skipped_steps, update, evaluation, satisfied)
@@ -165,6 +167,23 @@ class Trainer:
             rundir.finish(self.run_dir, model.state_dict(), results, train.keep_checkpoint, self.who)
             self._trackers.close(results, self.run_dir)
         return results
+
+    def _evaluate(self, session: Session, position: dict[str, Any], name: str, shown: bool) -> dict[str, Any]:
+        """The final evaluation, each record saved as it is taken, so that a run interrupted here resumes at the next record."""
+        config, world = self.config, session.world
+        # the model evaluated is the one this position trained (or its best epoch), under this eval config
+        key = {"step": position["step"], "epoch": position["epoch"], "eval": config.as_dict()["eval"]}
+        done = rundir.partial_evaluation(self.run_dir, key)
+        if done and shown:
+            taken = len(done.get("gammas", [])) + sum(len(r) for r in done.get("domains", {}).values())
+            print(f"{name} evaluation: resumed after {taken} of {len(config.eval.gammas) * (1 + len(config.eval.domains))} records", file=sys.stderr, flush=True)
+
+        def save(partial: dict[str, Any]) -> None:
+            if world.is_main:
+                self._claim.check()
+                rundir.save_partial_evaluation(self.run_dir, key, partial)
+
+        return evaluate_all(self.task, session.model, session.rows[config.eval.split], config.eval, world, lambda total: progress_bar(total, 0, f"{name} evaluation", shown, unit="batch"), done, save)
 
     def load_model(self, path: Path, model: torch.nn.Module, state: dict[str, Any]) -> None:
         """Load ``state`` into ``model``, or CheckpointError naming ``path`` when it belongs to another model."""
@@ -256,6 +275,12 @@ class Trainer:
             violations = update.violations(step_means)  # a single micro-batch's are the step's already
         return step_means, violations
 
+    def _autocast(self, device: torch.device) -> Any:
+        """The training forward pass's precision: autocast to bfloat16 under train.precision = "bf16", else nothing."""
+        if self.config.train.precision == "bf16":
+            return torch.autocast(device.type, dtype=torch.bfloat16)
+        return contextlib.nullcontext()
+
     def _shard_means(self, session: Session, idx: torch.Tensor, full: bool, level: int = 0) -> tuple[torch.Tensor, torch.Tensor, bool, LayerBatch | None]:
         """This rank's layer means on its shard of ``idx`` (differentiable), the mean over all of ``idx``, whether every layer was read, and the rows' LayerBatch where per-level or per-sample constraints need it.
 
@@ -271,19 +296,25 @@ class Trainer:
         if len(shard):
             batch = to_device(self.task.collate(session.rows["train"][shard]), session.device)
             gamma = band[max(level, 0)]
-            last = self.task.last_layer_losses(session.model, batch, gamma=gamma) if last_only else None
-            if level < 0:  # every level of the band, in one step: the rows repeat once per level
-                losses = torch.cat([self.task.layer_losses(session.model, batch, gamma=g).losses for g in band])
+            with self._autocast(session.device):
+                last = self.task.last_layer_losses(session.model, batch, gamma=gamma) if last_only else None
+                if level < 0:  # every level of the band, in one step: the rows repeat once per level
+                    output = None
+                    losses = torch.cat([_float32(self.task.layer_losses(session.model, batch, gamma=g).losses) for g in band])
+                elif last is None:
+                    output = self.task.layer_losses(session.model, batch, gamma=gamma)
+            # the losses leave autocast in float32: the Lagrangian, the layer means and the dual step never see bf16
+            if level < 0:
                 means = losses.mean(dim=0)
                 rows = LayerBatch(losses, shard.repeat(len(band)), torch.arange(len(band)).repeat_interleave(len(shard)))
             elif last is None:
                 last_only = False
-                output = self.task.layer_losses(session.model, batch, gamma=gamma)
-                means = output.layer_means
+                losses = _float32(output.losses)
+                means = losses.mean(dim=0)
                 if grouped:
-                    rows = LayerBatch(output.losses, shard, torch.full((len(shard),), level))
+                    rows = LayerBatch(losses, shard, torch.full((len(shard),), level))
             else:
-                means = torch.cat([torch.full((width - 1,), float("nan"), device=session.device), last.layer_means])
+                means = torch.cat([torch.full((width - 1,), float("nan"), device=session.device), _float32(last.losses).mean(dim=0)])
             if not means.requires_grad and torch.is_grad_enabled():  # the alternating dual pass reads under no_grad
                 method = "last_layer_losses" if last_only else "layer_losses"
                 raise PluginError(f"{self.who}: {method} returned losses without gradients (computed under torch.no_grad() or detached): nothing would train")
@@ -295,6 +326,11 @@ class Trainer:
         if world.size == 1:
             return means, means.detach(), not last_only, rows
         return means, world.sum(means.detach() * len(shard)) / len(idx), not last_only, rows
+
+
+def _float32(losses: torch.Tensor) -> torch.Tensor:
+    """Losses a bf16 (or fp16) forward pass gave, in float32; any other dtype as it is, so that fp32 runs keep their numbers."""
+    return losses.float() if losses.dtype in (torch.bfloat16, torch.float16) else losses
 
 
 def train(config: RunConfig, run_dir: str | Path, resume: bool = False, registry: Registry | None = None) -> dict[str, Any]:

@@ -1,0 +1,121 @@
+"""The final evaluation: what it computed and how long it took in results.json, without autograd, resumable record by record."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+import layerdescent as ld
+from layerdescent import rundir
+from layerdescent.errors import LayerdescentError
+from layerdescent.report import collect, summarize
+from layerdescent.results import check
+from layerdescent_lista import SparseCoding
+
+GAMMAS = [0.0, 0.5, 1.0]
+
+
+def _config(tiny, **train):
+    tiny["eval"] = {"gammas": GAMMAS, "batch_size": 50}
+    tiny["train"] = {**tiny["train"], "epochs": 1, **train}
+    return ld.config_from_dict(tiny)
+
+
+def _numbers(results: dict) -> dict:
+    """results without its wall times and provenance."""
+    return {k: {**v, "step_time_median": None} if k == "train" else v for k, v in results.items() if k not in ("eval_seconds", "code")}
+
+
+def test_results_record_the_evaluation_workload_and_its_wall_time(tmp_path, tiny):
+    results = ld.train(_config(tiny), tmp_path / "run")
+    assert results["eval_workload"] == {"rows": {"test": 128}, "gammas": 3, "records": 3, "forward_rows": 384}
+    assert isinstance(results["eval_seconds"], float) and results["eval_seconds"] > 0
+    written = json.loads((tmp_path / "run" / "results.json").read_text())
+    assert written["eval_workload"] == results["eval_workload"]
+    check(written, tmp_path / "run" / "results.json")
+
+
+def test_the_evaluation_runs_in_inference_mode(tmp_path, tiny, monkeypatch):
+    modes = []
+    original = SparseCoding.layer_losses
+
+    def spy(self, model, batch, gamma=0.0):
+        modes.append(torch.is_inference_mode_enabled())
+        return original(self, model, batch, gamma)
+
+    monkeypatch.setattr(SparseCoding, "layer_losses", spy)
+    ld.train(_config(tiny), tmp_path / "run")
+    evaluated = len(GAMMAS) * 3  # the last layer_losses calls: 128 test rows in batches of 50, at each gamma
+    assert modes[-evaluated:] == [True] * evaluated
+    assert modes[0] is False  # a training step keeps autograd
+
+
+def test_an_evaluation_interrupted_after_a_record_resumes_at_the_next_with_the_same_results(tmp_path, tiny, monkeypatch, capsys):
+    whole = ld.train(_config(tiny), tmp_path / "whole")
+
+    saves = []
+    original = rundir.save_partial_evaluation
+
+    def save_then_die(run_dir, key, evaluation):
+        original(run_dir, key, evaluation)
+        saves.append(len(evaluation["gammas"]))
+        if len(saves) == 2:
+            raise KeyboardInterrupt  # the run is stopped after its second record is saved
+
+    monkeypatch.setattr(rundir, "save_partial_evaluation", save_then_die)
+    with pytest.raises(KeyboardInterrupt):
+        ld.train(_config(tiny), tmp_path / "cut")
+    assert (tmp_path / "cut" / rundir.EVALUATION_PARTIAL).exists()
+    monkeypatch.setattr(rundir, "save_partial_evaluation", original)
+
+    evaluated = []
+    original_losses = SparseCoding.layer_losses
+
+    def count(self, model, batch, gamma=0.0):
+        evaluated.append(gamma)
+        return original_losses(self, model, batch, gamma)
+
+    monkeypatch.setattr(SparseCoding, "layer_losses", count)
+    capsys.readouterr()
+    resumed = ld.train(_config(tiny, progress=True), tmp_path / "cut", resume=True)
+    assert evaluated == [GAMMAS[2]] * 3  # only the third record's three batches
+    assert "evaluation: resumed after 2 of 3 records" in capsys.readouterr().err
+    assert _numbers(resumed) == _numbers(whole)
+    assert not (tmp_path / "cut" / rundir.EVALUATION_PARTIAL).exists()  # results.json holds every record now
+
+
+def test_a_saved_evaluation_of_another_model_is_not_reused(tmp_path):
+    rundir.save_partial_evaluation(tmp_path, {"step": 8, "epoch": 1, "eval": {}}, {"gammas": [{"gamma": 0.0}]})
+    assert rundir.partial_evaluation(tmp_path, {"step": 8, "epoch": 1, "eval": {}}) == {"gammas": [{"gamma": 0.0}]}
+    assert rundir.partial_evaluation(tmp_path, {"step": 16, "epoch": 2, "eval": {}}) is None
+    (tmp_path / rundir.EVALUATION_PARTIAL).write_text("{not json")
+    assert rundir.partial_evaluation(tmp_path, {"step": 8, "epoch": 1, "eval": {}}) is None  # damaged: evaluate again
+
+
+def test_a_report_reads_runs_with_and_without_the_evaluation_cost(tmp_path, tiny):
+    ld.train(_config(tiny), tmp_path / "bench" / "new")
+    old = json.loads((tmp_path / "bench" / "new" / "results.json").read_text())
+    for key in ("eval_workload", "eval_seconds"):
+        old.pop(key)
+    (tmp_path / "bench" / "old").mkdir()
+    (tmp_path / "bench" / "old" / "results.json").write_text(json.dumps({**old, "seed": 1}))
+    (tmp_path / "bench" / "old" / "metrics.jsonl").write_text((tmp_path / "bench" / "new" / "metrics.jsonl").read_text())
+    runs = collect(tmp_path / "bench")
+    assert len(runs) == 2
+    assert summarize(runs)
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"eval_seconds": -1.0}, "eval_seconds is -1.0, outside 0..inf"),
+        ({"eval_workload": {"rows": {"test": "many"}}}, "eval_workload.rows.test is 'many', not an integer >= 0"),
+        ({"eval_workload": {"forward_rows": 1.5}}, "eval_workload.forward_rows is 1.5, not an integer >= 0"),
+    ],
+)
+def test_a_damaged_evaluation_cost_is_named_by_the_results_check(tmp_path, tiny, change, message):
+    results = ld.train(_config(tiny), tmp_path / "run")
+    with pytest.raises(LayerdescentError, match=message):
+        check({**json.loads(json.dumps(results)), **change}, tmp_path / "results.json")
