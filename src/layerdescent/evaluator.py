@@ -13,7 +13,7 @@ from layerdescent.config import EvalConfig
 from layerdescent.data import Rows
 from layerdescent.distributed import World, to_device
 from layerdescent.errors import DataError, LayerdescentError, PluginError
-from layerdescent.problem import LayerBatch
+from layerdescent.problem import LayerBatch, add_tables
 from layerdescent.task import Task
 
 
@@ -206,9 +206,7 @@ def rows_satisfied(task: Task, model: torch.nn.Module, rows: Rows, band: Iterabl
                     batch = to_device(task.collate(rows[index]), device)
                     losses = task.layer_losses(model, batch, gamma=float(gamma)).losses.detach()
                 observed = LayerBatch(losses, index.to(device), torch.full_like(index, j).to(device))
-                for name in names:
-                    sums, counts = problem.groupings[name].sums(observed)
-                    tables[name] = (tables[name][0] + sums.to(tables[name][0]), tables[name][1] + counts.to(tables[name][1]))
+                tables = add_tables(tables, {name: problem.groupings[name].sums(observed) for name in names})
     finally:
         model.train(was_training)
     tables = {name: (world.sum(sums), world.sum(counts)) for name, (sums, counts) in tables.items()}

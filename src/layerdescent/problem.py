@@ -112,6 +112,14 @@ class Grouping:
         return (groups[:, None] * self.entries + torch.arange(self.entries, device=groups.device)).flatten()
 
 
+def add_tables(total: dict[str, tuple[torch.Tensor, torch.Tensor]], tables: dict[str, tuple[torch.Tensor, torch.Tensor]]) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    """Per-group loss sums and row counts added up, constraint by constraint (new tensors: neither input changes)."""
+    out = dict(total)
+    for name, (sums, counts) in tables.items():
+        out[name] = (sums, counts) if name not in out else (out[name][0] + sums, out[name][1] + counts)
+    return out
+
+
 def grouped_violation(spec: ConstraintSpec, means: torch.Tensor, state: dict[str, torch.Tensor]) -> torch.Tensor:
     """G x entries violations of G rows of layer means (a loop over rows where the kind does not broadcast)."""
     if spec.per_row:

@@ -223,9 +223,9 @@ class PrimalDual(Solver):
         return self.problem.cmp.compute_cmp_state(means, dual=False).compute_primal_lagrangian().lagrangian
 
     def observe_groups(self, tables: dict[str, tuple[torch.Tensor, torch.Tensor]]) -> None:
-        for name, (sums, counts) in tables.items():
-            have = self._tables.get(name)
-            self._tables[name] = (sums.clone(), counts.clone()) if have is None else (have[0] + sums, have[1] + counts)
+        from layerdescent.problem import add_tables  # the registry loads solvers without torch
+
+        self._tables = add_tables(self._tables, tables)
 
     def observe(self, means: torch.Tensor) -> bool:
         self._window += means.detach().to(self._window)

@@ -26,7 +26,7 @@ import torch.distributed as dist
 
 from layerdescent.constraints import ConstraintSpec
 from layerdescent.errors import ConfigError
-from layerdescent.problem import LayerBatch, LayerwiseProblem
+from layerdescent.problem import LayerBatch, LayerwiseProblem, add_tables
 from layerdescent.registry import Registry, get_registry
 from layerdescent.solvers import Solver
 
@@ -95,9 +95,7 @@ class LayerwiseUpdate:
             return
         if losses.dim() != 2:
             raise ConfigError("constraints held per level or per sample need the B x (L+1) per-row losses, not their means")
-        for name, (sums, counts) in self.problem.group_tables(LayerBatch(losses, rows, levels)).items():
-            have = self._tables.get(name)
-            self._tables[name] = (sums, counts) if have is None else (have[0] + sums, have[1] + counts)
+        self._tables = add_tables(self._tables, self.problem.group_tables(LayerBatch(losses, rows, levels)))
 
     def backward(self, losses: torch.Tensor, weight: float = 1.0, observe: bool = True, rows: torch.Tensor | None = None, levels: torch.Tensor | None = None) -> torch.Tensor:
         """Backpropagate ``weight`` x the primal loss of these layer losses and count their means; return the means.
