@@ -11,7 +11,7 @@ import torch
 
 import layerdescent as ld
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+GUIDE = Path(__file__).resolve().parents[1] / "docs" / "own-loop.md"  # where the Trainer example lives
 needs_hf = pytest.mark.skipif(
     importlib.util.find_spec("transformers") is None or importlib.util.find_spec("accelerate") is None,
     reason="the Trainer integration needs transformers and accelerate (pip install 'layerdescent[hf]')",
@@ -61,11 +61,11 @@ def _lines(trainer) -> list[dict]:
 
 
 @needs_hf
-def test_readme_hf_example_trains_under_descent_constraints_exactly_as_written(tmp_path, monkeypatch):
+def test_docs_hf_example_trains_under_descent_constraints_exactly_as_written(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # the example writes its checkpoints under ./hf-run
-    code = re.search(r"<!-- hf-example -->\n```python\n(.*?)```", README.read_text(), re.S).group(1)
+    code = re.search(r"<!-- hf-example -->\n```python\n(.*?)```", GUIDE.read_text(), re.S).group(1)
     namespace: dict = {}
-    exec(compile(code, "README.md:hf", "exec"), namespace)
+    exec(compile(code, "docs/own-loop.md:hf", "exec"), namespace)
     trainer = namespace["trainer"]
     last = _lines(trainer)[-1]
     assert trainer.state.global_step == 20 and {"lambda/descent/l1<=l0", "lambda/descent/l2<=l1", "violation/descent/l2<=l1", "layer_loss/l2"} <= set(last)

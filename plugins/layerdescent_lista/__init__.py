@@ -59,6 +59,20 @@ class SparseCoding(Task):
         "test_size": 1000,
         "data_seed": 0,
     }
+    option_help = {
+        "layers": "L, the unrolled ISTA steps; >= 1.",
+        "code_dim": "Entries of the sparse code x*; >= 1.",
+        "measure_dim": "Entries of the measurement y = A x* + noise; >= 1.",
+        "sparsity": "Non-zeros per code; 1..code_dim.",
+        "noise": "Standard deviation of the measurement noise.",
+        "tied": "Share one set of step weights across all layers.",
+        "x0": "Layer 0's estimate: `linear` (learned, x_0 = B y) or `zero`.",
+        "weights": "Start the steps at `random` weights or at ISTA itself (`ista`, which already descends).",
+        "train_size": "Training samples; >= 1.",
+        "validation_size": "Validation samples; >= 1.",
+        "test_size": "Test samples (and samples per domain); >= 1.",
+        "data_seed": "Seeds the dictionary and the data, independent of the run's seed.",
+    }
 
     def __init__(self, **options: Any) -> None:
         super().__init__(**options)

@@ -114,6 +114,29 @@ class LLMFinetuning(Task):
         "tiny_layers": 2,
         "data_seed": 0,
     }
+    option_help = {
+        "model_path": "A local causal-LM directory; empty: SmolLM2-135M-Instruct (asset `smollm2`); `tiny` for a random 2-layer Llama.",
+        "dataset": "`sentiment` (the review instruction), `lm` (Grimm tales, perplexity), `synthetic` or `synthetic-lm`.",
+        "finetune": "`lora` trains LoRA adapters on the attention projections; `full` trains every weight.",
+        "lora_rank": "LoRA's rank; >= 1.",
+        "lora_alpha": "LoRA's scale alpha; >= 1.",
+        "lora_targets": "Comma-separated module names LoRA adapts.",
+        "bf16": "Run the model's forward pass under bfloat16 autocast.",
+        "max_length": "Tokens per sequence, prompt included; >= 8.",
+        "lens_layers": "Which hidden states are read: `all`, `every-k` (every `lens_every`-th) or `last-m` (the embeddings and the last `lens_last`).",
+        "lens_every": "k of `every-k`; >= 1.",
+        "lens_last": "m of `last-m`; >= 1.",
+        "lens_tokens": "Random target tokens per sequence read at intermediate states (`lm`); 0 reads every token.",
+        "lens_chunk": "Vocabulary entries per logit chunk of the lens; 0 forms whole logits.",
+        "lens_bf16": "Intermediate readouts' products in bfloat16 during training, where the hardware has it.",
+        "lens_vocab": "Cross-entropy over `all` the vocabulary or the two `labels` words; `auto`: labels where there are label words.",
+        "train_size": "A fixed random subset of the training split; 0 keeps it whole.",
+        "validation_size": "A fixed random subset of the validation split; 0 keeps it whole.",
+        "test_size": "A fixed random subset of the test split; 0 keeps it whole.",
+        "synthetic_size": "Sentences of the synthetic datasets; >= 20.",
+        "tiny_layers": "Layers of the random `tiny` model; >= 1.",
+        "data_seed": "Seeds the split and any subset, independent of the run's seed.",
+    }
 
     def __init__(self, **options: Any) -> None:
         super().__init__(**options)

@@ -84,6 +84,21 @@ class TextClassification(Task):
         "lora_alpha": 16,
         "lora_targets": "q_proj,v_proj",
     }
+    option_help = {
+        "model_path": "A local Hugging Face encoder directory; empty: MiniLM-L6 (asset `minilm`); `smollm2`, `tiny` or `tiny-llama`.",
+        "dataset": "`movie-reviews`, `20newsgroups` or `synthetic`.",
+        "pooling": "How a hidden state becomes one vector: `mean` over real tokens, `cls`, or the `last` real token (causal LMs).",
+        "head": "One `shared` classifier for every layer, or a `per-layer` one (see Writing plugins: layer 0's head and `detached`).",
+        "max_length": "Tokens per sentence after truncation; >= 4.",
+        "synthetic_size": "Sentences of the `synthetic` dataset.",
+        "tiny_layers": "Layers of the random `tiny` / `tiny-llama` models.",
+        "data_seed": "Seeds the split and any subset, independent of the run's seed.",
+        "train_size": "A fixed random subset of the training sentences; 0 keeps all.",
+        "finetune": "`full` trains every weight; `lora` trains LoRA adapters and the heads.",
+        "lora_rank": "LoRA's rank; >= 1.",
+        "lora_alpha": "LoRA's scale alpha; >= 1.",
+        "lora_targets": "Comma-separated module names LoRA adapts.",
+    }
 
     def __init__(self, **options: Any) -> None:
         super().__init__(**options)

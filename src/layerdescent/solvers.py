@@ -102,6 +102,7 @@ class PenaltyOptions:
     """``penalty``'s keys: the layer weights (all equal by default)."""
 
     penalty_weights: Union[tuple[float, ...], None] = None
+    """A weight per layer 0..L; unset weighs all equally."""
 
     def __post_init__(self) -> None:
         if self.penalty_weights is not None:
@@ -140,20 +141,32 @@ class PrimalDualOptions:
     """``primal-dual``'s keys: the formulation, the update scheme and the dual optimizer."""
 
     formulation: Literal["lagrangian", "augmented-lagrangian"] = "lagrangian"
+    """Cooper's Lagrangian, or its augmented Lagrangian with a penalty rho per entry."""
     # simultaneous: one pass, both steps from it; alternating: Cooper's dual-then-primal, one pass;
     # alternating-primal-dual: primal step, then the dual step from a second (no-grad) pass;
     # extrapolation: Cooper's extragradient, two passes a step (ExtraAdam/ExtraSGD).
     scheme: Literal["simultaneous", "alternating", "alternating-primal-dual", "extrapolation"] = "simultaneous"
+    """How the primal and dual steps interleave (Cooper's constrained optimizers)."""
     dual_lr: float = 0.05
+    """The multipliers' learning rate."""
     dual_optimizer: Literal["sgd", "nupi"] = "sgd"
+    """The multipliers' optimizer: projected SGD ascent, or Cooper's nuPI."""
     dual_every: Union[int, Literal["epoch"]] = 1
+    """Optimizer steps per dual step (from the window's mean losses), or `"epoch"`."""
     nupi_kp: float = 1.0
+    """nuPI's proportional gain (`dual_optimizer = "nupi"`)."""
     nupi_ki: float = 1.0
+    """nuPI's integral gain."""
     nupi_ema: float = 0.0
-    penalty_coefficient: float = 1.0  # augmented Lagrangian: the initial rho of every entry
-    penalty_growth: float = 1.0  # rho is multiplied by this after each dual step where an entry is violated; 1 keeps it fixed
-    penalty_tolerance: float = 1e-4  # the violation above which rho grows
+    """nuPI's EMA coefficient of the proportional term."""
+    penalty_coefficient: float = 1.0
+    """Augmented Lagrangian: every entry's initial rho."""
+    penalty_growth: float = 1.0
+    """Rho is multiplied by this after a dual step that finds its entry violated; 1 keeps it fixed."""
+    penalty_tolerance: float = 1e-4
+    """The violation above which rho grows."""
     max_multiplier: float = 1e6
+    """A larger multiplier stops the run as diverged."""
 
     def __post_init__(self) -> None:
         checks = (

@@ -52,6 +52,9 @@ class Task(abc.ABC):
 
     name: ClassVar[str]
     options: ClassVar[dict[str, Any]] = {}
+    # One line of meaning per option (allowed values included), for the configuration reference
+    # (`layerdescent config --reference`) and the comments of `layerdescent config --defaults`.
+    option_help: ClassVar[dict[str, str]] = {}
     perturbations: ClassVar[tuple[str, ...]] = ("gaussian",)
     # What gamma means under each perturbation, for plot titles and axis labels, e.g.
     # {"gaussian": "Gaussian embedding noise, std = γ × RMS"}; one not listed shows its name.

@@ -1,0 +1,119 @@
+"""The fenced code blocks of the README and docs/, and how each language is run or checked in the test suite."""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import sys
+import types
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+FENCE = re.compile(r"^```(\S*)\n(.*?)^```$", re.S | re.M)
+# Commands a shell block may run besides layerdescent's own, which are parsed by its CLI.
+OTHER_COMMANDS = {"pip", "python", "torchrun", "srun", "accelerate", "tensorboard", "mlflow"}
+
+
+@dataclass(frozen=True)
+class Block:
+    """One fenced block: where it is, its language, the marker comment above it, its text."""
+
+    page: Path
+    line: int
+    lang: str
+    marker: str
+    code: str
+
+    @property
+    def where(self) -> str:
+        return f"{self.page.relative_to(ROOT)}:{self.line}"
+
+
+def blocks(page: Path) -> list[Block]:
+    """Every fenced block of ``page``, in order."""
+    text = page.read_text()
+    found = []
+    for match in FENCE.finditer(text):
+        before = text[: match.start()].rstrip("\n").rsplit("\n", 1)[-1]
+        marker = m.group(1) if (m := re.fullmatch(r"<!-- (\S+) -->", before)) else ""
+        found.append(Block(page, text.count("\n", 0, match.start()) + 1, match.group(1), marker, match.group(2)))
+    return found
+
+
+def run_python(block: Block, name: str = "docs_block") -> dict:
+    """Execute a python block as a module of its own (dataclasses look their module up); its namespace."""
+    module = types.ModuleType(name)
+    sys.modules[name] = module
+    try:
+        exec(compile(block.code, block.where, "exec"), module.__dict__)
+    finally:
+        del sys.modules[name]
+    return module.__dict__
+
+
+def check_toml(block: Block) -> None:
+    """A TOML block is a run config, a bench file or table of one, or a plugin's pyproject.toml; each is validated as such."""
+    import layerdescent as ld
+    from layerdescent.config import tomllib
+    from layerdescent.endpoints import parse_spec
+
+    table = tomllib.loads(block.code)
+    if "project" in table:
+        assert "layerdescent" in table["project"]["entry-points"], f"{block.where}: a plugin's pyproject names the layerdescent group"
+        return
+    bench = table.pop("bench", None)
+    if bench is not None and "variants" in bench:
+        parse_spec(bench, list(bench["variants"]))
+    if "task" in table:
+        ld.config_from_dict(table)
+    else:
+        assert bench is not None and not table, f"{block.where}: a TOML block that is neither a run config, a bench table nor a pyproject"
+
+
+def check_shell(block: Block) -> None:
+    """Each command of a shell block: layerdescent's parsed by its own CLI, pip's extras and scripts' paths checked to exist."""
+    from layerdescent.cli import build_parser
+    from layerdescent.config import tomllib
+
+    extras = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"])
+    text = block.code.replace("\\\n", " ")
+    for raw in text.splitlines():
+        line = raw.split(" #", 1)[0].strip()
+        if not line or line.startswith("#"):
+            continue
+        for command in (c.strip() for c in line.split("&&")):
+            if "layerdescent.cli" in command:  # torchrun / srun: the part after -m layerdescent.cli is a layerdescent command
+                command = "layerdescent " + command.split("layerdescent.cli", 1)[1].strip().rstrip("'")
+            command = command.split(" > ", 1)[0]  # a redirection is the shell's, not the command's
+            words = shlex.split(command.replace("$(", "").replace(")", ""))
+            if words[0] == "layerdescent":
+                try:
+                    build_parser().parse_args(words[1:])
+                except SystemExit as exc:
+                    raise AssertionError(f"{block.where}: `{command}` is not a valid layerdescent command") from exc
+            elif words[0] == "pip":
+                for extra in re.findall(r"\[([a-z,]+)\]", command):
+                    assert set(extra.split(",")) <= extras, f"{block.where}: no extra {extra!r} in pyproject.toml"
+            elif words[0] == "python" and words[1].endswith(".py"):
+                assert (ROOT / words[1]).is_file(), f"{block.where}: {words[1]} does not exist"
+            else:
+                assert words[0] in OTHER_COMMANDS, f"{block.where}: `{words[0]}` is a command the docs tests do not know how to check"
+
+
+def in_tmp(path: Path):
+    """A context manager that runs a block in ``path`` (blocks may write files, e.g. ./hf-run)."""
+    import contextlib
+
+    @contextlib.contextmanager
+    def inside():
+        before = os.getcwd()
+        os.chdir(path)
+        try:
+            yield
+        finally:
+            os.chdir(before)
+
+    return inside()

@@ -1,0 +1,190 @@
+"""The docs' examples work exactly as written, every code block in them runs or is checked, and they document every hook."""
+
+from __future__ import annotations
+
+import re
+import types
+from pathlib import Path
+
+import pytest
+import torch
+
+import layerdescent as ld
+from layerdescent.registry import Registry
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = ROOT / "docs"
+PLUGINS = DOCS / "plugins.md"
+
+
+def _block(marker: str, page: Path = PLUGINS, lang: str = "python") -> str:
+    return re.search(rf"<!-- {marker} -->\n```{lang}\n(.*?)```", page.read_text(), re.S).group(1)
+
+
+def _plugin_example() -> types.ModuleType:
+    module = types.ModuleType("my_plugin")
+    exec(compile(_block("plugin-example"), "docs/plugins.md:my_plugin.py", "exec"), module.__dict__)
+    return module
+
+
+def test_docs_plugin_example_registers_and_trains_under_descent_constraints(tmp_path):
+    registry = Registry(extra_plugins=[("refine", _plugin_example())])
+    config = ld.config_from_dict(
+        {
+            "task": {"name": "refine", "layers": 3},
+            "train": {"epochs": 3, "progress": False, "lr": 0.01},
+            "constraints": [{"kind": "descent", "alpha": 0.05}],
+            "eval": {"gammas": [0.0, 0.5]},
+        },
+        registry,
+    )
+    results = ld.train(config, tmp_path / "run", registry=registry)
+    assert results["task"] == "refine" and len(results["gammas"][0]["layer_loss"]) == 4
+
+
+def test_docs_annotated_config_is_a_valid_config_with_every_section():
+    from layerdescent.config import tomllib
+
+    block = _block("annotated-config", DOCS / "configuration.md", "toml")
+    config = ld.config_from_dict(tomllib.loads(block))
+    assert config.solver.name == "primal-dual" and config.constraints[0].reference == "detached"
+    assert config.train.on_nonfinite == "stop" and config.eval.gammas == (0.0, 0.1, 0.3, 0.5, 1.0)
+
+
+def test_docs_constraint_example_registers_checks_its_options_and_trains(tmp_path, monkeypatch):
+    import sys
+
+    module = types.ModuleType("my_constraint")
+    monkeypatch.setitem(sys.modules, "my_constraint", module)  # dataclasses look their module up
+    exec(compile(_block("constraint-example"), "docs/plugins.md:my_constraint.py", "exec"), module.__dict__)
+    registry = Registry(extra_plugins=[("gap", module)])
+    table = {"task": {"name": "lista", "layers": 3, "code_dim": 8, "measure_dim": 6, "sparsity": 2, "train_size": 64, "validation_size": 16, "test_size": 16}, "train": {"epochs": 1, "progress": False}}
+    with pytest.raises(ld.ConfigError, match=r"^constraints\[0\]: ratio must be in \(0, 1\], got 2.0$"):
+        ld.config_from_dict({**table, "constraints": [{"kind": "gap", "ratio": 2.0}]}, registry)
+    with pytest.raises(ld.ConfigError, match=r"constraints\[0\].ratio must be a number"):
+        ld.config_from_dict({**table, "constraints": [{"kind": "gap", "ratio": "half"}]}, registry)
+    config = ld.config_from_dict({**table, "constraints": [{"kind": "gap", "ratio": 0.5}]}, registry)
+    results = ld.train(config, tmp_path / "run", registry=registry)
+    assert results["constraints"]["gap"]["labels"] == ["l3<=0.5*l0"]
+
+
+def test_docs_loop_example_trains_under_descent_constraints_exactly_as_written():
+    namespace: dict = {}
+    exec(compile(_block("loop-example", DOCS / "own-loop.md"), "docs/own-loop.md:loop", "exec"), namespace)
+    update, losses = namespace["update"], namespace["losses"]
+    means = torch.stack(losses, dim=1).mean(0).detach()
+    assert means[-1] < means[0] * 0.5  # the last layer improved on the input's estimate
+    assert update.record()["lambda"]["descent"] and all(v >= 0 for v in update.multipliers()["descent"].tolist())
+    assert namespace["step"] == 299
+
+
+def test_docs_solver_example_registers_and_runs_from_toml_alone(tmp_path, monkeypatch):
+    import sys
+
+    module = types.ModuleType("my_solver")
+    monkeypatch.setitem(sys.modules, "my_solver", module)  # dataclasses look their module up
+    exec(compile(_block("solver-example"), "docs/plugins.md:my_solver.py", "exec"), module.__dict__)
+    registry = Registry(extra_plugins=[("ramp", module)])
+    table = {
+        "task": {"name": "lista", "layers": 3, "code_dim": 8, "measure_dim": 6, "sparsity": 2, "train_size": 64, "validation_size": 16, "test_size": 16},
+        "train": {"epochs": 1, "progress": False},
+        "solver": {"name": "ramp", "steps": 2},
+    }
+    results = ld.train(ld.config_from_dict(table, registry), tmp_path / "run", registry=registry)
+    assert results["solver"] == "ramp"
+    table["solver"]["steps"] = 0
+    with pytest.raises(ld.ConfigError, match=r"solver.steps must be >= 1, got 0"):
+        ld.config_from_dict(table, registry)
+
+
+def test_every_hook_is_documented_in_the_plugin_guide_and_exercised_by_a_test():
+    from layerdescent import hookspecs
+
+    hooks = [name for name in dir(hookspecs) if name.startswith("register_")]
+    text = PLUGINS.read_text()
+    tests = "".join(p.read_text() for p in Path(__file__).parent.glob("test_*.py") if p.name != Path(__file__).name)
+    assert len(hooks) >= 4
+    for hook in hooks:
+        assert f"`{hook}(register)`" in text or f"def {hook}(register)" in text, f"{hook} is not documented in docs/plugins.md"
+        assert f"def {hook}(" in tests, f"no test implements {hook}"
+
+
+def test_docs_bench_judging_example_is_a_valid_bench_table():
+    from layerdescent.config import tomllib
+    from layerdescent.endpoints import parse_spec
+
+    block = _block("bench-judging-example", DOCS / "benchmarks.md", "toml")
+    bench = tomllib.loads(block)["bench"]
+    spec = parse_spec(bench, list(bench["variants"]))
+    assert spec.baselines == ("erm", "penalty") and spec.tuning == {"alpha=0.2": 12}
+    assert spec.primary.variants == ("primal-dual",) and spec.primary.adopted == ("alpha=0.2",) and spec.primary.gammas == (0.0, 1.6, 3.2)
+
+
+# --- every code block of the docs ----------------------------------------------------------------
+
+from codeblocks import PAGES, blocks, check_shell, check_toml, in_tmp, run_python  # noqa: E402
+
+DOC_BLOCKS = [b for page in PAGES if page.parent != ROOT for b in blocks(page)]
+
+
+@pytest.mark.parametrize("block", DOC_BLOCKS, ids=lambda b: b.where)
+def test_every_docs_code_block_runs_or_is_checked(block, tmp_path):
+    """Python runs as written; TOML is validated as a config, bench or pyproject; shell commands parse; text is a diagram."""
+    assert block.lang in ("python", "toml", "bash", "text"), f"{block.where}: a fence needs one of these languages, not {block.lang!r}"
+    if block.lang == "python":
+        with in_tmp(tmp_path):
+            run_python(block)
+    elif block.lang == "toml":
+        check_toml(block)
+    elif block.lang == "bash":
+        check_shell(block)
+
+
+def test_the_docs_have_code_blocks_of_every_checked_language():
+    assert {b.lang for b in DOC_BLOCKS} == {"python", "toml", "bash", "text"}
+
+
+def test_docs_annotated_config_differs_from_the_defaults_only_where_it_says_so():
+    assert_defaults_unless_marked(_block("annotated-config", DOCS / "configuration.md", "toml"))
+
+
+def assert_defaults_unless_marked(block: str) -> None:
+    """Every key of a TOML example is at its default, unless its line (or its table's line) says `not the default`."""
+    from layerdescent.config import tomllib
+    from layerdescent.config_keys import defaults_toml
+
+    table = tomllib.loads(block)
+    defaults = tomllib.loads(defaults_toml(table["task"]["name"], table.get("solver", {}).get("name", "primal-dual")))
+    section, marked_table = None, False
+    for line in block.splitlines():
+        head = re.match(r"^\[+([a-z_]+)\]+", line)
+        if head:
+            section, marked_table = head.group(1), "not the default" in line
+            continue
+        key = re.match(r"^([a-z_]+) = ", line)
+        if not key or marked_table or "not the default" in line:
+            continue
+        name = key.group(1)
+        value = table[section][name] if section else table[name]
+        default = defaults[section].get(name) if section else defaults[name]
+        assert value == default, f"{section}.{name} = {value!r} is not the default {default!r}: say `not the default` on its line"
+
+
+def test_public_surface_table_names_exactly_the_public_names():
+    table = re.search(r"<!-- public-names -->\n(.*?)\n\n", PLUGINS.read_text(), re.S).group(1)
+    documented = set(re.findall(r"`([A-Za-z_]+)`", "\n".join(line.split("|")[1] for line in table.splitlines()[2:])))
+    assert documented == set(ld.__all__)
+
+
+def test_module_map_names_every_core_module():
+    table = re.search(r"<!-- module-map -->\n(.*?)\n\n", (DOCS / "contributing.md").read_text(), re.S).group(1)
+    mapped = set(re.findall(r"`([a-z_]+)\.py`", table))
+    modules = {p.stem for p in (ROOT / "src" / "layerdescent").glob("*.py")}
+    assert mapped == modules, f"missing: {sorted(modules - mapped)}, gone: {sorted(mapped - modules)}"
+
+
+def test_mkdocs_nav_lists_every_page_and_a_built_site_is_not_committed():
+    nav = (ROOT / "mkdocs.yml").read_text()
+    pages = {str(p.relative_to(DOCS)) for p in DOCS.rglob("*.md")}
+    assert {p for p in pages if p not in nav} == set()
+    assert "site/" in (ROOT / ".gitignore").read_text().splitlines()
