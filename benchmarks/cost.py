@@ -155,7 +155,7 @@ SETUPS: dict[str, dict[str, Setup]] = {
     "precision": {
         "lista small (8 layers, 64x32, 50k params), 1 thread": Setup(SMALL_TRAIN, 1, precisions(LISTA)),
         "lista wide (8 layers, 512x256, 3.1M params), 2 threads": Setup({**SMALL_TRAIN, "lr": 3e-4}, 2, precisions(WIDE_LISTA)),
-        "MiniLM-L6 (22.7M params), movie reviews, batch 32": Setup(TEXT_TRAIN, 2, precisions({"name": "text-classification"})),
+        "MiniLM-L6 (22.7M params), movie reviews, batch 32, 1 thread": Setup(TEXT_TRAIN, 1, precisions({"name": "text-classification"})),
         "SmolLM2-135M sentiment, label lens, LoRA, batch 8": Setup({**LLM_TRAIN, "batch_size": 8}, 1, precisions({**SENTIMENT, **LABELS})),
     },
     "video": {

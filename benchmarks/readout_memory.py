@@ -27,7 +27,10 @@ measured ones), so no allocator state carries over. Three measures, each named i
   chunk's logits, say) count here and not above.
 - peak RSS rise: the rise of the process's resident set during the step (Linux VmHWM, reset
   after returning freed memory to the system, as in benchmarks/cost.py), median over
-  ``--repeats`` steps. What the machine sees, allocator caching and all; the noisiest of the three.
+  ``--repeats`` steps: what the machine sees. Each process runs with glibc's mmap threshold fixed
+  at 128 KiB (``MALLOC_MMAP_THRESHOLD_``), so large blocks go back to the system when freed; with
+  the default, which moves as blocks are freed, the rise of one configuration varied by 70 MiB
+  from process to process, more than the whole readout.
 
 The last table fits a line to each measure over the counts above 0: its slope is the extra memory
 of one more transformer layer read out. Count 1 reads the embeddings, which under LoRA carry no
@@ -40,6 +43,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import statistics
 import subprocess
@@ -158,7 +162,8 @@ def main() -> None:
     for lens in lenses:
         for count in counts:
             script = [sys.executable, str(Path(__file__).resolve()), "--out", str(args.out), "--repeats", str(args.repeats), "--child", lens, str(count)]
-            done = subprocess.run(script, capture_output=True, text=True, cwd=HERE.parent)
+            env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": str(128 * 1024)}
+            done = subprocess.run(script, capture_output=True, text=True, cwd=HERE.parent, env=env)
             if done.returncode:
                 sys.exit(f"{lens} lens, {count} layers read out failed:\n{done.stderr}")
             results[lens][count] = json.loads(done.stdout.strip().splitlines()[-1])
