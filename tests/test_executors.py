@@ -9,6 +9,7 @@ import os
 from pathlib import Path
 
 import pytest
+from test_one_line_errors import RUN, cli, config_file, with_
 
 import layerdescent as ld
 from layerdescent import executors
@@ -17,7 +18,6 @@ from layerdescent.errors import ConfigError
 from layerdescent.executors import ExecutorOptions, RunsFailed
 from layerdescent.registry import Registry
 from layerdescent.trainer import Trainer
-from test_one_line_errors import RUN, cli, config_file, with_
 
 # checkpoints along the way, so a killed bench has something to resume
 BENCH = {

@@ -6,15 +6,16 @@ import importlib.util
 import json
 import os
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
+from test_one_line_errors import cli, config_file
 
 import layerdescent as ld
 from layerdescent import trackers
 from layerdescent.config import config_from_dict
 from layerdescent.registry import Registry
 from layerdescent.trainer import Trainer, train
-from test_one_line_errors import cli, config_file
 
 
 def records(run_dir: Path) -> list[dict]:
@@ -153,7 +154,7 @@ class Memory(ld.Tracker):
     """Keeps what it is given, for the test to read."""
 
     name = "memory"
-    opened: list["Memory"] = []
+    opened: ClassVar[list[Memory]] = []
 
     def __init__(self, config, run_dir, start_step):
         super().__init__(config, run_dir, start_step)
@@ -171,7 +172,7 @@ class Needy(Memory):
     """A tracker whose package is not installed."""
 
     name = "needy"
-    requires = {"no_such_tracker_package": "needy-tracker[client]"}
+    requires: ClassVar[dict[str, str]] = {"no_such_tracker_package": "needy-tracker[client]"}
 
 
 class MemoryPlugin:

@@ -24,6 +24,7 @@ import ctypes
 import dataclasses
 import errno
 import fcntl
+import functools
 import json
 import math
 import os
@@ -390,7 +391,7 @@ class _Local(Executor):
         if workers == 1:
             with mock.patch.dict(os.environ, self.env):  # for the block and the workers it starts
                 for run, resume in pending:
-                    _settle(run, resume, lambda: train(run.config, run.run_dir, resume=resume, registry=self.registry), self.out, failures, on_run)
+                    _settle(run, resume, functools.partial(train, run.config, run.run_dir, resume=resume, registry=self.registry), self.out, failures, on_run)
         else:
             with mock.patch.dict(os.environ, self.env), ProcessPoolExecutor(workers, initializer=_worker_init, initargs=(os.getpid(),)) as pool:
                 jobs = {pool.submit(_train_one, run, resume): (run, resume) for run, resume in pending}
@@ -408,7 +409,7 @@ class _Ray(Executor):
     """Every run a Ray task, on a local Ray instance or the cluster --ray-address joins."""
 
     name = "ray"
-    requires = {"ray": "layerdescent[ray]"}
+    requires: ClassVar[dict[str, str]] = {"ray": "layerdescent[ray]"}
 
     def start(self) -> None:
         self.ray = ray = require("ray", "ray", "--executor ray")
@@ -443,7 +444,7 @@ class _Slurm(Executor):
     """Every run a SLURM job through submitit (or a process here: [bench.slurm] cluster = "local")."""
 
     name = "slurm"
-    requires = {"submitit": "layerdescent[slurm]"}
+    requires: ClassVar[dict[str, str]] = {"submitit": "layerdescent[slurm]"}
     detaches = True
 
     def start(self) -> None:

@@ -104,7 +104,7 @@ class _TensorBoard(Tracker):
     """TensorBoard event files in RUN_DIR/tensorboard; a resumed run purges what was logged after its checkpoint."""
 
     name = "tensorboard"
-    requires = {"tensorboard": "layerdescent[tensorboard]"}
+    requires: ClassVar[dict[str, str]] = {"tensorboard": "layerdescent[tensorboard]"}
 
     def __init__(self, config: Any, run_dir: Path, start_step: int) -> None:
         super().__init__(config, run_dir, start_step)
@@ -130,7 +130,7 @@ class _MLflow(Tracker):
     """One MLflow run per run, in a local file store or at $MLFLOW_TRACKING_URI; a resumed run continues it."""
 
     name = "mlflow"
-    requires = {"mlflow": "layerdescent[mlflow]"}
+    requires: ClassVar[dict[str, str]] = {"mlflow": "layerdescent[mlflow]"}
 
     def __init__(self, config: Any, run_dir: Path, start_step: int) -> None:
         super().__init__(config, run_dir, start_step)
