@@ -296,7 +296,7 @@ class Executor:
 
     def _drive(self, queue: list[Any], on_run: Callable[[Any, str], None] | None) -> tuple[list[RunFailure], int | None]:
         options, out, failures = self.options, self.out, []
-        active: list[tuple[Any, Any]] = []  # (handle, run); handles are matched by identity, so any object will do
+        active: list[tuple[Any, Any]] = []  # (handle, run): a handle need not be hashable
         for run in list(queue):  # jobs an earlier --no-wait call submitted are waited for, never submitted twice
             handle = self.adopt(run)
             if handle is not None:
@@ -318,7 +318,9 @@ class Executor:
                 run = queue.pop(0)
                 active.append((self.submit(run), run))
             for handle in self.ready([h for h, _ in active]):
-                index = next(i for i, (h, _) in enumerate(active) if h is handle)
+                index = next((i for i, (h, _) in enumerate(active) if h is handle), None)
+                if index is None:  # a ready() that returns equal handles rather than the same objects
+                    index = next(i for i, (h, _) in enumerate(active) if h == handle)
                 run = active.pop(index)[1]
                 try:
                     status = self.outcome(handle)
