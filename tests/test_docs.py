@@ -97,6 +97,57 @@ def test_docs_solver_example_registers_and_runs_from_toml_alone(tmp_path, monkey
         ld.config_from_dict(table, registry)
 
 
+def test_docs_executor_and_tracker_plugin_is_chosen_by_name_from_the_command_line_once_installed(tmp_path):
+    import copy
+    import json
+    import os
+    import subprocess
+    import sys
+
+    import tomli_w
+    from conftest import TINY
+
+    from layerdescent.bench import run_bench
+    from layerdescent.trackers import scalars
+
+    site = tmp_path / "site"  # what `pip install .` of the plugin's package leaves on sys.path
+    dist = site / "my_extensions-0.1.0.dist-info"
+    dist.mkdir(parents=True)
+    (site / "my_extensions.py").write_text(_block("executor-tracker-example"))
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: my-extensions\nVersion: 0.1.0\n")
+    (dist / "entry_points.txt").write_text("[layerdescent]\nextensions = my_extensions\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")])}
+
+    def layerdescent(*argv) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "layerdescent.cli", *map(str, argv)], capture_output=True, text=True, env=env, check=False)
+
+    listed = layerdescent("list").stdout.splitlines()
+    assert any(line.split()[:1] == ["inline"] and line.endswith("[plugin extensions]") for line in listed), listed
+    assert any(line.split()[:1] == ["csv"] and line.endswith("[plugin extensions]") for line in listed), listed
+    assert any(line.split()[:4] == ["extensions", "loaded", "my-extensions", "0.1.0"] for line in layerdescent("plugins").stdout.splitlines())
+
+    table = copy.deepcopy(TINY)
+    table["train"]["epochs"] = 1
+    table["bench"] = {"seeds": [0], "variants": {"erm": {"solver": {"name": "erm"}}, "primal-dual": {}}}
+    bench = tmp_path / "bench.toml"
+    bench.write_text(tomli_w.dumps(table))
+    proc = layerdescent("bench", bench, "--out", tmp_path / "inline", "--executor", "inline", "--set", 'train.trackers=["csv"]')
+    assert proc.returncode == 0, proc.stderr
+    assert "primal-dual seed 0: trained [inline: 2 finished, 0 running, 0 failed, 0 waiting]" in proc.stdout
+    run_bench(bench, tmp_path / "local")  # the same runs on the built-in local executor, no tracker
+    for variant in ("erm", "primal-dual"):
+        ours, local = (json.loads((tmp_path / out / variant / "seed-0" / "results.json").read_text()) for out in ("inline", "local"))
+        for data in (ours, local):
+            data.pop("eval_seconds"), data["train"].pop("step_time_median")
+        assert ours == local
+        run_dir = tmp_path / "inline" / variant / "seed-0"
+        rows = {(int(step), name): float(value) for step, name, value in (line.split(",") for line in (run_dir / "values.csv").read_text().splitlines())}
+        logged = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+        want = {(record["step"], name): value for record in logged for name, value in scalars(record).items()}
+        assert want and {key: rows[key] for key in want} == want
+
+
+
 def test_every_hook_is_documented_in_the_plugin_guide_and_exercised_by_a_test():
     from layerdescent import hookspecs
 
@@ -129,19 +180,23 @@ DOC_BLOCKS = [b for page in PAGES if page.parent != ROOT for b in blocks(page)]
 
 @pytest.mark.parametrize("block", DOC_BLOCKS, ids=lambda b: b.where)
 def test_every_docs_code_block_runs_or_is_checked(block, tmp_path):
-    """Python runs as written; TOML is validated as a config, bench or pyproject; shell commands parse; text is a diagram."""
-    assert block.lang in ("python", "toml", "bash", "text"), f"{block.where}: a fence needs one of these languages, not {block.lang!r}"
+    """Python runs as written; TOML is validated as a config, bench or pyproject; JSON parses; shell commands parse; text is a diagram."""
+    assert block.lang in ("python", "toml", "json", "bash", "text"), f"{block.where}: a fence needs one of these languages, not {block.lang!r}"
     if block.lang == "python":
         with in_tmp(tmp_path):
             run_python(block)
     elif block.lang == "toml":
         check_toml(block)
+    elif block.lang == "json":
+        import json
+
+        json.loads(block.code)
     elif block.lang == "bash":
         check_shell(block)
 
 
 def test_the_docs_have_code_blocks_of_every_checked_language():
-    assert {b.lang for b in DOC_BLOCKS} == {"python", "toml", "bash", "text"}
+    assert {b.lang for b in DOC_BLOCKS} == {"python", "toml", "json", "bash", "text"}
 
 
 def test_docs_annotated_config_differs_from_the_defaults_only_where_it_says_so():

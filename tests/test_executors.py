@@ -2,18 +2,22 @@
 
 from __future__ import annotations
 
+import concurrent.futures
+import importlib.util
 import json
 import os
 from pathlib import Path
 
 import pytest
+from test_one_line_errors import RUN, cli, config_file, with_
 
+import layerdescent as ld
 from layerdescent import executors
 from layerdescent.bench import run_bench
 from layerdescent.errors import ConfigError
 from layerdescent.executors import ExecutorOptions, RunsFailed
+from layerdescent.registry import Registry
 from layerdescent.trainer import Trainer
-from test_one_line_errors import RUN, cli, config_file, with_
 
 # checkpoints along the way, so a killed bench has something to resume
 BENCH = {
@@ -141,3 +145,61 @@ def test_slurm_without_a_scheduler_says_how_to_try_it_locally(tmp_path, monkeypa
     code, lines = cli("bench", str(config_file(tmp_path, BENCH, "bench.toml")), "--out", str(tmp_path / "out"), "--executor", "slurm")
     assert code == 2 and len(lines) == 1 and "no sbatch here" in lines[0] and 'cluster = "local"' in lines[0], lines
     assert not os.path.exists(tmp_path / "out" / "erm")
+
+
+class Processes(ld.Executor):
+    """Every run a job of a process pool, the shape of a Dask or any futures executor."""
+
+    name = "processes"
+
+    def start(self):
+        self.pool = concurrent.futures.ProcessPoolExecutor(self.options.workers or 2)
+        self.slots = self.options.workers or 2
+
+    def submit(self, run):
+        return self.pool.submit(self.job, run)  # the job crosses to another process, as it would to a cluster
+
+    def ready(self, handles):
+        done, _ = concurrent.futures.wait(handles, timeout=executors.POLL_SECONDS, return_when=concurrent.futures.FIRST_COMPLETED)
+        return list(done)
+
+    def outcome(self, future):
+        return future.result()
+
+    def close(self):
+        self.pool.shutdown()
+
+
+class ProcessesPlugin:
+    @ld.hookimpl
+    def register_executors(self, register):
+        register(Processes)
+
+
+def test_a_plugin_executor_is_chosen_by_name_and_trains_the_same_runs_as_the_local_executor(reference, tmp_path):
+    path, expected = reference
+    registry, seen = Registry(extra_plugins=[("processes", ProcessesPlugin())]), []
+    assert registry.owner[("Executor", "processes")] == "processes" and registry.owner[("Executor", "local")] == "layerdescent.executors"
+    summary = run_bench(path, tmp_path / "out", registry=registry, executor=ExecutorOptions(name="processes", workers=2), on_run=lambda run, status: seen.append(status))
+    assert results(tmp_path / "out") == expected and summary.exists()
+    assert sorted(s.split(" [")[0] for s in seen) == ["trained", "trained"]
+    assert seen[-1].endswith("[processes: 2 finished, 0 running, 0 failed, 0 waiting]")
+    assert (tmp_path / "out" / "logs" / "erm" / "seed-0.log").exists()  # each job's output went to its log
+
+
+def test_an_unknown_executor_is_one_line_naming_the_registered_ones(reference, tmp_path):
+    path, _ = reference
+    code, lines = cli("bench", str(path), "--out", str(tmp_path / "out"), "--executor", "rey")
+    assert code == 2 and len(lines) == 1, lines
+    assert "--executor 'rey' is not a registered executor; did you mean 'ray'? (known: local, ray, slurm;" in lines[0]
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("name, module", [("ray", "ray"), ("slurm", "submitit")])
+def test_a_missing_executor_package_is_one_line_naming_its_extra(reference, tmp_path, monkeypatch, name, module):
+    path, _ = reference
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda wanted, *a: None if wanted == module else real(wanted, *a))
+    code, lines = cli("bench", str(path), "--out", str(tmp_path / "out"), "--executor", name)
+    assert (code, lines) == (2, [f"layerdescent: error: --executor {name} needs the {module} package: pip install 'layerdescent[{name}]'"])
+    assert not (tmp_path / "out").exists()

@@ -118,8 +118,13 @@ def test_an_entry_point_plugin_is_found_with_its_distribution(entry_point_plugin
             "import layerdescent\nfrom layerdescent import Descent\n@layerdescent.hookimpl\ndef register_constraints(register):\n    register(Descent)\n",
             "'descent' is already registered by plugin 'layerdescent.constraints'",
         ),
+        (
+            "import layerdescent\nclass Mine(layerdescent.Executor):\n    name = 'local'\n@layerdescent.hookimpl\ndef register_executors(register):\n    register(Mine)\n",
+            "register_executors: executor 'local' is already registered by plugin 'layerdescent.executors'",
+        ),
+        ("import layerdescent\n@layerdescent.hookimpl\ndef register_trackers(register):\n    register(object)\n", "register_trackers raised PluginError: registered <class 'object'>, which is not a Tracker"),
     ],
-    ids=["import-error", "unknown-hook", "raises", "wrong-type", "duplicate-name"],
+    ids=["import-error", "unknown-hook", "raises", "wrong-type", "duplicate-name", "duplicate-executor", "wrong-type-tracker"],
 )
 def test_a_broken_plugin_is_reported_by_name_and_the_others_still_load(entry_point_plugins, source, reason):
     registry = entry_point_plugins({"bad_plugin": source, "good_plugin": GOOD}, {"bad": "bad_plugin", "good": "good_plugin"})
@@ -238,3 +243,14 @@ def test_list_shows_the_plugin_each_constraint_kind_came_from(capsys):
     assert main(["list"]) == 0
     descent = next(line for line in capsys.readouterr().out.splitlines() if line.strip().startswith("descent "))
     assert "[plugin layerdescent.constraints]" in descent
+
+
+def test_list_shows_the_built_in_executors_and_trackers_as_default_plugins(capsys):
+    from layerdescent.cli import main
+
+    assert main(["list"]) == 0
+    rows = {line.split()[0]: line for line in capsys.readouterr().out.splitlines() if line.startswith("  ")}
+    for name in ("local", "ray", "slurm"):
+        assert rows[name].endswith("[plugin layerdescent.executors]"), rows[name]
+    for name in ("tensorboard", "mlflow"):
+        assert rows[name].endswith("[plugin layerdescent.trackers]"), rows[name]

@@ -16,6 +16,7 @@ import tomli_w
 
 import layerdescent as ld
 import layerdescent.bench as bench_module
+import layerdescent.trainer as trainer_module
 from layerdescent import rundir
 from layerdescent.bench import plan, run_bench
 from test_one_line_errors import RUN, assert_one_line, cli, config_file, with_
@@ -95,7 +96,7 @@ def test_a_bench_under_a_changed_config_refuses_the_finished_runs_by_the_first_d
 
 def test_a_bench_with_only_another_thread_count_or_checkpoint_interval_still_counts_its_runs_done(tmp_path, benched, monkeypatch):
     path, out = benched
-    monkeypatch.setattr(bench_module, "train", lambda *a, **k: pytest.fail("a finished run was trained again"))
+    monkeypatch.setattr(trainer_module, "train", lambda *a, **k: pytest.fail("a finished run was trained again"))  # what every executor trains a run with
     status, lines = cli("bench", path, "--out", out, "--set", "train.threads=2", "--set", "train.progress=true", "--set", "train.checkpoint_every=7")
     assert status == 0, lines
 
@@ -119,7 +120,7 @@ def test_evaluate_into_its_own_directory_is_refused(benched, where):
 def test_committed_older_lista_results_still_count_as_done_for_their_own_bench_file(tmp_path, monkeypatch):
     copy = tmp_path / "lista"
     shutil.copytree(ROOT / "benchmarks" / "results" / "lista", copy, ignore=shutil.ignore_patterns("*.png", "*.md"))
-    monkeypatch.setattr(bench_module, "train", lambda *a, **k: pytest.fail("a committed run was trained again"))
+    monkeypatch.setattr(trainer_module, "train", lambda *a, **k: pytest.fail("a committed run was trained again"))  # what every executor trains a run with
     monkeypatch.setattr(bench_module, "write_report", lambda out, **k: out / "summary.md")
     statuses = []
     run_bench(ROOT / "benchmarks" / "lista.toml", copy, on_run=lambda run, status: statuses.append(status))

@@ -6,13 +6,16 @@ import importlib.util
 import json
 import os
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
+from test_one_line_errors import cli, config_file
 
+import layerdescent as ld
 from layerdescent import trackers
 from layerdescent.config import config_from_dict
+from layerdescent.registry import Registry
 from layerdescent.trainer import Trainer, train
-from test_one_line_errors import cli, config_file
 
 
 def records(run_dir: Path) -> list[dict]:
@@ -103,7 +106,9 @@ def test_a_config_without_trackers_records_no_trackers_key(tiny, tmp_path):
 
 def test_an_unknown_tracker_is_one_line_with_the_closest_name(tiny, tmp_path):
     code, lines = cli("run", str(config_file(tmp_path, tracked(tiny, ["tensorbord"]))), "--out", str(tmp_path / "out"))
-    assert code == 2 and len(lines) == 1 and "train.trackers[0]" in lines[0] and "'tensorboard'" in lines[0]
+    assert code == 2 and len(lines) == 1, lines
+    assert "train.trackers[0] = 'tensorbord' is not a registered tracker; did you mean 'tensorboard'? (known: mlflow, tensorboard;" in lines[0]
+    assert not os.path.exists(tmp_path / "out")
 
 
 @pytest.mark.parametrize("name", ["tensorboard", "mlflow"])
@@ -143,3 +148,53 @@ def test_a_bench_groups_its_runs_in_one_mlflow_experiment_named_after_it(tiny, t
     assert sorted((r.data.tags["variant"], r.data.tags["seed"], r.data.tags["bench"]) for r in runs) == [("erm", "0", "sweep"), ("erm", "1", "sweep")]
     assert "2 runs of 1 variant" in (out / "summary.md").read_text()  # not 4: the store's copies of results.json are no runs
     assert "mlruns" not in os.environ.get(trackers.STORE_ENV, "")  # the bench's settings end with it
+
+
+class Memory(ld.Tracker):
+    """Keeps what it is given, for the test to read."""
+
+    name = "memory"
+    opened: ClassVar[list[Memory]] = []
+
+    def __init__(self, config, run_dir, start_step):
+        super().__init__(config, run_dir, start_step)
+        self.values, self.results = {}, None
+        Memory.opened.append(self)
+
+    def log(self, step, values):
+        self.values.update({(name, step): value for name, value in values.items()})
+
+    def close(self, results, run_dir):
+        self.results = results
+
+
+class Needy(Memory):
+    """A tracker whose package is not installed."""
+
+    name = "needy"
+    requires: ClassVar[dict[str, str]] = {"no_such_tracker_package": "needy-tracker[client]"}
+
+
+class MemoryPlugin:
+    @ld.hookimpl
+    def register_trackers(self, register):
+        register(Memory)
+        register(Needy)
+
+
+def test_a_plugin_tracker_is_chosen_by_name_and_gets_every_logged_value_and_the_results(tiny, tmp_path):
+    registry = Registry(extra_plugins=[("memory", MemoryPlugin())])
+    Memory.opened.clear()
+    run_dir = tmp_path / "run"
+    results = train(config_from_dict(tracked(tiny, ["memory"]), registry), run_dir, registry=registry)
+    (tracker,) = Memory.opened
+    assert tracker.run_dir == run_dir and tracker.start_step == 0
+    assert {key: value for key, value in tracker.values.items() if key[0] != trackers.STEP_TIME} == expected(run_dir)
+    assert tracker.results == results
+
+
+def test_a_plugin_tracker_whose_package_is_missing_is_one_line_naming_its_requirement(tiny, tmp_path):
+    registry = Registry(extra_plugins=[("memory", MemoryPlugin())])
+    with pytest.raises(ld.ConfigError, match=r"^train.trackers: 'needy' needs the no_such_tracker_package package: pip install 'needy-tracker\[client\]'$"):
+        train(config_from_dict(tracked(tiny, ["needy"]), registry), tmp_path / "run", registry=registry)
+    assert not os.path.exists(tmp_path / "run")

@@ -37,6 +37,7 @@ _LAZY = {
     "Descent": "layerdescent.constraints",
     "DescentTrainer": "layerdescent.hf",
     "evaluate": "layerdescent.evaluator",
+    "Executor": "layerdescent.executors",
     "Registry": "layerdescent.registry",
     "get_registry": "layerdescent.registry",
     "LayerOutput": "layerdescent.task",
@@ -45,6 +46,7 @@ _LAZY = {
     "LayerwiseUpdate": "layerdescent.update",
     "LayerBatch": "layerdescent.problem",
     "Solver": "layerdescent.solvers",
+    "Tracker": "layerdescent.trackers",
     "train": "layerdescent.trainer",
 }
 
@@ -53,6 +55,7 @@ if TYPE_CHECKING:  # what static tools see; at run time __getattr__ imports them
     from layerdescent.config import RunConfig, config_from_dict, load_config
     from layerdescent.constraints import Bound, ConstraintSpec, Descent
     from layerdescent.evaluator import evaluate
+    from layerdescent.executors import Executor
     from layerdescent.hf import DescentTrainer
     from layerdescent.problem import LayerBatch
     from layerdescent.prox import soft_threshold
@@ -60,6 +63,7 @@ if TYPE_CHECKING:  # what static tools see; at run time __getattr__ imports them
     from layerdescent.task import LayerOutput, Task
     from layerdescent.reevaluate import evaluate_run
     from layerdescent.solvers import Solver
+    from layerdescent.trackers import Tracker
     from layerdescent.trainer import train
     from layerdescent.update import LayerwiseUpdate
 
@@ -89,6 +93,7 @@ __all__ = [
     "Descent",
     "DescentTrainer",
     "DivergenceError",
+    "Executor",
     "LayerBatch",
     "LayerOutput",
     "LayerwiseUpdate",
@@ -98,6 +103,7 @@ __all__ = [
     "RunConfig",
     "Solver",
     "Task",
+    "Tracker",
     "__version__",
     "cache_dir",
     "config_from_dict",

@@ -26,41 +26,32 @@ see ``layerdescent.endpoints``); they are checked with the rest before anything 
 Every run lands in ``OUT/VARIANT/seed-N``; a finished run (its ``results.json`` exists) whose
 recorded config is the one asked for is not run again and an interrupted one resumes, so a bench
 that stopped halfway continues where it was; a finished run under another config is refused.
-``workers > 1`` trains independent runs in that many processes, one torch thread each, which die
-with the bench.
+The runs train on a registered executor (``layerdescent.executors``): by default this process,
+or with ``workers > 1`` that many processes of one torch thread each, which die with the bench.
 """
 
 from __future__ import annotations
 
 import copy
-import ctypes
 import dataclasses
 import fnmatch
 import itertools
 import json
 import math
-import os
-import signal
-import sys
-import threading
-import time
-from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
-from unittest import mock
 
-from layerdescent import progress, publish, rundir
+from layerdescent import publish, rundir
 from layerdescent.config import RunConfig, apply_overrides, check_depth, check_seed, config_from_dict, read_toml, set_path
 from layerdescent.endpoints import BenchSpec, parse_spec
 from layerdescent.errors import ConfigError
 from layerdescent.guard import build_task
-from layerdescent.executors import ExecutorOptions, failure_report, run_failure, run_remote, slurm_table
+from layerdescent.executors import ExecutorOptions, executor_class, failure_report, slurm_table
 from layerdescent.registry import Registry
 from layerdescent.report import write_report
 from layerdescent.reevaluate import evaluate_config, evaluate_run
 from layerdescent.trackers import BENCH_ENV, STORE_ENV, check_trackers
-from layerdescent.trainer import train
 
 
 @dataclass(frozen=True)
@@ -198,7 +189,7 @@ def plan(path: str | Path, out: str | Path, overrides: list[str] = (), registry:
                     if key not in tasks:
                         tasks[key] = build_task(registry, config.task.name, config.task.options)
                     check_depth(config, tasks[key].num_layers, registry)
-                    check_trackers(config.train.trackers)
+                    check_trackers(config.train.trackers, registry)
                 except ConfigError as exc:
                     own = {*_flatten(override), *grid}  # keys the variant or the grid set over a --set
                     lines = (blame(line.removeprefix("--set "), f"bench.variants.{name}", overrides, own) for line in str(exc).splitlines())
@@ -247,49 +238,6 @@ def _check_same_task(run: BenchRun) -> None:
         )
 
 
-PR_SET_PDEATHSIG = 1  # linux/prctl.h
-
-
-def _watch_parent(parent: int) -> None:
-    """Exit as soon as the bench that started this worker is gone (where PR_SET_PDEATHSIG is not available)."""
-    while True:
-        if os.getppid() != parent:
-            os._exit(1)
-        time.sleep(1.0)
-
-
-def _worker_init(parent: int) -> None:
-    """Tie a worker's life to the bench's: a killed bench leaves no run training on."""
-    if sys.platform.startswith("linux"):
-        try:
-            libc = ctypes.CDLL(None, use_errno=True)
-            libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-        except (OSError, AttributeError):
-            pass
-    if os.getppid() != parent:  # the bench died before the signal was armed
-        os._exit(1)
-    progress.share_terminal()  # one terminal, several runs: timed lines, not bars drawn over each other
-    threading.Thread(target=_watch_parent, args=(parent,), daemon=True, name="layerdescent-parent-watch").start()
-
-
-def _train_one(run: BenchRun, resume: bool) -> None:
-    """A worker process's job: one run on one torch thread."""
-    config = dataclasses.replace(run.config, train=dataclasses.replace(run.config.train, threads=1))
-    train(config, run.run_dir, resume=resume)
-
-
-def _settle(run: BenchRun, resume: bool, outcome: Callable[[], Any], out: Path, failures: list, on_run: Callable[[BenchRun, str], None] | None) -> None:
-    """Wait for one run's ``outcome`` and tell how it ended; a failed run is recorded and the others go on."""
-    try:
-        outcome()
-        status = "resumed" if resume else "trained"
-    except Exception as exc:  # noqa: BLE001 - as on the remote executors: every failure is named at the end
-        failures.append(run_failure(run, out, exc))
-        status = f"failed: {failures[-1].error}"
-    if on_run:
-        on_run(run, status)
-
-
 def tracker_env(path: str | Path, out: str | Path) -> dict[str, str]:
     """What a bench tells its runs' trackers: one MLflow experiment named after the bench, one store in ``out``."""
     return {BENCH_ENV: Path(path).stem, STORE_ENV: str(Path(out).resolve() / "mlruns")}
@@ -331,17 +279,21 @@ def run_bench(
     ``only`` (shell-style patterns on variant labels) trains those variants alone, say the tuning
     runs a later variant's setting is chosen from; every run is still validated first.
     ``command`` is how the summary says it was made (default: the equivalent `layerdescent bench`).
-    Worker processes find plugins through entry points, so ``registry`` applies only with one worker.
-    ``executor`` (default: the local pool of ``workers``) may train the runs on Ray or SLURM instead;
-    with ``executor.wait`` false the jobs are submitted and None is returned, with no summary yet.
+    Worker processes find plugins through entry points, so ``registry`` applies only to this
+    process: the executor's name, and the runs themselves with one local worker.
+    ``executor`` (default: the local pool of ``workers``) names any registered executor, Ray or
+    SLURM say; with ``executor.wait`` false its jobs are submitted and None is returned, with no
+    summary yet.
     ``title`` heads the summary (default: the bench file's name); ``before(pending, total)`` is called
     once every run is checked, before any trains (the demo says there what it is about to do).
     """
     executor = executor or ExecutorOptions(workers=workers)
     if executor.name == "local":
         workers = executor.workers or workers
-    if workers < 1:
-        raise ConfigError(f"--workers must be at least 1, got {workers}")
+        if workers < 1:
+            raise ConfigError(f"--workers must be at least 1, got {workers}")
+        executor = dataclasses.replace(executor, workers=workers)
+    executor_cls = executor_class(executor, registry)  # an unknown name or a missing package stops the bench before it plans
     pending, done = [], []
     runs = select(plan(path, out, overrides, registry), list(only))
     for run in runs:
@@ -368,21 +320,9 @@ def run_bench(
     for run in done:  # reported once every run is known to match, so nothing is called done and then refused
         if on_run:
             on_run(run, "done")
-    env = tracker_env(path, out)
-    failures = []
-    if executor.name != "local":
-        failures, workers = run_remote(executor, pending, Path(out), env, on_run)
-        if not executor.wait:
-            return None
-    elif workers == 1:
-        with mock.patch.dict(os.environ, env):  # for the block and the workers it starts
-            for run, resume in pending:
-                _settle(run, resume, lambda: train(run.config, run.run_dir, resume=resume, registry=registry), Path(out), failures, on_run)
-    else:
-        with mock.patch.dict(os.environ, env), ProcessPoolExecutor(workers, initializer=_worker_init, initargs=(os.getpid(),)) as pool:
-            jobs = {pool.submit(_train_one, run, resume): (run, resume) for run, resume in pending}
-            for job in as_completed(jobs):  # told as each ends
-                _settle(*jobs[job], job.result, Path(out), failures, on_run)
+    failures, workers = executor_cls(executor, Path(out), tracker_env(path, out), registry).run(pending, on_run)
+    if not executor.wait:
+        return None
     command = command or " ".join(["layerdescent bench", str(path), "--out", str(out), *(f"--set {o}" for o in overrides), *(f"--only '{o}'" for o in only)])
     if failures and len(failures) == len(runs):
         raise failure_report(failures, len(runs), None)

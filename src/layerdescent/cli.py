@@ -74,20 +74,15 @@ def _summary_line(gamma_record: dict[str, Any]) -> str:
 
 def cmd_list(args: argparse.Namespace) -> int:
     registry = get_registry()
-    print("tasks:")
-    for name, cls in sorted(registry.tasks.items()):
-        doc = (cls.__doc__ or "").strip().splitlines()[0] if cls.__doc__ else ""
-        print(f"  {name:24} {doc}  [plugin {registry.owner[('Task', name)]}]")
-    print("constraint kinds:")
-    for kind, cls in sorted(registry.constraints.items()):
-        doc = (cls.__doc__ or "").strip().splitlines()[0] if cls.__doc__ else ""
-        print(f"  {kind:24} {doc}  [plugin {registry.owner[('ConstraintSpec', kind)]}]")
-    print("solvers:")
-    for name, cls in sorted(registry.solvers.items()):
-        doc = (cls.__doc__ or "").strip().splitlines()[0] if cls.__doc__ else ""
-        print(f"  {name:24} {doc}  [plugin {registry.owner[('Solver', name)]}]")
-        for option in dataclasses.fields(cls.Options):
-            print(f"    {option.name} = {_option_default(option)}")
+    sections = (("tasks", registry.tasks, "Task"), ("constraint kinds", registry.constraints, "ConstraintSpec"), ("solvers", registry.solvers, "Solver"),
+                ("executors (bench --executor)", registry.executors, "Executor"), ("trackers (train.trackers)", registry.trackers, "Tracker"))
+    for title, table, base in sections:
+        print(f"{title}:")
+        for name, cls in sorted(table.items()):
+            doc = (cls.__doc__ or "").strip().splitlines()[0] if cls.__doc__ else ""
+            print(f"  {name:24} {doc}  [plugin {registry.owner[(base, name)]}]")
+            for option in dataclasses.fields(cls.Options) if base == "Solver" else ():
+                print(f"    {option.name} = {_option_default(option)}")
     return 0
 
 
@@ -147,9 +142,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
     }
     remote = {"--ray-address": args.ray_address, "--cpus-per-run": args.cpus_per_run, "--gpus-per-run": args.gpus_per_run, "--partition": args.partition, "--time": args.time, "--mem-gb": args.mem_gb}
     for flag, value in remote.items():
-        wanted = "ray" if flag == "--ray-address" else "slurm" if flag in ("--partition", "--time", "--mem-gb") else "ray or slurm"
-        if value is not None and args.executor not in wanted.split(" or "):
-            raise ConfigError(f"{flag} needs --executor {wanted}")
+        # the per-run resources mean something to every executor but local, whose runs take one thread each
+        wanted = ["ray"] if flag == "--ray-address" else ["slurm"] if flag in ("--partition", "--time", "--mem-gb") else sorted(set(get_registry().executors) - {"local"})
+        if value is not None and args.executor not in wanted:
+            raise ConfigError(f"{flag} needs --executor {' or '.join(wanted)}")
     executor = executor_options(args.config, args.set, args.executor, **given)
     flags = [*(["--workers", str(workers)] if workers not in (1, None) else []), *(["--executor", args.executor] if args.executor != "local" else [])]
     command = " ".join(["layerdescent bench", str(args.config), "--out", str(out), *(f"--set {o}" for o in args.set), *(f"--only '{o}'" for o in args.only), *flags])
@@ -266,7 +262,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"layerdescent {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
-    sub.add_parser("list", help="tasks, constraint kinds and solvers").set_defaults(func=cmd_list)
+    sub.add_parser("list", help="tasks, constraint kinds, solvers, executors and trackers").set_defaults(func=cmd_list)
     p = sub.add_parser("plugins", help="plugins that loaded, failed or were blocked")
     p.add_argument("--json", action="store_true", help="print them as a JSON list (name, distribution, version, status, reason)")
     p.set_defaults(func=cmd_plugins)
@@ -289,7 +285,7 @@ def build_parser() -> argparse.ArgumentParser:
         else:
             p.add_argument("--only", action="append", default=[], metavar="PATTERN", help="train only the variants whose label matches, e.g. 'tune-*' (repeatable)")
             p.add_argument("--workers", type=int, help="runs trained at once (local: processes of one torch thread each, default 1; ray, slurm: default as many as fit)")
-            p.add_argument("--executor", choices=["local", "ray", "slurm"], default="local", help="where runs train: a local process pool, Ray tasks, or SLURM jobs (submitit)")
+            p.add_argument("--executor", default="local", metavar="NAME", help="where runs train: local (a process pool, the default), ray (Ray tasks), slurm (SLURM jobs via submitit), or one a plugin registers (`layerdescent list`)")
             p.add_argument("--ray-address", help="join this Ray cluster (default: start a local Ray instance)")
             p.add_argument("--cpus-per-run", type=int, help="CPUs (and torch threads) per run on ray or slurm (default 1)")
             p.add_argument("--gpus-per-run", type=float, help="GPUs per run on ray or slurm (default 0)")

@@ -145,8 +145,8 @@ class TrainConfig:
     """What a NaN or infinite loss does: `stop` the run, or `skip` that step (logged and counted)."""
     keep_checkpoint: bool = False
     """Keep `checkpoint.pt` (optimizer state) once the run finished, to train it further."""
-    trackers: tuple[Literal["tensorboard", "mlflow"], ...] = ()
-    """Listeners on the metrics log: `tensorboard`, `mlflow` or both."""
+    trackers: tuple[str, ...] = ()
+    """Registered listeners on the metrics log (`layerdescent list` shows them): `tensorboard`, `mlflow`, or a plugin's."""
 
     def __post_init__(self) -> None:
         for key in ("epochs", "batch_size", "accumulate", "log_every"):
@@ -167,8 +167,8 @@ class TrainConfig:
         _require(len(set(self.band)) == len(self.band), "train.train_gamma", "names a level twice")
         _require(self.gamma_sampling == "draw" or len(self.band) > 1, "train.gamma_sampling", "= 'all' needs a band: set train.train_gamma to a list of levels")
         _require(self.threads <= MAX_THREADS, "train.threads", f"must be at most {MAX_THREADS} (this machine has {os.cpu_count()} cores; 0 keeps torch's default), got {self.threads}")
-        # whether each tracker's package is installed is checked when a run trains (check_trackers),
-        # so that report and evaluate still read a recorded run on a machine without it
+        # whether each tracker is registered and its package installed is checked when a run trains
+        # (check_trackers), so that report and evaluate still read a recorded run on a machine without it
         _require(len(set(self.trackers)) == len(self.trackers), "train.trackers", "lists a tracker twice")
 
     @property

@@ -26,3 +26,13 @@ def register_assets(register) -> None:
 @hookspec
 def register_solvers(register) -> None:
     """Call ``register(SolverSubclass)`` for every solver the plugin provides."""
+
+
+@hookspec
+def register_executors(register) -> None:
+    """Call ``register(ExecutorSubclass)`` for every executor (where a bench's runs train) the plugin provides."""
+
+
+@hookspec
+def register_trackers(register) -> None:
+    """Call ``register(TrackerSubclass)`` for every tracker (a listener on a run's metrics log) the plugin provides."""

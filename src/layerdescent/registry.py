@@ -1,13 +1,16 @@
-"""Find tasks, constraint kinds, solvers and assets contributed by plugins.
+"""Find tasks, constraint kinds, solvers, executors, trackers and assets contributed by plugins.
 
     from layerdescent import get_registry
     registry = get_registry()            # loads entry-point group "layerdescent" once
     task_cls = registry.task("lista")
     spec_cls = registry.constraint("descent")
     solver_cls = registry.solver("primal-dual")
+    executor_cls = registry.executor("ray")
+    tracker_cls = registry.tracker("mlflow")
 
 Plugins are modules (or objects) with ``@layerdescent.hookimpl`` functions named after the hooks
-in :mod:`layerdescent.hookspecs`. Registration is atomic per plugin: one that fails to import
+in :mod:`layerdescent.hookspecs`; the built-in constraint kinds, solvers, executors and trackers
+are default plugins that register through the same hooks. Registration is atomic per plugin: one that fails to import
 (sys.exit() included), implements an unknown hook, breaks inside any hook or registers a name
 another plugin has is reported once by name and contributes nothing; the others still load.
 ``LAYERDESCENT_DISABLE_PLUGINS=a,b`` blocks plugins by entry-point name.
@@ -25,13 +28,17 @@ from typing import Any, Callable, Iterable
 import pluggy
 
 from layerdescent import constraints as builtin_constraints
+from layerdescent import executors as builtin_executors
 from layerdescent import hookspecs
 from layerdescent import solvers as builtin_solvers
+from layerdescent import trackers as builtin_trackers
 from layerdescent.assets import Asset
 from layerdescent.constraints import ConstraintSpec
 from layerdescent.errors import PluginError
+from layerdescent.executors import Executor
 from layerdescent.solvers import Solver
 from layerdescent.task import Task
+from layerdescent.trackers import Tracker
 
 GROUP = "layerdescent"
 DISABLE_ENV = "LAYERDESCENT_DISABLE_PLUGINS"
@@ -56,16 +63,19 @@ def closest(name: str, choices: Iterable[str]) -> str:
     return f"; did you mean {match[0]!r}?" if match and name else ""
 
 
-_WHAT = {Task: "task", ConstraintSpec: "constraint kind", Solver: "solver", Asset: "asset"}
+_WHAT = {Task: "task", ConstraintSpec: "constraint kind", Solver: "solver", Executor: "executor", Tracker: "tracker", Asset: "asset"}
+BUILTIN = (builtin_constraints, builtin_solvers, builtin_executors, builtin_trackers)  # default plugins, named by module
 
 
 class Registry:
-    """Tasks, constraint kinds, solvers and assets, keyed by name, with the plugins that gave them."""
+    """Tasks, constraint kinds, solvers, executors, trackers and assets, keyed by name, with the plugins that gave them."""
 
     _kinds: dict[str, tuple[type, str]] = {
         "register_tasks": (Task, "tasks"),
         "register_constraints": (ConstraintSpec, "constraints"),
         "register_solvers": (Solver, "solvers"),
+        "register_executors": (Executor, "executors"),
+        "register_trackers": (Tracker, "trackers"),
         "register_assets": (Asset, "assets"),
     }
 
@@ -73,13 +83,15 @@ class Registry:
         self.tasks: dict[str, type[Task]] = {}
         self.constraints: dict[str, type[ConstraintSpec]] = {}
         self.solvers: dict[str, type[Solver]] = {}
+        self.executors: dict[str, type[Executor]] = {}
+        self.trackers: dict[str, type[Tracker]] = {}
         self.assets: dict[str, Asset] = {}
         self.plugins: dict[str, PluginInfo] = {}
         self.owner: dict[tuple[str, str], str] = {}
         self._pm = pluggy.PluginManager(GROUP)
         self._pm.add_hookspecs(hookspecs)
-        self._add("layerdescent.constraints", builtin_constraints, PluginInfo("layerdescent.constraints", "layerdescent"))
-        self._add("layerdescent.solvers", builtin_solvers, PluginInfo("layerdescent.solvers", "layerdescent"))
+        for module in BUILTIN:
+            self._add(module.__name__, module, PluginInfo(module.__name__, "layerdescent"))
         if entry_points:
             self._load_entry_points()
         for name, plugin in extra_plugins:
@@ -200,6 +212,14 @@ class Registry:
     def solver(self, name: str) -> type[Solver]:
         """The Solver class registered under ``name``."""
         return self._lookup(self.solvers, "solver", name)
+
+    def executor(self, name: str) -> type[Executor]:
+        """The Executor class registered under ``name``."""
+        return self._lookup(self.executors, "executor", name)
+
+    def tracker(self, name: str) -> type[Tracker]:
+        """The Tracker class registered under ``name``."""
+        return self._lookup(self.trackers, "tracker", name)
 
     def asset(self, name: str) -> Asset:
         """The Asset registered under ``name``."""

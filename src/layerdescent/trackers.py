@@ -1,13 +1,16 @@
-"""Trackers: TensorBoard and MLflow as listeners on the lines a run writes to ``metrics.jsonl``.
+"""Trackers: listeners on the lines a run writes to ``metrics.jsonl``, each registered by a plugin.
 
     [train]
     trackers = ["tensorboard", "mlflow"]
 
-    trackers = open_trackers(config, run_dir, start_step)   # in the trainer, once the log is open
-    trackers.log(record)                                     # every record written to metrics.jsonl
-    trackers.close(results, run_dir)                         # once results.json is written
+    trackers = open_trackers(config, run_dir, start_step, registry)   # in the trainer, once the log is open
+    trackers.log(record)                                               # every record written to metrics.jsonl
+    trackers.close(results, run_dir)                                   # once results.json is written
 
-TensorBoard event files go to ``RUN_DIR/tensorboard``. MLflow logs one MLflow run per run, in
+TensorBoard and MLflow are built in; a plugin's tracker subclasses :class:`Tracker` and is
+registered by ``register_trackers``. The names and the packages they need are checked when a run
+trains (``check_trackers``), not when a config is read, so a recorded run still reports and
+evaluates where a tracker is missing. TensorBoard event files go to ``RUN_DIR/tensorboard``. MLflow logs one MLflow run per run, in
 ``$MLFLOW_TRACKING_URI`` when it is set, else in a local file store: ``OUT/mlruns`` for a bench
 (one experiment named after the bench), ``RUN_DIR/mlruns`` for a single run. Both name a value
 the same way (``scalars``): ``train/loss/l3``, ``train/lambda/descent/2``, ``val/accuracy``.
@@ -16,22 +19,21 @@ This module imports neither package until a tracker opens, so a config check sta
 
 from __future__ import annotations
 
+import abc
 import atexit
-import importlib.util
 import os
 import re
 import shutil
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, ClassVar, Iterable
 
 from layerdescent.errors import ConfigError
-from layerdescent.optional import require
+from layerdescent.hookspecs import hookimpl
+from layerdescent.optional import check_installed, require
 from layerdescent.rundir import flat_keys
 
-# tracker name -> (the module it needs, the extra that installs it)
-TRACKERS = {"tensorboard": ("tensorboard", "tensorboard"), "mlflow": ("mlflow", "mlflow")}
 # Set by a bench for its workers, so a bench's runs share one store and one experiment without a config key.
 BENCH_ENV = "LAYERDESCENT_BENCH"
 STORE_ENV = "LAYERDESCENT_MLFLOW_STORE"
@@ -39,12 +41,38 @@ STEP_TIME = "time/seconds_per_step"
 RUN_DIR_TAG = "layerdescent.run_dir"
 
 
-def check_trackers(names: Iterable[str]) -> None:
-    """Raise ConfigError naming the extra to install when a tracker's package is missing (before a run trains)."""
-    for name in names:
-        module, extra = TRACKERS[name]
-        if importlib.util.find_spec(module) is None:
-            raise ConfigError(f"train.trackers: {name!r} needs the {module} package: pip install 'layerdescent[{extra}]'")
+class Tracker(abc.ABC):
+    """A listener on a run's metrics log: subclass it, register it with ``register_trackers``, name it in ``train.trackers``.
+
+    Only rank 0 opens trackers. ``log`` gets every line the run writes to ``metrics.jsonl`` as named
+    values (``scalars``), ``close`` the run's results once ``results.json`` is written.
+    """
+
+    name: ClassVar[str] = ""  # what train.trackers names
+    requires: ClassVar[dict[str, str]] = {}  # module -> the pip requirement that installs it; checked before a run trains
+
+    def __init__(self, config: Any, run_dir: Path, start_step: int) -> None:
+        """Open for one run, once its metrics log is open; ``start_step`` is the checkpoint's step when it resumes (else 0)."""
+        self.config, self.run_dir, self.start_step = config, run_dir, start_step
+
+    @abc.abstractmethod
+    def log(self, step: int, values: dict[str, float]) -> None:
+        """Record the named values of one metrics.jsonl line, logged at optimizer step ``step``."""
+
+    def close(self, results: dict[str, Any], run_dir: Path) -> None:
+        """Take the finished run's results (results.json's content) and release what the tracker holds."""
+
+
+def check_trackers(names: Iterable[str], registry: Any = None) -> None:
+    """Raise one ConfigError for a tracker no plugin registers or whose package is missing (before a run trains)."""
+    from layerdescent.registry import closest, get_registry
+
+    table = (registry or get_registry()).trackers
+    for i, name in enumerate(names):
+        cls = table.get(name)
+        if cls is None:
+            raise ConfigError(f"train.trackers[{i}] = {name!r} is not a registered tracker{closest(name, table)} (known: {', '.join(sorted(table))}; see `layerdescent list`)")
+        check_installed(cls.requires, f"train.trackers: {name!r}")
 
 
 def scalars(record: dict[str, Any]) -> dict[str, float]:
@@ -72,10 +100,14 @@ def _test_scalars(results: dict[str, Any]) -> dict[str, float]:
     return out
 
 
-class _TensorBoard:
-    """Scalars in ``RUN_DIR/tensorboard``; a resumed run purges what was logged after its checkpoint."""
+class _TensorBoard(Tracker):
+    """TensorBoard event files in RUN_DIR/tensorboard; a resumed run purges what was logged after its checkpoint."""
 
-    def __init__(self, run_dir: Path, start_step: int) -> None:
+    name = "tensorboard"
+    requires: ClassVar[dict[str, str]] = {"tensorboard": "layerdescent[tensorboard]"}
+
+    def __init__(self, config: Any, run_dir: Path, start_step: int) -> None:
+        super().__init__(config, run_dir, start_step)
         require("tensorboard", "tensorboard", "train.trackers 'tensorboard'")
         from torch.utils.tensorboard import SummaryWriter
 
@@ -94,10 +126,14 @@ class _TensorBoard:
         self.writer.close()
 
 
-class _MLflow:
-    """One MLflow run per layerdescent run, found again by its run directory when the run resumes."""
+class _MLflow(Tracker):
+    """One MLflow run per run, in a local file store or at $MLFLOW_TRACKING_URI; a resumed run continues it."""
 
-    def __init__(self, config: Any, run_dir: Path) -> None:
+    name = "mlflow"
+    requires: ClassVar[dict[str, str]] = {"mlflow": "layerdescent[mlflow]"}
+
+    def __init__(self, config: Any, run_dir: Path, start_step: int) -> None:
+        super().__init__(config, run_dir, start_step)
         require("mlflow", "mlflow", "train.trackers 'mlflow'")
         from mlflow.tracking import MlflowClient
 
@@ -185,7 +221,7 @@ def _mlflow_key(key: str) -> str:
 class Trackers:
     """The trackers of one run: each gets every record the run logs, and its results at the end."""
 
-    def __init__(self, trackers: list[Any], start_step: int = 0) -> None:
+    def __init__(self, trackers: list[Tracker], start_step: int = 0) -> None:
         self.trackers = trackers
         # step time as wall time between training log lines, so validation never counts as training
         self._since, self._since_step = time.perf_counter(), start_step
@@ -209,12 +245,18 @@ class Trackers:
             tracker.close(results, Path(run_dir))
 
 
-def open_trackers(config: Any, run_dir: str | Path, start_step: int = 0) -> Trackers:
-    """The trackers ``config.train.trackers`` asks for, logging from ``start_step`` (only rank 0 logs)."""
+def open_trackers(config: Any, run_dir: str | Path, start_step: int = 0, registry: Any = None) -> Trackers:
+    """The trackers ``config.train.trackers`` names, from ``registry``, logging from ``start_step`` (only rank 0 logs)."""
     if int(os.environ.get("RANK", "0")) != 0:
         return Trackers([])
-    run_dir = Path(run_dir)
-    opened = []
-    for name in config.train.trackers:
-        opened.append(_TensorBoard(run_dir, start_step) if name == "tensorboard" else _MLflow(config, run_dir))
-    return Trackers(opened, start_step)
+    from layerdescent.registry import get_registry
+
+    registry = registry or get_registry()
+    return Trackers([registry.tracker(name)(config, Path(run_dir), start_step) for name in config.train.trackers], start_step)
+
+
+@hookimpl
+def register_trackers(register) -> None:
+    """The built-in trackers go through the same hook a third-party plugin uses."""
+    register(_TensorBoard)
+    register(_MLflow)

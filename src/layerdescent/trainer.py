@@ -54,7 +54,7 @@ class Trainer:
 
     def fit(self, resume: bool = False) -> dict[str, Any]:
         """Train (or continue), evaluate on the gamma grid, write and return ``results.json``."""
-        check_trackers(self.config.train.trackers)
+        check_trackers(self.config.train.trackers, self.registry)
         with rundir.claim(self.run_dir) as self._claim:
             try:
                 session = self.setup()
@@ -93,7 +93,7 @@ class Trainer:
         window = rundir.LogWindow()
         # Line-buffered so that `tail -f metrics.jsonl` follows a run; only rank 0 writes.
         log = rundir.open_log(metrics_file) if world.is_main else open(os.devnull, "w")
-        self._trackers = open_trackers(config, self.run_dir, position["step"])
+        self._trackers = open_trackers(config, self.run_dir, position["step"], self.registry)
 
         def checkpoint() -> None:
             self._claim.check()  # a directory moved or unlocked under the run is no longer written
