@@ -220,11 +220,13 @@ def load_model_state(path: Path, model: torch.nn.Module, state: dict[str, Any], 
         raise CheckpointError(f"{path} does not fit this model ({first[:200]}): it was written by another config of task {task!r}") from None
 
 
-def restore_run(path: Path, state: dict[str, Any], model: torch.nn.Module, update: Any, rank: int, task: str) -> None:
-    """Put a run checkpoint's model, solver, multipliers and this rank's RNG back, or one CheckpointError naming the file."""
+def restore_run(path: Path, state: dict[str, Any], model: torch.nn.Module, update: Any, rank: int, task: str, schedule: Any = None) -> None:
+    """Put a run checkpoint's model, solver, multipliers, learning-rate schedule and this rank's RNG back, or one CheckpointError naming the file."""
     load_model_state(path, model, state["model"], task)
     try:
         update.load_state_dict(state)
+        if schedule is not None and "schedule" in state:
+            schedule.load_state_dict(state["schedule"])
         set_rng_state(state["rng"][rank % len(state["rng"])])  # one state per rank it ran with
     except (RuntimeError, KeyError, TypeError, ValueError, IndexError, AttributeError) as exc:
         raise CheckpointError(

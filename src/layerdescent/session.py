@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import random
+import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -14,7 +15,7 @@ from layerdescent.config import RunConfig, TrainConfig
 from layerdescent.data import Rows
 from layerdescent.distributed import World, init_world
 from layerdescent.errors import ConfigError, DataError
-from layerdescent.problem import ExtraSGD, LayerwiseProblem
+from layerdescent.problem import LayerwiseProblem
 from layerdescent.registry import Registry
 from layerdescent.update import LayerwiseUpdate
 
@@ -32,18 +33,29 @@ def epoch_steps(samples: int, train: TrainConfig) -> tuple[int, int]:
     return micro, math.ceil(micro / train.accumulate)
 
 
-def build_primal_optimizer(model: torch.nn.Module, config: TrainConfig, extragradient: bool = False) -> torch.optim.Optimizer:
-    """The model's optimizer as the config names it (Cooper's ExtraAdam/ExtraSGD for an extrapolation scheme)."""
-    import cooper
+class CosineSchedule(torch.optim.lr_scheduler.LRScheduler):
+    """train.lr_schedule = "cosine": each group's lr anneals as lr * (1 + cos(pi * step / total)) / 2 to 0 at the run's last step."""
 
-    params = [p for p in model.parameters() if p.requires_grad]
-    if extragradient and config.optimizer == "adamw":
-        raise ConfigError("solver.scheme = 'extrapolation' has no extragradient AdamW: set train.optimizer = 'adam' (or 'sgd') and train.weight_decay as L2")
-    if config.optimizer == "sgd":
-        cls = ExtraSGD if extragradient else torch.optim.SGD
-        return cls(params, lr=config.lr, momentum=config.momentum, weight_decay=config.weight_decay)
-    cls = cooper.optim.ExtraAdam if extragradient else torch.optim.AdamW if config.optimizer == "adamw" else torch.optim.Adam
-    return cls(params, lr=config.lr, weight_decay=config.weight_decay)
+    def __init__(self, optimizer: torch.optim.Optimizer, total: int) -> None:
+        self.total = max(total, 1)
+        super().__init__(optimizer)
+
+    def get_lr(self) -> list[float]:
+        """The learning rates of step ``last_epoch``, from the step count alone."""
+        return [base * 0.5 * (1 + math.cos(math.pi * min(self.last_epoch, self.total) / self.total)) for base in self.base_lrs]
+
+    def step(self, epoch: int | None = None) -> None:
+        """Move to the next optimizer step (also after a step skipped for a non-finite loss, whose count the schedule follows)."""
+        with warnings.catch_warnings():  # a skipped first step calls this before optimizer.step(): harmless here
+            warnings.simplefilter("ignore", UserWarning)
+            super().step()
+
+    def resume(self, step: int) -> None:
+        """Put the schedule at ``step`` (a checkpoint written before the schedule kept its own state)."""
+        self.last_epoch = step
+        for group, lr in zip(self.optimizer.param_groups, self.get_lr()):
+            group["lr"] = lr
+        self._last_lr = [group["lr"] for group in self.optimizer.param_groups]
 
 
 def set_dropout(model: torch.nn.Module, rate: float, task: str) -> None:
@@ -57,7 +69,7 @@ def set_dropout(model: torch.nn.Module, rate: float, task: str) -> None:
 
 @dataclass
 class Session:
-    """What a run trains: its splits in memory, model, and the constrained update."""
+    """What a run trains: its splits in memory, model, the constrained update and the learning-rate schedule."""
 
     rows: dict[str, Rows]
     model: torch.nn.Module
@@ -65,11 +77,18 @@ class Session:
     labels: list[str]
     world: World = World()
     device: torch.device = torch.device("cpu")
+    schedule: CosineSchedule | None = None
 
     @property
     def problem(self) -> LayerwiseProblem:
         """The constraints' Cooper problem (multipliers, labels)."""
         return self.update.problem
+
+    def reduce_gradients(self, clip: float = 0.0) -> None:
+        """Average the model's gradients over ranks (their losses were weighted as DDP's are), then clip their norm to ``clip`` (0: no clipping)."""
+        self.world.average_gradients(self.model.parameters())
+        if clip:
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip)
 
 
 def build_session(config: RunConfig, task: Any, registry: Registry) -> Session:
@@ -94,9 +113,7 @@ def build_session(config: RunConfig, task: Any, registry: Registry) -> Session:
     if world.rank:  # the same initial model everywhere, independent perturbations per rank
         seed_everything(config.seed + 1_000_003 * world.rank)
     solver = config.solver
-    extragradient = registry.solver(solver.name).gradient_passes(solver.options) == 2
-    primal = build_primal_optimizer(model, train, extragradient)
-    # sync=False: the trainer averages the layer means over ranks itself, before its checks
-    update = LayerwiseUpdate(config.constraints, task.num_layers, primal, solver.name, sync=False, registry=registry, band=train.band, rows=len(rows["train"]), **vars(solver.options))
-    update.problem.cmp.to(device)
-    return Session(rows, model, update, [f"l{k}" for k in range(task.num_layers + 1)], world, device)
+    primal = registry.solver(solver.name).primal_optimizer(solver.options, [p for p in model.parameters() if p.requires_grad], train)  # the scheme's, e.g. extragradient
+    update = LayerwiseUpdate(config.constraints, task.num_layers, primal, solver.name, registry=registry, band=train.band, rows=len(rows["train"]), **vars(solver.options)).to(device)
+    schedule = CosineSchedule(primal, train.epochs * epoch_steps(len(rows["train"]), train)[1]) if train.lr_schedule == "cosine" else None
+    return Session(rows, model, update, [f"l{k}" for k in range(task.num_layers + 1)], world, device, schedule)
