@@ -338,6 +338,11 @@ class LayerwiseProblem:
             out[spec.name] = violation
         return out
 
+    def violations_of_rows(self, means: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Each plain spec's violations at S rows of layer means, S x entries (one call where the kind broadcasts over rows)."""
+        self.start(means[0])
+        return {spec.name: grouped_violation(spec, means, self.state[spec.name]) for spec in self.plain}
+
     def multipliers(self) -> dict[str, torch.Tensor]:
         """Current lambda of each spec: one per label, or a rows x labels table for a per-sample spec."""
         out = {}

@@ -43,7 +43,7 @@ class Observation:
     """What one optimizer step saw, over its micro-batches and every rank: the layer means, each constraint's violation there, and per-group sums."""
 
     means: Any = None  # L+1 weighted means (NaN where a step read the last layer alone); None before any micro-batch
-    violations: dict[str, Any] | None = None  # each plain constraint's violation at ``means``; None until known (empty when ``means`` is not finite)
+    violations: dict[str, Any] | None = None  # each plain constraint's violation at ``means`` (constrained solvers); None until known, empty when ``means`` is not finite
     tables: Tables = field(default_factory=dict)  # each grouped constraint's per-group loss sums and row counts
     micro: int = 0  # micro-batches counted
     reduced: bool = False  # means averaged and tables summed over ranks (done once, by ``Solver.observed``)
@@ -131,15 +131,17 @@ class Solver:
 
     # -- one micro-batch -------------------------------------------------------------------------
 
-    def forward(self, batch: Any, weight: float = 1.0) -> torch.Tensor:
-        """Count one micro-batch (L+1 means or a LayerBatch) toward this step with ``weight``; its primal loss, unweighted."""
+    def forward(self, batch: Any, weight: float = 1.0) -> torch.Tensor | None:
+        """Count one micro-batch (L+1 means or a LayerBatch) toward this step with ``weight``; its primal loss, unweighted (None under ``torch.no_grad()``: a pass that only counts)."""
         from layerdescent.problem import LayerBatch
+
+        import torch
 
         means = _means(batch)
         self._start(means, weight)
-        loss = self.primal_loss(batch)
+        loss = self.primal_loss(batch) if torch.is_grad_enabled() else None
         tables = self.problem.group_tables(batch) if self.problem.groupings and isinstance(batch, LayerBatch) else {}
-        self.count(means.detach(), weight, None, tables)  # its violations, for the log, are computed once, in observed()
+        self.count(means.detach(), weight, None, tables)
         return loss
 
     def _start(self, means: torch.Tensor, weight: float) -> None:
@@ -169,13 +171,13 @@ class Solver:
         if _world() > 1:
             _all_reduce(seen)
             seen.reusable = False
-        if not seen.reusable or seen.violations is None:
+        if self.enforces_constraints and (not seen.reusable or seen.violations is None):
             import torch
 
             finite = bool(torch.isfinite(seen.means).all())  # a last-layer-only read leaves the other layers NaN: no violations
             with torch.no_grad():
                 seen.violations = self.problem.violations(seen.means) if finite else {}
-        seen.reduced = True
+        seen.reduced = True  # a solver that enforces nothing leaves the violations to the log line, which takes them in one batch
         return seen
 
     def discard(self) -> None:
@@ -462,10 +464,12 @@ class PrimalDual(Solver):
 
         means = _means(batch)
         self._start(means, weight)
+        if not torch.is_grad_enabled():  # a pass that only counts (the dual pass of alternating-primal-dual): no Lagrangian
+            return super().forward(batch, weight)
         # one pass: dual=False, the multipliers step from the window of dual_every, not from this pass
         state, violations, tables = self.problem.observe(batch, dual=False)
         self.count(means.detach(), weight, violations, tables)
-        if self.options.scheme == "alternating" and torch.is_grad_enabled():
+        if self.options.scheme == "alternating":
             # Cooper's dual-then-primal: lambda steps first, from this whole batch (over every rank), then the primal Lagrangian reads it
             if self._seen.micro > 1:
                 raise ConfigError("solver.scheme = 'alternating' steps lambda from the whole batch before its primal step: accumulate no micro-batches (train.accumulate = 1)")
@@ -522,10 +526,14 @@ class PrimalDual(Solver):
 
         if seen.tables:
             self._tables = add_tables(self._tables, seen.tables)
+        every = self.options.dual_every
+        if every == 1 and seen.violations and len(seen.violations) == len(self.problem.plain):
+            self.dual_gradient(seen.violations, self._tables)  # a one-step window: the step's own violations, from its pass
+            self._tables = {}
+            return True
         self._window += seen.means.detach().to(self._window)
         self._count += 1
         self._window_violations = seen.violations if self._count == 1 else None
-        every = self.options.dual_every
         return every != "epoch" and self._count >= every and self._window_dual_gradient()
 
     def end_epoch(self) -> bool:

@@ -61,7 +61,7 @@ class LayerwiseUpdate:
         self.problem: LayerwiseProblem = problem  # the constraints' Cooper problem (multipliers, labels, groupings)
         self.optimizer = self.solver.optimizer  # the solver's Cooper optimizer (the model's optimizer is its primal_optimizers[0])
         self.labels: dict[str, list[str]] = problem.labels  # each constraint's entry labels (l1<=l0, ...)
-        self._window = LogWindow()
+        self._window = LogWindow(problem)
 
     def to(self, device: torch.device | str) -> LayerwiseUpdate:
         """Move the multipliers (and penalties) to ``device``, where the losses are; returns self."""
@@ -79,8 +79,8 @@ class LayerwiseUpdate:
         """
         return self.solver.primal_loss(self._batch(losses, rows, levels, enforced_only=True))
 
-    def forward(self, losses: torch.Tensor, weight: float = 1.0, rows: torch.Tensor | None = None, levels: torch.Tensor | None = None) -> torch.Tensor:
-        """Count one micro-batch's losses toward this step (``weight``: its share) and return its primal loss, for a loop that runs ``backward`` itself (a Hugging Face ``Trainer``, a loss scaler)."""
+    def forward(self, losses: torch.Tensor, weight: float = 1.0, rows: torch.Tensor | None = None, levels: torch.Tensor | None = None) -> torch.Tensor | None:
+        """Count one micro-batch's losses toward this step (``weight``: its share) and return its primal loss, for a loop that runs ``backward`` itself (a Hugging Face ``Trainer``, a loss scaler); under ``torch.no_grad()`` it only counts and returns None."""
         return self.solver.forward(self._batch(losses, rows, levels), weight)
 
     def backward(self, losses: torch.Tensor, weight: float = 1.0, rows: torch.Tensor | None = None, levels: torch.Tensor | None = None) -> torch.Tensor:
@@ -90,7 +90,7 @@ class LayerwiseUpdate:
         band) feed the constraints held per sample or per level.
         """
         loss = self.forward(losses, weight, rows, levels)
-        if torch.is_grad_enabled() and loss.requires_grad:
+        if loss is not None and loss.requires_grad:
             (loss * weight).backward()
         return losses.detach().mean(dim=0) if losses.dim() == 2 and len(losses) else losses.detach()
 
@@ -174,15 +174,14 @@ class LayerwiseUpdate:
         return LayerBatch(losses, rows, levels)
 
     def _log(self, seen: Observation) -> None:
-        """Count a taken step's observation in the log line: its means, and its violations where it read every layer."""
+        """Count a taken step in the log line: its means, its violations where it brought them, and its grouped constraints' per entry."""
         if seen.means is None:
             return
-        violations = dict(seen.violations or {})
+        grouped = {}
         if seen.tables and bool(torch.isfinite(seen.means).all()):  # from the step's tables, summed over ranks
             with torch.no_grad():
-                grouped = self.problem.group_violations(seen.tables)
-            violations.update({name: _per_entry(v, nan_safe=True) for name, v in grouped.items()})
-        self._window.add(seen.means, violations)
+                grouped = {name: _per_entry(v, nan_safe=True) for name, v in self.problem.group_violations(seen.tables).items()}
+        self._window.add(seen.means, seen.violations, grouped)
 
 
 def _per_entry(value: torch.Tensor, nan_safe: bool = False) -> torch.Tensor:
@@ -198,9 +197,12 @@ def _seen_mean(total: Any, seen: Any) -> list[float | None]:
 
 
 class LogWindow:
-    """Sums of what one log line reports, over the steps since the last line."""
+    """What one log line reports, over the steps since the last line: each step is kept as it came and folded in batches, off the step's path."""
 
-    def __init__(self) -> None:
+    FOLD = 64  # steps kept before they are folded into the sums (bounds memory where no line is ever asked for)
+
+    def __init__(self, problem: LayerwiseProblem) -> None:
+        self.problem = problem  # a step that brings no violations (a solver that enforces nothing) has them computed here, in one batch
         self.reset()
 
     def reset(self) -> None:
@@ -212,25 +214,45 @@ class LogWindow:
         self.counts: Any = None
         self.violation: dict[str, Any] = {}
         self.seen: dict[str, Any] = {}  # per entry, the steps that observed it (a level not drawn is NaN)
+        self._kept: list[tuple[torch.Tensor, dict[str, torch.Tensor] | None, dict[str, torch.Tensor]]] = []
 
-    def add(self, means: torch.Tensor, violations: dict[str, torch.Tensor]) -> None:
-        """Count one step's layer means and violations."""
+    def add(self, means: torch.Tensor, violations: dict[str, torch.Tensor] | None, grouped: dict[str, torch.Tensor] | None = None) -> None:
+        """Count one step's layer means and violations (None: compute them from the means when the line is made)."""
         self.steps += 1
-        read = ~torch.isnan(means)  # a step that read the last layer alone leaves the others NaN
-        self.loss = means.nan_to_num() if self.loss is None else self.loss + means.nan_to_num()
-        self.counts = read.float() if self.counts is None else self.counts + read
-        if not bool(read.all()):
+        self._kept.append((means, violations, grouped or {}))
+        if len(self._kept) >= self.FOLD:
+            self._fold()
+
+    def _fold(self) -> None:
+        """Add the kept steps to the sums."""
+        if not self._kept:
             return
-        self.full += 1
-        self.feasible += all(bool(((v <= 0) | v.isnan()).all()) for v in violations.values())
-        for name, value in violations.items():
-            seen = (~value.isnan()).float()
-            value = value.nan_to_num()
-            self.violation[name] = value.clone() if name not in self.violation else self.violation[name] + value
-            self.seen[name] = seen if name not in self.seen else self.seen[name] + seen
+        means = torch.stack([m for m, _, _ in self._kept])
+        read = ~torch.isnan(means)  # a step that read the last layer alone leaves the others NaN
+        self.loss = _plus(self.loss, means.nan_to_num().sum(dim=0))
+        self.counts = _plus(self.counts, read.float().sum(dim=0))
+        full = read.all(dim=1).nonzero().flatten().tolist()
+        if full:
+            steps = [self._kept[i] for i in full]
+            if all(v is not None and len(v) == len(self.problem.plain) for _, v, _ in steps):
+                plain = {name: torch.stack([v[name] for _, v, _ in steps]) for name in (steps[0][1] or {})}
+            else:
+                with torch.no_grad():
+                    plain = self.problem.violations_of_rows(means[full])
+            tables = {name: torch.stack([g[name] for _, _, g in steps]) for name in steps[0][2]}
+            violations = {**plain, **tables}
+            self.full += len(full)
+            ok = torch.ones(len(full), dtype=torch.bool, device=means.device)
+            for name, value in violations.items():
+                ok &= ((value <= 0) | value.isnan()).all(dim=1)
+                self.violation[name] = _plus(self.violation.get(name), value.nan_to_num().sum(dim=0))
+                self.seen[name] = _plus(self.seen.get(name), (~value.isnan()).float().sum(dim=0))
+            self.feasible += int(ok.sum())
+        self._kept = []
 
     def record(self) -> dict[str, Any]:
         """The window's layer losses, share of feasible steps and violations, after which it starts again."""
+        self._fold()
         full = max(self.full, 1)
         record: dict[str, Any] = {
             "loss": (self.loss / self.counts.clamp(min=1)).tolist(),
@@ -240,3 +262,7 @@ class LogWindow:
         }
         self.reset()
         return record
+
+
+def _plus(total: torch.Tensor | None, value: torch.Tensor) -> torch.Tensor:
+    return value if total is None else total + value
