@@ -76,13 +76,14 @@ def test_readme_constraint_example_registers_checks_its_options_and_trains(tmp_p
     assert results["constraints"]["gap"]["labels"] == ["l3<=0.5*l0"]
 
 
-def _block(marker: str) -> str:
-    return re.search(rf"<!-- {marker} -->\n```python\n(.*?)```", README.read_text(), re.S).group(1)
+def python_block(marker: str, source: Path = README) -> str:
+    """The ```python block that follows ``<!-- marker -->`` in ``source`` (the README, or a page under docs/)."""
+    return re.search(rf"<!-- {marker} -->\n```python\n(.*?)```", source.read_text(), re.S).group(1)
 
 
 def test_readme_loop_example_trains_under_descent_constraints_exactly_as_written():
     namespace: dict = {}
-    exec(compile(_block("loop-example"), "README.md:loop", "exec"), namespace)
+    exec(compile(python_block("loop-example"), "README.md:loop", "exec"), namespace)
     update, losses = namespace["update"], namespace["losses"]
     means = torch.stack(losses, dim=1).mean(0).detach()
     assert means[-1] < means[0] * 0.5  # the last layer improved on the input's estimate
@@ -95,7 +96,7 @@ def test_readme_solver_example_registers_and_runs_from_toml_alone(tmp_path, monk
 
     module = types.ModuleType("my_solver")
     monkeypatch.setitem(sys.modules, "my_solver", module)  # dataclasses look their module up
-    exec(compile(_block("solver-example"), "README.md:my_solver.py", "exec"), module.__dict__)
+    exec(compile(python_block("solver-example"), "README.md:my_solver.py", "exec"), module.__dict__)
     registry = Registry(extra_plugins=[("ramp", module)])
     table = {
         "task": {"name": "lista", "layers": 3, "code_dim": 8, "measure_dim": 6, "sparsity": 2, "train_size": 64, "validation_size": 16, "test_size": 16},
