@@ -205,7 +205,7 @@ class LayerwiseProblem:
             return cooper.optim.nuPI(groups, lr=lr, Kp=kp, Ki=ki, ema_nu=ema, maximize=True)
         if kind == "extra-sgd":
             return ExtraSGD(groups, lr=lr, maximize=True)
-        return torch.optim.SGD(groups, lr=lr, maximize=True)
+        return torch.optim.SGD(groups, lr=lr, maximize=True, foreach=False)  # a few entries: the single-tensor step, without asking each time
 
     def dual_gradient(self, state: cooper.CMPState) -> None:
         """Put the gradient of Cooper's dual Lagrangian on each multiplier, replacing any there: the strict violation it observed."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 import random
 import warnings
@@ -13,9 +14,9 @@ import torch
 
 from layerdescent.config import RunConfig, TrainConfig
 from layerdescent.data import Rows
-from layerdescent.distributed import World, init_world
-from layerdescent.errors import ConfigError, DataError
-from layerdescent.problem import LayerwiseProblem
+from layerdescent.distributed import World, init_world, to_device
+from layerdescent.errors import ConfigError, DataError, PluginError
+from layerdescent.problem import LayerBatch, LayerwiseProblem
 from layerdescent.registry import Registry
 from layerdescent.update import LayerwiseUpdate
 
@@ -69,7 +70,7 @@ def set_dropout(model: torch.nn.Module, rate: float, task: str) -> None:
 
 @dataclass
 class Session:
-    """What a run trains: its splits in memory, model, the constrained update and the learning-rate schedule."""
+    """What a run trains: its splits in memory, model, the constrained update and the learning-rate schedule, and how a shard of a batch is read."""
 
     rows: dict[str, Rows]
     model: torch.nn.Module
@@ -84,11 +85,65 @@ class Session:
         """The constraints' Cooper problem (multipliers, labels)."""
         return self.update.problem
 
+    def read_shard(self, task: Any, shard: torch.Tensor, full: bool, level: int, band: tuple[float, ...], precision: str, who: str) -> tuple[torch.Tensor, bool, LayerBatch | None]:
+        """This rank's layer means on its shard of a micro-batch (differentiable; NaN for the layers a last-layer-only read skipped), whether every layer was read, and the rows' LayerBatch where per-level or per-sample constraints need it.
+
+        ``level`` indexes the training band; -1 takes the shard at every level of it. Under
+        ``precision = "bf16"`` the forward pass runs in autocast and the losses leave it in float32.
+        """
+        width = len(self.labels)
+        grouped = bool(self.update.problem.groupings)
+        last_only = not (full or self.update.solver.trains_every_layer or grouped or level < 0)
+        rows = None
+        if len(shard):
+            batch = to_device(task.collate(self.rows["train"][shard]), self.device)
+            gamma = band[max(level, 0)]
+            with _autocast(self.device, precision):
+                last = task.last_layer_losses(self.model, batch, gamma=gamma) if last_only else None
+                if level < 0:  # every level of the band, in one step: the rows repeat once per level
+                    output = None
+                    losses = torch.cat([_float32(task.layer_losses(self.model, batch, gamma=g).losses) for g in band])
+                elif last is None:
+                    output = task.layer_losses(self.model, batch, gamma=gamma)
+            # the losses leave autocast in float32: the Lagrangian, the layer means and the dual step never see bf16
+            if level < 0:
+                means = losses.mean(dim=0)
+                rows = LayerBatch(losses, shard.repeat(len(band)), torch.arange(len(band)).repeat_interleave(len(shard)))
+            elif last is None:
+                last_only = False
+                losses = _float32(output.losses)
+                means = losses.mean(dim=0)
+                if grouped:
+                    rows = LayerBatch(losses, shard, torch.full((len(shard),), level))
+            else:
+                means = torch.cat([torch.full((width - 1,), float("nan"), device=self.device), _float32(last.losses).mean(dim=0)])
+            if not means.requires_grad and torch.is_grad_enabled():  # the alternating dual pass reads under no_grad
+                method = "last_layer_losses" if last_only else "layer_losses"
+                raise PluginError(f"{who}: {method} returned losses without gradients (computed under torch.no_grad() or detached): nothing would train")
+        else:  # every rank takes the same branch: the task answers the same on every rank
+            last_only = last_only and task.overrides("last_layer_losses")
+            means = torch.zeros(width, device=self.device)
+            if grouped:  # no rows, but the per-group sums still meet the other ranks' at the step
+                rows = LayerBatch(torch.zeros(0, width, device=self.device), shard, torch.zeros(0, dtype=torch.long))
+        return means, not last_only, rows
+
     def reduce_gradients(self, clip: float = 0.0) -> None:
         """Average the model's gradients over ranks (their losses were weighted as DDP's are), then clip their norm to ``clip`` (0: no clipping)."""
         self.world.average_gradients(self.model.parameters())
         if clip:
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip)
+
+
+def _autocast(device: torch.device, precision: str) -> Any:
+    """The training forward pass's precision: autocast to bfloat16 under train.precision = "bf16", else nothing."""
+    if precision == "bf16":
+        return torch.autocast(device.type, dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+def _float32(losses: torch.Tensor) -> torch.Tensor:
+    """Losses a bf16 (or fp16) forward pass gave, in float32; any other dtype as it is, so that fp32 runs keep their numbers."""
+    return losses.float() if losses.dtype in (torch.bfloat16, torch.float16) else losses
 
 
 def build_session(config: RunConfig, task: Any, registry: Registry) -> Session:

@@ -28,7 +28,7 @@ if TYPE_CHECKING:  # the registry loads solvers without torch or cooper; their m
 
     from layerdescent.config import TrainConfig
     from layerdescent.constraints import ConstraintSpec
-    from layerdescent.problem import LayerBatch, LayerwiseProblem
+    from layerdescent.problem import LayerwiseProblem
 
 Tables = dict  # constraint name -> (per-group loss sums G x (L+1), per-group row counts G)
 

@@ -10,7 +10,6 @@ what a run trains is built by :mod:`layerdescent.session`, the run directory's f
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import math
@@ -24,13 +23,11 @@ from typing import Any, Sequence
 import torch
 
 from layerdescent import rundir, stopping
-from layerdescent.checkpoint import load_checkpoint, load_model_state, restore_run, rng_state, save_checkpoint
+from layerdescent.checkpoint import load_checkpoint, load_model_state, restore_run, rng_state, run_payload, save_checkpoint
 from layerdescent.config import RunConfig, check_depth, check_steps
-from layerdescent.distributed import to_device
-from layerdescent.errors import DivergenceError, PluginError
+from layerdescent.errors import DivergenceError
 from layerdescent.evaluator import evaluate, evaluate_all, rows_satisfied
 from layerdescent.guard import build_task, calling, describe
-from layerdescent.problem import LayerBatch
 from layerdescent.progress import evaluation_in_steps, progress_bar
 from layerdescent.registry import Registry, get_registry
 from layerdescent.session import Session, build_session, epoch_steps
@@ -138,9 +135,7 @@ class Trainer:
             log.flush()
             rngs = world.gather(rng_state())
             if world.is_main:
-                schedule = {"schedule": session.schedule.state_dict()} if session.schedule is not None else {}
-                payload = {"task": self.task.name, "model": model.state_dict(), **update.state_dict(), **schedule, "rng": rngs, "position": position.saved()}
-                save_checkpoint(self.checkpoint_path, {**payload, "step_times": step_times, "skipped_steps": skipped_steps, "metrics_offset": log.tell()})
+                save_checkpoint(self.checkpoint_path, run_payload(self.task.name, model, update, session.schedule, rngs, position.saved(), step_times, skipped_steps, log.tell()))
 
         # a bar on a terminal, a timed line every 30 s when stderr is a pipe (a demo or bench log)
         name, shown = f"{config.name} seed {config.seed}", train.progress and world.is_main
@@ -277,12 +272,12 @@ class Trainer:
 
     def _gradients(self, session: Session, group: Sequence[torch.Tensor], full: bool, levels: Sequence[int]) -> bool:
         """Backpropagate the primal loss of every micro-batch in ``group`` through the update, then average the gradients over ranks and clip them; whether every layer was read."""
-        update, world = session.update, session.world
+        update, world, train = session.update, session.world, self.config.train
         total = sum(len(idx) for idx in group)
         every_layer = True
         for idx, level in zip(group, levels):
             shard = idx.tensor_split(world.size)[world.rank]
-            losses, read_all, batch = self._shard_means(session, shard, full, level)
+            losses, read_all, batch = session.read_shard(self.task, shard, full, level, self.band, train.precision, self.who)
             every_layer = every_layer and read_all
             # this rank's share of the step, times the ranks: the update averages means and gradients over ranks, as under DDP
             weight = len(shard) / total * world.size
@@ -292,61 +287,8 @@ class Trainer:
                 else:  # per-level or per-sample constraints read each row's losses, index and level
                     update.backward(batch.losses, weight, rows=batch.rows, levels=batch.levels)
         if torch.is_grad_enabled():
-            session.reduce_gradients(self.config.train.grad_clip)
+            session.reduce_gradients(train.grad_clip)
         return every_layer
-
-    def _autocast(self, device: torch.device) -> Any:
-        """The training forward pass's precision: autocast to bfloat16 under train.precision = "bf16", else nothing."""
-        if self.config.train.precision == "bf16":
-            return torch.autocast(device.type, dtype=torch.bfloat16)
-        return contextlib.nullcontext()
-
-    def _shard_means(self, session: Session, shard: torch.Tensor, full: bool, level: int = 0) -> tuple[torch.Tensor, bool, LayerBatch | None]:
-        """This rank's layer means on its shard of a micro-batch (differentiable; NaN for the layers a last-layer-only read skipped), whether every layer was read, and the rows' LayerBatch where per-level or per-sample constraints need it.
-
-        ``level`` indexes the training band; -1 takes the shard at every level of it.
-        """
-        width = len(session.labels)
-        grouped = bool(session.update.problem.groupings)
-        last_only = not (full or session.update.solver.trains_every_layer or grouped or level < 0)
-        band = self.band
-        rows = None
-        if len(shard):
-            batch = to_device(self.task.collate(session.rows["train"][shard]), session.device)
-            gamma = band[max(level, 0)]
-            with self._autocast(session.device):
-                last = self.task.last_layer_losses(session.model, batch, gamma=gamma) if last_only else None
-                if level < 0:  # every level of the band, in one step: the rows repeat once per level
-                    output = None
-                    losses = torch.cat([_float32(self.task.layer_losses(session.model, batch, gamma=g).losses) for g in band])
-                elif last is None:
-                    output = self.task.layer_losses(session.model, batch, gamma=gamma)
-            # the losses leave autocast in float32: the Lagrangian, the layer means and the dual step never see bf16
-            if level < 0:
-                means = losses.mean(dim=0)
-                rows = LayerBatch(losses, shard.repeat(len(band)), torch.arange(len(band)).repeat_interleave(len(shard)))
-            elif last is None:
-                last_only = False
-                losses = _float32(output.losses)
-                means = losses.mean(dim=0)
-                if grouped:
-                    rows = LayerBatch(losses, shard, torch.full((len(shard),), level))
-            else:
-                means = torch.cat([torch.full((width - 1,), float("nan"), device=session.device), _float32(last.losses).mean(dim=0)])
-            if not means.requires_grad and torch.is_grad_enabled():  # the alternating dual pass reads under no_grad
-                method = "last_layer_losses" if last_only else "layer_losses"
-                raise PluginError(f"{self.who}: {method} returned losses without gradients (computed under torch.no_grad() or detached): nothing would train")
-        else:  # every rank takes the same branch: the task answers the same on every rank
-            last_only = last_only and self.task.overrides("last_layer_losses")
-            means = torch.zeros(width, device=session.device)
-            if grouped:  # no rows, but the per-group sums still meet the other ranks' at the step
-                rows = LayerBatch(torch.zeros(0, width, device=session.device), shard, torch.zeros(0, dtype=torch.long))
-        return means, not last_only, rows
-
-
-def _float32(losses: torch.Tensor) -> torch.Tensor:
-    """Losses a bf16 (or fp16) forward pass gave, in float32; any other dtype as it is, so that fp32 runs keep their numbers."""
-    return losses.float() if losses.dtype in (torch.bfloat16, torch.float16) else losses
 
 
 def train(config: RunConfig, run_dir: str | Path, resume: bool = False, registry: Registry | None = None) -> dict[str, Any]:
