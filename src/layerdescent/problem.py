@@ -170,6 +170,7 @@ class LayerwiseProblem:
     ) -> None:
         self.specs = specs
         self.plain = tuple(spec for spec in specs if not spec.grouped)  # one multiplier per entry, observed from the layer means
+        self.needs_nonnegative = tuple(spec for spec in specs if getattr(spec, "needs_nonnegative_losses", False))  # descent's (1 - alpha) margin assumes losses >= 0
         self.num_layers = num_layers
         self.cmp = _LayerwiseCMP(self)
         self.labels: dict[str, list[str]] = {}

@@ -37,9 +37,12 @@ def step_problem(who: str, step: int, means: torch.Tensor, violations: dict[str,
     """
     import torch
 
-    if every_layer and bool(torch.isfinite(torch.cat([means, *(violations or {}).values()])).all()):
-        check_nonnegative(who, step, means, update, labels)
-        return None  # the usual case, in one test
+    if every_layer:  # the usual case, in one test: every value finite and, where a constraint needs it, every mean >= 0
+        fine = torch.isfinite(torch.cat([means, *violations.values()]) if violations else means).all()
+        if update.problem.needs_nonnegative:
+            fine = fine & (means >= 0).all()
+        if bool(fine):
+            return None
     reason = nonfinite(step, "loss", means if every_layer else means[-1:], labels if every_layer else labels[-1:])
     if not every_layer:
         return reason
@@ -69,7 +72,7 @@ def multiplier_problem(update: LayerwiseUpdate, step: int) -> str | None:
 
 def check_nonnegative(who: str, step: int, means: torch.Tensor, update: LayerwiseUpdate, labels: list[str]) -> None:
     """Raise PluginError when a constraint that assumes losses >= 0 (descent's (1 - alpha) margin) sees a negative one."""
-    needing = [spec for spec in update.problem.specs if getattr(spec, "needs_nonnegative_losses", False)]
+    needing = update.problem.needs_nonnegative
     if needing and bool((means < 0).any()):
         k = int((means < 0).nonzero()[0])
         spec = needing[0]

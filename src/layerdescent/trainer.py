@@ -276,7 +276,7 @@ class Trainer:
         total = sum(len(idx) for idx in group)
         every_layer = True
         for idx, level in zip(group, levels):
-            shard = idx.tensor_split(world.size)[world.rank]
+            shard = idx.tensor_split(world.size)[world.rank] if world.size > 1 else idx
             losses, read_all, batch = session.read_shard(self.task, shard, full, level, self.band, train.precision, self.who)
             every_layer = every_layer and read_all
             # this rank's share of the step, times the ranks: the update averages means and gradients over ranks, as under DDP

@@ -91,7 +91,7 @@ class LayerwiseUpdate:
         """
         loss = self.forward(losses, weight, rows, levels)
         if loss is not None and loss.requires_grad:
-            (loss * weight).backward()
+            (loss if weight == 1.0 else loss * weight).backward()  # times 1 changes no gradient: one node less
         return losses.detach().mean(dim=0) if losses.dim() == 2 and len(losses) else losses.detach()
 
     def observe(self, means: torch.Tensor, weight: float = 1.0) -> None:
