@@ -241,9 +241,13 @@ class LayerwiseProblem:
 
     def put_dual_gradient(self, violations: dict[str, torch.Tensor], tables: dict[str, tuple[torch.Tensor, torch.Tensor]]) -> None:
         """The dual pass from known violations: each multiplier's gradient (plain specs' from ``violations``, grouped ones' from ``tables``) and the penalties' growth."""
-        state = self.dual_state(violations)
-        self.dual_gradient(state)
-        self.grow_penalties(state)
+        if self._growth is None:  # the usual case: the gradient of the dual Lagrangian is each violation (see dual_gradient)
+            for spec in self.plain:
+                self._constraints[spec.name].multiplier.weight.grad = violations[spec.name].clone()
+        else:  # the augmented Lagrangian's penalty updater reads Cooper's constraint states
+            state = self.dual_state(violations)
+            self.dual_gradient(state)
+            self.grow_penalties(state)
         if self.groupings:
             self.grouped_dual_gradient(tables)
 
@@ -343,6 +347,10 @@ class LayerwiseProblem:
         """Each plain spec's violations at S rows of layer means, S x entries (one call where the kind broadcasts over rows)."""
         self.start(means[0])
         return {spec.name: grouped_violation(spec, means, self.state[spec.name]) for spec in self.plain}
+
+    def multiplier_weights(self) -> list[torch.Tensor]:
+        """Each spec's multiplier tensor, in registration order (what the dual optimizer steps)."""
+        return [self._constraints[spec.name].multiplier.weight for spec in self.specs]
 
     def multipliers(self) -> dict[str, torch.Tensor]:
         """Current lambda of each spec: one per label, or a rows x labels table for a per-sample spec."""
