@@ -202,8 +202,8 @@ class Solver:
         """The primal step, then whatever the solver keeps from the step's observation; the observation (for the log line)."""
         seen = self.take()
         self.optimizer.primal_step()
-        if seen.means is not None:
-            self.observe_step(seen)  # no multipliers to step: a solver may still keep a schedule
+        if seen.means is not None and self.observe_step(seen):  # erm and penalty never say so; a schedule may still count steps there
+            self.dual_step()
         return seen
 
     def step_after_primal(self) -> Observation:
