@@ -96,7 +96,9 @@ class Session:
         last_only = not (full or self.update.solver.trains_every_layer or grouped or level < 0)
         rows = None
         if len(shard):
-            batch = to_device(task.collate(self.rows["train"][shard]), self.device)
+            batch = task.collate(self.rows["train"][shard])
+            if self.device.type != "cpu":  # collate builds on the CPU
+                batch = to_device(batch, self.device)
             gamma = band[max(level, 0)]
             with _autocast(self.device, precision):
                 last = task.last_layer_losses(self.model, batch, gamma=gamma) if last_only else None
