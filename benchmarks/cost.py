@@ -263,7 +263,7 @@ def multiplier_memory(update) -> tuple[int, float]:
     return count, (count + 2 * groups) * 4 / 2**20
 
 
-def measure(setup: Setup, rounds: int, steps: int) -> dict[str, tuple[float, float, float, float, int, float]]:
+def measure(setup: Setup, rounds: int, steps: int, clock=time.perf_counter) -> dict[str, tuple[float, float, float, float, int, float]]:
     """Per variant: (median step seconds, median time ratio, median peak MiB, median peak ratio) to the first variant, and its multipliers' count and MiB."""
     memory = StepMemory()
     with tempfile.TemporaryDirectory() as tmp:
@@ -294,9 +294,9 @@ def measure(setup: Setup, rounds: int, steps: int) -> dict[str, tuple[float, flo
                 times, rises = [], []
                 for i in range(steps):
                     memory.start()
-                    start = time.perf_counter()
+                    start = clock()
                     steppers[name](order[(r * steps + i) % len(order)], r * steps + i)
-                    times.append(time.perf_counter() - start)
+                    times.append(clock() - start)
                     rises.append(memory.peak())
                 if r:  # round 0 warms up
                     seconds[name].append(statistics.median(times))
@@ -321,14 +321,17 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--steps", type=int, default=3, help="steps per variant per round")
     parser.add_argument("--setup", default="", help="only the setups whose name contains this")
+    parser.add_argument("--clock", choices=("wall", "cpu"), default="wall", help="cpu: the process's CPU time, steadier than wall time on a machine other jobs load")
     args = parser.parse_args()
     command = f"python benchmarks/cost.py --task {args.task} --out {args.out} --rounds {args.rounds} --steps {args.steps}"
     command += f" --setup '{args.setup}'" if args.setup else ""
+    command += f" --clock {args.clock}" if args.clock != "wall" else ""
+    clock = time.process_time if args.clock == "cpu" else time.perf_counter
     lines = [
         f"# Step cost on {args.task}",
         "",
         f"Made by `{command}` on 2 CPUs: {args.rounds} rounds of {args.steps} steps per variant, interleaved in one",
-        "process; medians, and median per-round ratios to each setup's first variant.",
+        f"process; medians, and median per-round ratios to each setup's first variant; {'CPU' if args.clock == 'cpu' else 'wall'} time.",
         "",
         "| setup | threads | variant | median step (ms) | × first | peak step memory (MiB) | × first | multipliers | their memory (MiB) |",
         "|---|---|---|---|---|---|---|---|---|",
@@ -336,7 +339,7 @@ def main() -> None:
     for label, setup in SETUPS[args.task].items():
         if args.setup not in label:
             continue
-        for name, (secs, ratio, peak, peak_ratio, count, table) in measure(setup, args.rounds, args.steps).items():
+        for name, (secs, ratio, peak, peak_ratio, count, table) in measure(setup, args.rounds, args.steps, clock).items():
             lines.append(f"| {label} | {setup.threads} | {name} | {secs * 1e3:.1f} | {ratio:.3f} | {peak:.1f} | {peak_ratio:.2f} | {count:,} | {table:.3f} |")
             print(lines[-1], flush=True)
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -90,8 +90,8 @@ def test_lambda_steps_once_per_optimizer_step_from_the_mean_of_its_micro_batches
     from layerdescent.hf import DescentTrainer
     from layerdescent.update import LayerwiseUpdate
 
-    micro, observed, dual_steps = [], [], []
-    layer_losses, observe, dual_step = DescentTrainer.layer_losses, LayerwiseUpdate.observe, LayerwiseUpdate.dual_step
+    micro, observed = [], []
+    layer_losses, dual_step = DescentTrainer.layer_losses, LayerwiseUpdate.dual_step
 
     def spy_losses(self, outputs, inputs):
         losses = layer_losses(self, outputs, inputs)
@@ -99,13 +99,13 @@ def test_lambda_steps_once_per_optimizer_step_from_the_mean_of_its_micro_batches
         return losses
 
     monkeypatch.setattr(DescentTrainer, "layer_losses", spy_losses)
-    monkeypatch.setattr(LayerwiseUpdate, "observe", lambda self, means, weight=1.0: (observed.append((means.clone(), weight)), observe(self, means, weight))[1])
-    monkeypatch.setattr(LayerwiseUpdate, "dual_step", lambda self: (dual_steps.append(len(observed)), dual_step(self))[1])
+    # what the dual step reads: the step's observation, over its micro-batches
+    monkeypatch.setattr(LayerwiseUpdate, "dual_step", lambda self: (observed.append((len(micro), self.observed().means.clone())), dual_step(self))[1])
     trainer = _trainer(tmp_path, steps=3, accumulate=2, constraints=[ld.Descent(alpha=0.5)], dual_lr=1.0)
     trainer.train()
-    assert len(micro) == 6 and dual_steps == [1, 2, 3]  # each dual step follows its own step's means, once
-    for step, (means, weight) in enumerate(observed):
-        assert weight == 1.0 and torch.allclose(means, (micro[2 * step] + micro[2 * step + 1]) / 2)
+    assert len(micro) == 6 and [seen for seen, _ in observed] == [2, 4, 6]  # each dual step follows its own step's micro-batches, once
+    for step, (_, means) in enumerate(observed):
+        assert torch.allclose(means, (micro[2 * step] + micro[2 * step + 1]) / 2)
     primal = trainer.update.optimizer.primal_optimizers[0]
     assert {int(state["step"]) for state in primal.state.values()} == {3}  # the Trainer's optimizer stepped once a step, never twice
 
@@ -288,7 +288,7 @@ def test_dual_step_after_a_primal_step_taken_elsewhere_matches_step():
 def test_dual_step_is_refused_for_a_scheme_whose_dual_step_is_not_after_the_primal_one():
     model = torch.nn.Linear(4, 4)
     update = ld.LayerwiseUpdate([ld.Descent()], num_layers=2, optimizer=torch.optim.SGD(model.parameters(), lr=0.1), scheme="alternating")
-    with pytest.raises(ld.ConfigError, match=r"only scheme = 'simultaneous' allows \(got 'alternating'\): use step\(\) for it"):
+    with pytest.raises(ld.ConfigError, match=r"follows a primal step taken elsewhere, which needs scheme = 'simultaneous' \(got 'alternating'\): use step\(\) for it"):
         update.dual_step()
 
 

@@ -306,8 +306,8 @@ def test_erm_reads_every_lens_on_a_log_lines_first_step_only_and_constrained_sol
     trainer = Trainer(ld.config_from_dict(table), tmp_path)
     session = trainer.setup()
     idx = torch.arange(8)
-    assert torch.isfinite(trainer.step(session, [idx], 0, full=True)[0]).all()
-    means, _ = trainer.step(session, [idx], 1, full=False)
+    assert torch.isfinite(trainer.step(session, [idx], 0, full=True).means).all()
+    means = trainer.step(session, [idx], 1, full=False).means
     assert torch.isfinite(means[-1])
     assert bool(torch.isnan(means[:-1]).all()) == (solver == "erm")
 

@@ -369,3 +369,22 @@ def test_cooper_roll_steps_the_model_and_lambda_from_the_layerwise_cmp_state():
     assert torch.allclose(update.multipliers()["descent"], violation.clamp(min=0))  # one ascent step of size 1 from 0
     assert roll.loss.item() == pytest.approx(_losses(*_toy(), x, y).mean(0)[-1].item())  # the objective: the last layer
     assert any(not torch.equal(a, b.detach()) for a, b in zip(before, params))
+
+
+@pytest.mark.parametrize("solver", ["erm", "primal-dual"])
+def test_record_returns_the_whole_log_line_means_over_its_steps_under_every_solver(solver):
+    layers, head = _toy()
+    update = ld.LayerwiseUpdate([Descent(alpha=0.3)], num_layers=3, optimizer=torch.optim.SGD([*layers.parameters(), *head.parameters()], lr=0.1), solver=solver, dual_lr=1.0)
+    steps = []
+    for seed in range(3):
+        x, y = torch.randn(16, 4, generator=torch.Generator().manual_seed(seed)), torch.randn(16, 1, generator=torch.Generator().manual_seed(seed + 10))
+        update.zero_grad()
+        means = update.backward(_losses(layers, head, x, y))
+        steps.append((means, update.violations(means)["descent"]))
+        update.step()
+    line = update.record()
+    assert set(line) == ({"loss", "feasible", "violation", "lambda", "relaxation"} if solver == "primal-dual" else {"loss", "feasible", "violation"})
+    assert line["loss"] == pytest.approx(torch.stack([m for m, _ in steps]).mean(0).tolist())
+    assert line["violation"]["descent"] == pytest.approx(torch.stack([v for _, v in steps]).mean(0).tolist())
+    assert line["feasible"] == sum(bool((v <= 0).all()) for _, v in steps) / 3
+    assert "loss" not in update.record()  # the next line starts empty

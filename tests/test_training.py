@@ -238,3 +238,33 @@ def test_a_cosine_schedule_anneals_the_learning_rate_to_zero_over_the_run(tiny, 
     steps = 2 * 512 // 64
     assert len(seen) == steps and seen[0] == tiny["train"]["lr"]
     assert all(b < a for a, b in zip(seen, seen[1:])) and seen[-1] < 0.05 * seen[0]
+
+
+@pytest.mark.parametrize("saved_schedule", [True, False])
+def test_a_cosine_schedule_resumes_exactly_also_from_a_checkpoint_written_before_it_kept_its_state(tiny, tmp_path, monkeypatch, saved_schedule):
+    from layerdescent.checkpoint import load_checkpoint, save_checkpoint
+    from layerdescent.trainer import Trainer
+
+    tiny["train"].update(epochs=2, lr_schedule="cosine", checkpoint_every=3)
+    config = ld.config_from_dict(tiny)
+    whole = ld.train(config, tmp_path / "whole")
+    original, calls = Trainer.step, []
+
+    def interrupted(self, *args, **kwargs):
+        calls.append(1)
+        if len(calls) == 5:  # after the checkpoint at step 3
+            raise KeyboardInterrupt
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(Trainer, "step", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        ld.train(config, tmp_path / "resumed")
+    monkeypatch.setattr(Trainer, "step", original)
+    checkpoint = tmp_path / "resumed" / "checkpoint.pt"
+    state = load_checkpoint(checkpoint, "lista")
+    assert state["position"]["step"] == 3 and "schedule" in state
+    if not saved_schedule:  # as a checkpoint from before the schedule was a torch scheduler
+        del state["schedule"]
+        save_checkpoint(checkpoint, state)
+    resumed = ld.train(config, tmp_path / "resumed", resume=True)
+    assert resumed["gammas"] == whole["gammas"] and resumed["train"]["steps"] == whole["train"]["steps"]

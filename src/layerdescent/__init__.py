@@ -45,6 +45,9 @@ _LAZY = {
     "evaluate_run": "layerdescent.reevaluate",
     "LayerwiseUpdate": "layerdescent.update",
     "LayerBatch": "layerdescent.problem",
+    "Observation": "layerdescent.solvers",
+    "PrimalDual": "layerdescent.solvers",
+    "PrimalDualOptions": "layerdescent.solvers",
     "Solver": "layerdescent.solvers",
     "Tracker": "layerdescent.trackers",
     "train": "layerdescent.trainer",
@@ -62,7 +65,7 @@ if TYPE_CHECKING:  # what static tools see; at run time __getattr__ imports them
     from layerdescent.registry import Registry, get_registry
     from layerdescent.task import LayerOutput, Task
     from layerdescent.reevaluate import evaluate_run
-    from layerdescent.solvers import Solver
+    from layerdescent.solvers import Observation, PrimalDual, PrimalDualOptions, Solver
     from layerdescent.trackers import Tracker
     from layerdescent.trainer import train
     from layerdescent.update import LayerwiseUpdate
@@ -98,7 +101,10 @@ __all__ = [
     "LayerOutput",
     "LayerwiseUpdate",
     "LayerdescentError",
+    "Observation",
     "PluginError",
+    "PrimalDual",
+    "PrimalDualOptions",
     "Registry",
     "RunConfig",
     "Solver",

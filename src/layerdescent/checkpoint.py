@@ -220,11 +220,20 @@ def load_model_state(path: Path, model: torch.nn.Module, state: dict[str, Any], 
         raise CheckpointError(f"{path} does not fit this model ({first[:200]}): it was written by another config of task {task!r}") from None
 
 
-def restore_run(path: Path, state: dict[str, Any], model: torch.nn.Module, update: Any, rank: int, task: str) -> None:
-    """Put a run checkpoint's model, solver, multipliers and this rank's RNG back, or one CheckpointError naming the file."""
+def run_payload(task: str, model: torch.nn.Module, update: Any, schedule: Any, rngs: list[Any], position: dict[str, Any], step_times: list[float], skipped_steps: int, metrics_offset: int) -> dict[str, Any]:
+    """What a run checkpoint holds: the model, the update's state (optimizers, multipliers, solver), the schedule, every rank's RNG, the position and the log's length."""
+    schedule_state = {"schedule": schedule.state_dict()} if schedule is not None else {}
+    payload = {"task": task, "model": model.state_dict(), **update.state_dict(), **schedule_state, "rng": rngs, "position": position}
+    return {**payload, "step_times": step_times, "skipped_steps": skipped_steps, "metrics_offset": metrics_offset}
+
+
+def restore_run(path: Path, state: dict[str, Any], model: torch.nn.Module, update: Any, rank: int, task: str, schedule: Any = None) -> None:
+    """Put a run checkpoint's model, solver, multipliers, learning-rate schedule and this rank's RNG back, or one CheckpointError naming the file."""
     load_model_state(path, model, state["model"], task)
     try:
         update.load_state_dict(state)
+        if schedule is not None and "schedule" in state:
+            schedule.load_state_dict(state["schedule"])
         set_rng_state(state["rng"][rank % len(state["rng"])])  # one state per rank it ran with
     except (RuntimeError, KeyError, TypeError, ValueError, IndexError, AttributeError) as exc:
         raise CheckpointError(

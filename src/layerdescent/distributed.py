@@ -5,7 +5,7 @@
 
 Every rank takes its shard of each global batch. The layer means that drive the multipliers are
 reduced over all ranks before anything uses them, so lambda is identical on every rank at every
-step, and gradients are averaged over ranks weighted by their sample counts. Gradients are reduced
+step, and gradients are averaged over ranks, each rank's loss weighted by its sample count. Gradients are reduced
 after the backward pass rather than by wrapping the model in DistributedDataParallel, because a
 task may call its model's submodules directly, which DDP's forward hooks would miss.
 """
@@ -42,14 +42,15 @@ class World:
         dist.all_reduce(out, op=dist.ReduceOp.SUM)
         return out
 
-    def sum_gradients(self, parameters: Iterable[torch.nn.Parameter]) -> None:
-        """Replace each gradient by its sum over ranks, in one flat all-reduce."""
+    def average_gradients(self, parameters: Iterable[torch.nn.Parameter]) -> None:
+        """Replace each gradient by its mean over ranks, in one flat all-reduce (as DDP does: each rank's loss weighted by its share times the world size)."""
         if self.size == 1:
             return
         params = [p for p in parameters if p.requires_grad]
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
         flat = torch._utils._flatten_dense_tensors(grads)
         dist.all_reduce(flat, op=dist.ReduceOp.SUM)
+        flat /= self.size
         for p, reduced in zip(params, torch._utils._unflatten_dense_tensors(flat, grads)):
             p.grad = reduced
 

@@ -17,7 +17,9 @@ The model runs with ``output_hidden_states=True``; the readout turns each of its
 0..L (0: the embeddings) into per-sample losses, and the Trainer backpropagates the primal
 Lagrangian of the B x (L+1) losses. The Trainer takes the model's optimizer step as usual, and the
 multipliers step once per optimizer step after it (gradient accumulation included), through the
-same :class:`~layerdescent.update.LayerwiseUpdate` the project's own trainer uses.
+same :class:`~layerdescent.update.LayerwiseUpdate` the project's own trainer uses, called the same
+way: ``forward`` per micro-batch (the Trainer runs the backward pass), ``dual_step`` per step,
+``record`` per log line.
 """
 
 from __future__ import annotations
@@ -27,7 +29,6 @@ import os
 from typing import Any, Callable, Sequence
 
 import torch
-import torch.distributed as dist
 
 from layerdescent.config import build_solver_options
 from layerdescent.constraints import ConstraintSpec
@@ -77,9 +78,6 @@ class DescentTrainer(transformers.Trainer):
         self._check(options)
         # The loss is a per-batch mean: the Trainer divides it by the accumulation steps, never the model's loss kwargs.
         self.model_accepts_loss_kwargs = False
-        self._pending: torch.Tensor | None = None  # this optimizer step's layer means, over its micro-batches so far
-        self._window: torch.Tensor | None = None  # the sum of the steps' means since the last log line
-        self._steps = 0  # optimizer steps in that window
         self.add_callback(_DualStep(self))
 
     def _check(self, options: dict[str, Any]) -> None:
@@ -101,9 +99,9 @@ class DescentTrainer(transformers.Trainer):
         problems = solver_cls.check(settings, self.num_layers, self.constraints)
         if problems:
             raise ConfigError("\n".join(problems))
-        scheme = getattr(settings, "scheme", "simultaneous")
-        if solver_cls.gradient_passes(settings) != 1 or (solver_cls.enforces_constraints and scheme != "simultaneous"):
-            raise ConfigError(f"DescentTrainer steps the multipliers after the Trainer's own optimizer step, which needs scheme = 'simultaneous' (got {scheme!r}); for the other schemes use layerdescent.LayerwiseUpdate in your own loop")
+        problem = solver_cls.outside_primal_step(settings)
+        if problem:
+            raise ConfigError(f"DescentTrainer steps the multipliers after the Trainer's own optimizer step, which {problem}; for the other schemes use layerdescent.LayerwiseUpdate in your own loop")
 
     def _check_columns(self) -> None:
         """Refuse a per-sample or per-level constraint whose dataset lacks the column that says where each row came from."""
@@ -124,10 +122,8 @@ class DescentTrainer(transformers.Trainer):
         """The Trainer's optimizer, and the one LayerwiseUpdate around it."""
         optimizer = super().create_optimizer(*args, **kwargs)
         if self.update is None:
-            # sync=False: _end_step averages the means over ranks itself, for the logged violations too
             rows = len(self.train_dataset) if self.columns["rows"] else None
-            self.update = LayerwiseUpdate(self.constraints, self.num_layers, optimizer, self.solver_name, sync=False, registry=self.registry, band=self.band, rows=rows, **self.solver_options)
-            self.update.problem.cmp.to(self.args.device)
+            self.update = LayerwiseUpdate(self.constraints, self.num_layers, optimizer, self.solver_name, registry=self.registry, band=self.band, rows=rows, **self.solver_options).to(self.args.device)
         return optimizer
 
     def compute_loss(self, model: Any, inputs: dict[str, Any], return_outputs: bool = False, num_items_in_batch: Any = None) -> Any:
@@ -137,11 +133,9 @@ class DescentTrainer(transformers.Trainer):
         outputs = _forward(model, inputs)
         losses = self.layer_losses(outputs, inputs)
         if model.training and self.update is not None:
-            means = losses.detach().float().mean(dim=0)  # a bf16 readout's means would step lambda in bf16
+            # the Trainer divides the loss by its accumulation steps and backpropagates it; the update counts the means with that share
             weight = 1.0 / getattr(self, "current_gradient_accumulation_steps", self.args.gradient_accumulation_steps)
-            self._pending = means * weight if self._pending is None else self._pending + means * weight
-            self.update.observe_rows(losses.detach().float(), **where)
-            loss = self.update.loss(losses.float(), **where)  # the multipliers are float32, whatever the model's precision
+            loss = self.update.forward(losses.float(), weight, **where)  # the multipliers and means are float32, whatever the model's precision
         else:
             loss = losses[:, -1].mean()
         if not return_outputs:
@@ -169,35 +163,23 @@ class DescentTrainer(transformers.Trainer):
 
     def _end_step(self) -> None:
         """After each optimizer step: the multipliers' step from its layer means, averaged over ranks."""
-        means, self._pending = self._pending, None
         if self.accelerator.optimizer_step_was_skipped:
-            return  # fp16's scaler found inf gradients and left the model as it was: lambda waits too
-        if means is not None:
-            if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-                means = means.clone()
-                dist.all_reduce(means, op=dist.ReduceOp.SUM)
-                means /= dist.get_world_size()
-            self.update.observe(means)
-            self._window = means if self._window is None else self._window + means
-            self._steps += 1
+            self.update.discard()  # fp16's scaler found inf gradients and left the model as it was: lambda waits too
+            return
         self.update.dual_step()
 
     def _log_record(self) -> dict[str, float]:
-        """What a training log line adds: each entry's lambda, its violation and each layer's loss since the last line."""
+        """What a training log line adds: each entry's lambda, its violation and each layer's loss, means over the steps since the last line."""
         update = self.update
+        line = update.record()  # a per-sample constraint's entries are means over its rows
         out: dict[str, float] = {}
-        dual = update.record()  # a per-sample constraint's entries are means over its rows
-        for name, values in dual.get("lambda", {name: v.tolist() for name, v in update.multipliers().items()}).items():
+        for name, values in line.get("lambda", {name: v.tolist() for name, v in update.multipliers().items()}).items():
             out.update({f"lambda/{name}/{label}": v for label, v in zip(update.labels[name], values)})
-        for name, values in dual.get("relaxation", {}).items():
+        for name, values in line.get("relaxation", {}).items():
             out.update({f"relaxation/{name}/{label}": v for label, v in zip(update.labels[name], values)})
-        if self._steps:
-            means = self._window / self._steps
-            violations = {**update.violations(means), **update.grouped_violations()}
-            for name, values in violations.items():
-                out.update({f"violation/{name}/{label}": v for label, v in zip(update.labels[name], values.tolist())})
-            out.update({f"layer_loss/l{k}": v for k, v in enumerate(means.tolist())})
-            self._window, self._steps = None, 0
+        for name, values in line.get("violation", {}).items():
+            out.update({f"violation/{name}/{label}": v for label, v in zip(update.labels[name], values)})
+        out.update({f"layer_loss/l{k}": v for k, v in enumerate(line.get("loss", []))})
         return out
 
     def log(self, logs: dict[str, float], *args: Any, **kwargs: Any) -> None:

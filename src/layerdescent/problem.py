@@ -151,21 +151,7 @@ class _LayerwiseCMP(cooper.ConstrainedMinimizationProblem):
         Specs held per level or per sample are observed only in a LayerBatch, which says where its rows come from.
         """
         batch = layer_losses() if callable(layer_losses) else layer_losses
-        if isinstance(batch, LayerBatch):
-            means = batch.means
-        else:
-            means, batch = batch, None
-            if means.dim() == 2:
-                means = means.mean(dim=0)
-        violations = self._problem.violations(means)
-        observed = {
-            self._problem.constraint(spec): cooper.ConstraintState(violation=violations[spec.name], contributes_to_primal_update=primal, contributes_to_dual_update=dual)
-            for spec in self._problem.specs
-            if not spec.grouped
-        }
-        if batch is not None:
-            observed.update(self._problem.grouped_states(batch, primal, dual))
-        return cooper.CMPState(loss=self._problem.objective(means) if primal else None, observed_constraints=observed)
+        return self._problem.observe(batch, primal, dual)[0]
 
 
 class LayerwiseProblem:
@@ -183,6 +169,8 @@ class LayerwiseProblem:
         rows: int | None = None,
     ) -> None:
         self.specs = specs
+        self.plain = tuple(spec for spec in specs if not spec.grouped)  # one multiplier per entry, observed from the layer means
+        self.needs_nonnegative = tuple(spec for spec in specs if getattr(spec, "needs_nonnegative_losses", False))  # descent's (1 - alpha) margin assumes losses >= 0
         self.num_layers = num_layers
         self.cmp = _LayerwiseCMP(self)
         self.labels: dict[str, list[str]] = {}
@@ -202,6 +190,7 @@ class LayerwiseProblem:
             if augmented:  # Cooper's augmented Lagrangian: a penalty rho per entry beside lambda
                 extra = {"formulation_type": cooper.formulations.AugmentedLagrangian, "penalty_coefficient": cooper.penalty_coefficients.DensePenaltyCoefficient(torch.full((size,), rho))}
             setattr(self.cmp, spec.name, cooper.Constraint(cooper.ConstraintType.INEQUALITY, multiplier=multiplier, **extra))
+        self._constraints = {spec.name: getattr(self.cmp, spec.name) for spec in specs}
         self._growth = cooper.penalty_coefficients.MultiplicativePenaltyCoefficientUpdater(growth, tolerance, has_restart=False) if augmented and growth > 1 else None
         self.state: dict[str, dict[str, torch.Tensor]] | None = None
         self.objective: Callable[[torch.Tensor], torch.Tensor] = lambda means: means[-1]  # the solver's, once it has one
@@ -217,7 +206,7 @@ class LayerwiseProblem:
             return cooper.optim.nuPI(groups, lr=lr, Kp=kp, Ki=ki, ema_nu=ema, maximize=True)
         if kind == "extra-sgd":
             return ExtraSGD(groups, lr=lr, maximize=True)
-        return torch.optim.SGD(groups, lr=lr, maximize=True)
+        return torch.optim.SGD(groups, lr=lr, maximize=True, foreach=False)  # a few entries: the single-tensor step, without asking each time
 
     def dual_gradient(self, state: cooper.CMPState) -> None:
         """Put the gradient of Cooper's dual Lagrangian on each multiplier, replacing any there: the strict violation it observed."""
@@ -227,28 +216,65 @@ class LayerwiseProblem:
         for constraint, observed in state.observed_constraints.items():
             constraint.multiplier.weight.grad = observed.extract_violations()[1].clone()
 
-    def grouped_states(self, batch: LayerBatch, primal: bool, dual: bool) -> dict[cooper.Constraint, cooper.ConstraintState]:
-        """The ConstraintStates of the grouped specs on one micro-batch: each group present, weighted by its share of the rows."""
-        out = {}
-        for spec in self.specs:
-            if not spec.grouped:
-                continue
-            grouping = self.groupings[spec.name]
-            sums, counts = grouping.sums(batch, detach=False)
-            present = counts.nonzero().flatten()
-            counts = counts[present]
-            violation = grouped_violation(spec, sums[present] / counts[:, None], self.state[spec.name])
-            # Each group's term is weighted by its share of the batch's rows, so that the per-sample
-            # Lagrangian is the mean of lambda_i g_i over the rows, and a level's is E over the band.
-            share = (counts / batch.losses.shape[0])[:, None]
-            out[self.constraint(spec)] = cooper.ConstraintState(
-                violation=(share * violation).flatten(),
-                constraint_features=grouping.indices(present.to(self.device)),
-                strict_violation=violation.flatten(),
-                contributes_to_primal_update=primal,
-                contributes_to_dual_update=dual,
-            )
-        return out
+    def observe(self, batch: torch.Tensor | LayerBatch, primal: bool = True, dual: bool = True) -> tuple[cooper.CMPState, dict[str, torch.Tensor], dict[str, tuple[torch.Tensor, torch.Tensor]]]:
+        """One pass over a micro-batch: its CMPState, each plain spec's violation (detached) and each grouped spec's per-group sums and counts.
+
+        ``batch`` is a LayerBatch, B x (L+1) per-row losses or their L+1 means; the violations are
+        computed once here and serve the primal Lagrangian, the non-finite check, the dual step and the log.
+        """
+        if isinstance(batch, LayerBatch):
+            means, rows = batch.means, batch
+        else:
+            means, rows = (batch.mean(dim=0) if batch.dim() == 2 else batch), None
+        violations = self.violations(means)
+        observed = {
+            self._constraints[spec.name]: cooper.ConstraintState(violation=violations[spec.name], contributes_to_primal_update=primal, contributes_to_dual_update=dual)
+            for spec in self.plain
+        }
+        tables: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+        if rows is not None and self.groupings:
+            for spec in self.specs:
+                if spec.grouped:
+                    observed[self.constraint(spec)], tables[spec.name] = self._grouped_state(spec, rows, primal, dual)
+        state = cooper.CMPState(loss=self.objective(means) if primal else None, observed_constraints=observed)
+        return state, {name: value.detach() for name, value in violations.items()}, tables
+
+    def put_dual_gradient(self, violations: dict[str, torch.Tensor], tables: dict[str, tuple[torch.Tensor, torch.Tensor]]) -> None:
+        """The dual pass from known violations: each multiplier's gradient (plain specs' from ``violations``, grouped ones' from ``tables``) and the penalties' growth."""
+        if self._growth is None:  # the usual case: the gradient of the dual Lagrangian is each violation (see dual_gradient)
+            for spec in self.plain:
+                self._constraints[spec.name].multiplier.weight.grad = violations[spec.name].clone()
+        else:  # the augmented Lagrangian's penalty updater reads Cooper's constraint states
+            state = self.dual_state(violations)
+            self.dual_gradient(state)
+            self.grow_penalties(state)
+        if self.groupings:
+            self.grouped_dual_gradient(tables)
+
+    def dual_state(self, violations: dict[str, torch.Tensor]) -> cooper.CMPState:
+        """The CMPState of a dual pass whose plain specs' violations are already known (the step's, or its window's)."""
+        observed = {self._constraints[spec.name]: cooper.ConstraintState(violation=violations[spec.name], contributes_to_primal_update=False) for spec in self.plain}
+        return cooper.CMPState(loss=None, observed_constraints=observed)
+
+    def _grouped_state(self, spec: ConstraintSpec, batch: LayerBatch, primal: bool, dual: bool) -> tuple[cooper.ConstraintState, tuple[torch.Tensor, torch.Tensor]]:
+        """A grouped spec's ConstraintState on one micro-batch (each group present, weighted by its share of the rows) and its per-group sums and counts (detached)."""
+        grouping = self.groupings[spec.name]
+        sums, counts = grouping.sums(batch, detach=False)
+        table = (sums.detach(), counts)
+        present = counts.nonzero().flatten()
+        counts = counts[present]
+        violation = grouped_violation(spec, sums[present] / counts[:, None], self.state[spec.name])
+        # Each group's term is weighted by its share of the batch's rows, so that the per-sample
+        # Lagrangian is the mean of lambda_i g_i over the rows, and a level's is E over the band.
+        share = (counts / batch.losses.shape[0])[:, None]
+        state = cooper.ConstraintState(
+            violation=(share * violation).flatten(),
+            constraint_features=grouping.indices(present.to(self.device)),
+            strict_violation=violation.flatten(),
+            contributes_to_primal_update=primal,
+            contributes_to_dual_update=dual,
+        )
+        return state, table
 
     def group_tables(self, batch: LayerBatch) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
         """Per-group loss sums and row counts of one micro-batch, for each grouped spec (empty when there is none)."""
@@ -295,7 +321,7 @@ class LayerwiseProblem:
 
     def constraint(self, spec: ConstraintSpec) -> cooper.Constraint:
         """The Cooper constraint compiled from ``spec``."""
-        return getattr(self.cmp, spec.name)
+        return self._constraints[spec.name]
 
     def start(self, means: torch.Tensor) -> None:
         """Fix what specs take from the first training batch (anchors), once per run."""
@@ -306,9 +332,7 @@ class LayerwiseProblem:
         """Each spec's violation vector for these layer means (differentiable); specs held per level or per sample are left out."""
         self.start(means)
         out = {}
-        for spec in self.specs:
-            if spec.grouped:  # observed per group, from a LayerBatch
-                continue
+        for spec in self.plain:  # the grouped are observed per group, from a LayerBatch
             violation = spec.violation(means, self.state[spec.name])
             # Cooper would silently broadcast a multiplier over a violation of another size.
             if violation.shape != (len(self.labels[spec.name]),):
@@ -319,12 +343,21 @@ class LayerwiseProblem:
             out[spec.name] = violation
         return out
 
+    def violations_of_rows(self, means: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Each plain spec's violations at S rows of layer means, S x entries (one call where the kind broadcasts over rows)."""
+        self.start(means[0])
+        return {spec.name: grouped_violation(spec, means, self.state[spec.name]) for spec in self.plain}
+
+    def multiplier_weights(self) -> list[torch.Tensor]:
+        """Each spec's multiplier tensor, in registration order (what the dual optimizer steps)."""
+        return [self._constraints[spec.name].multiplier.weight for spec in self.specs]
+
     def multipliers(self) -> dict[str, torch.Tensor]:
         """Current lambda of each spec: one per label, or a rows x labels table for a per-sample spec."""
         out = {}
         for spec in self.specs:
             weight = self.constraint(spec).multiplier.weight.detach()
-            out[spec.name] = weight.reshape(-1, self.groupings[spec.name].block) if spec.per_sample else weight.flatten() if spec.grouped else weight
+            out[spec.name] = weight.reshape(-1, self.groupings[spec.name].block) if spec.per_sample else weight.flatten() if spec.name in self.groupings else weight
         return out
 
     def relaxations(self) -> dict[str, torch.Tensor]:

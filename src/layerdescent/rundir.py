@@ -366,7 +366,7 @@ def _log_problem(kept: bytes) -> str | None:
     return None
 
 
-def results_table(config: Any, task: Any, position: dict[str, Any], step_times: list[float], skipped: int, update: Any, evaluation: dict[str, Any], satisfied: dict[str, float] | None = None) -> dict[str, Any]:
+def results_table(config: Any, task: Any, position: Any, step_times: list[float], skipped: int, update: Any, evaluation: dict[str, Any], satisfied: dict[str, float] | None = None) -> dict[str, Any]:
     """What results.json holds (schema ``RESULTS_SCHEMA``): the run, how it trained, its multipliers and its evaluation.
 
     A per-sample constraint records each entry's mean lambda over the training rows, with its
@@ -390,9 +390,9 @@ def results_table(config: Any, task: Any, position: dict[str, Any], step_times: 
         "split": config.eval.split,
         "perturbation": task.perturbation,
         "train": {
-            "steps": position["step"],
-            "epochs": position["epoch"],
-            **({"best_epoch": position["best_epoch"], "best_val_loss": position.get("best_val_loss")} if train.early_stopping else {}),
+            "steps": position.step,
+            "epochs": position.epoch,
+            **({"best_epoch": position.best_epoch, "best_val_loss": position.best_val_loss} if train.early_stopping else {}),
             "step_time_median": statistics.median(step_times) if step_times else None,
             "skipped_steps": skipped,
         },
@@ -469,59 +469,3 @@ def final_model_file(run_dir: Path, config: Any) -> Path:
         if (run_dir / name).exists():
             return run_dir / name
     raise ConfigError(f"{run_dir} has neither {MODEL_FILE} nor a checkpoint, so its model is gone: re-run it to evaluate it again")
-
-
-def _seen_mean(total: Any, seen: Any) -> list[float | None]:
-    """Sums over the steps that saw each entry, divided by their count; null for an entry no step saw."""
-    return [value if count else None for value, count in zip((total / seen.clamp(min=1)).tolist(), seen.tolist())]
-
-
-class LogWindow:
-    """Sums of what one metrics.jsonl line reports, over the steps since the last line."""
-
-    def __init__(self) -> None:
-        self.reset()
-
-    def reset(self) -> None:
-        """Start a new log line."""
-        self.steps = 0
-        self.full = 0  # steps that read every layer, so whose violations are known
-        self.feasible = 0
-        self.loss: Any = None
-        self.counts: Any = None
-        self.violation: dict[str, Any] = {}
-        self.seen: dict[str, Any] = {}  # per entry, the steps that observed it (a level not drawn is NaN)
-
-    def add(self, means: Any, violations: dict[str, Any]) -> None:
-        """Count one step's layer means and violations."""
-        import torch
-
-        self.steps += 1
-        read = ~torch.isnan(means)  # a step that read the last layer alone leaves the others NaN
-        self.loss = means.nan_to_num() if self.loss is None else self.loss + means.nan_to_num()
-        self.counts = read.float() if self.counts is None else self.counts + read
-        if not bool(read.all()):
-            return
-        self.full += 1
-        self.feasible += all(bool(((v <= 0) | v.isnan()).all()) for v in violations.values())
-        for name, value in violations.items():
-            seen = (~value.isnan()).float()
-            value = value.nan_to_num()
-            self.violation[name] = value.clone() if name not in self.violation else self.violation[name] + value
-            self.seen[name] = seen if name not in self.seen else self.seen[name] + seen
-
-    def record(self, position: dict[str, Any], dual: dict[str, Any]) -> dict[str, Any]:
-        """The metrics.jsonl record of the window (``dual``: the update's multipliers and relaxations), which then starts again."""
-        full = max(self.full, 1)
-        record: dict[str, Any] = {
-            "event": "train",
-            "epoch": position["epoch"],
-            "step": position["step"],
-            "loss": (self.loss / self.counts.clamp(min=1)).tolist(),
-            "feasible": self.feasible / full,
-            # an entry no step of the window observed (a level not drawn) logs null; the others their mean over the steps that saw them
-            "violation": {k: _seen_mean(v, self.seen[k]) for k, v in self.violation.items()},
-            **dual,
-        }
-        self.reset()
-        return record

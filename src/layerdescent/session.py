@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 import random
+import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -12,9 +14,9 @@ import torch
 
 from layerdescent.config import RunConfig, TrainConfig
 from layerdescent.data import Rows
-from layerdescent.distributed import World, init_world
-from layerdescent.errors import ConfigError, DataError
-from layerdescent.problem import ExtraSGD, LayerwiseProblem
+from layerdescent.distributed import World, init_world, to_device
+from layerdescent.errors import ConfigError, DataError, PluginError
+from layerdescent.problem import LayerBatch, LayerwiseProblem
 from layerdescent.registry import Registry
 from layerdescent.update import LayerwiseUpdate
 
@@ -32,18 +34,29 @@ def epoch_steps(samples: int, train: TrainConfig) -> tuple[int, int]:
     return micro, math.ceil(micro / train.accumulate)
 
 
-def build_primal_optimizer(model: torch.nn.Module, config: TrainConfig, extragradient: bool = False) -> torch.optim.Optimizer:
-    """The model's optimizer as the config names it (Cooper's ExtraAdam/ExtraSGD for an extrapolation scheme)."""
-    import cooper
+class CosineSchedule(torch.optim.lr_scheduler.LRScheduler):
+    """train.lr_schedule = "cosine": each group's lr anneals as lr * (1 + cos(pi * step / total)) / 2 to 0 at the run's last step."""
 
-    params = [p for p in model.parameters() if p.requires_grad]
-    if extragradient and config.optimizer == "adamw":
-        raise ConfigError("solver.scheme = 'extrapolation' has no extragradient AdamW: set train.optimizer = 'adam' (or 'sgd') and train.weight_decay as L2")
-    if config.optimizer == "sgd":
-        cls = ExtraSGD if extragradient else torch.optim.SGD
-        return cls(params, lr=config.lr, momentum=config.momentum, weight_decay=config.weight_decay)
-    cls = cooper.optim.ExtraAdam if extragradient else torch.optim.AdamW if config.optimizer == "adamw" else torch.optim.Adam
-    return cls(params, lr=config.lr, weight_decay=config.weight_decay)
+    def __init__(self, optimizer: torch.optim.Optimizer, total: int) -> None:
+        self.total = max(total, 1)
+        super().__init__(optimizer)
+
+    def get_lr(self) -> list[float]:
+        """The learning rates of step ``last_epoch``, from the step count alone."""
+        return [base * 0.5 * (1 + math.cos(math.pi * min(self.last_epoch, self.total) / self.total)) for base in self.base_lrs]
+
+    def step(self, epoch: int | None = None) -> None:
+        """Move to the next optimizer step (also after a step skipped for a non-finite loss, whose count the schedule follows)."""
+        with warnings.catch_warnings():  # a skipped first step calls this before optimizer.step(): harmless here
+            warnings.simplefilter("ignore", UserWarning)
+            super().step()
+
+    def resume(self, step: int) -> None:
+        """Put the schedule at ``step`` (a checkpoint written before the schedule kept its own state)."""
+        self.last_epoch = step
+        for group, lr in zip(self.optimizer.param_groups, self.get_lr()):
+            group["lr"] = lr
+        self._last_lr = [group["lr"] for group in self.optimizer.param_groups]
 
 
 def set_dropout(model: torch.nn.Module, rate: float, task: str) -> None:
@@ -57,7 +70,7 @@ def set_dropout(model: torch.nn.Module, rate: float, task: str) -> None:
 
 @dataclass
 class Session:
-    """What a run trains: its splits in memory, model, and the constrained update."""
+    """What a run trains: its splits in memory, model, the constrained update and the learning-rate schedule, and how a shard of a batch is read."""
 
     rows: dict[str, Rows]
     model: torch.nn.Module
@@ -65,11 +78,74 @@ class Session:
     labels: list[str]
     world: World = World()
     device: torch.device = torch.device("cpu")
+    schedule: CosineSchedule | None = None
 
     @property
     def problem(self) -> LayerwiseProblem:
         """The constraints' Cooper problem (multipliers, labels)."""
         return self.update.problem
+
+    def read_shard(self, task: Any, shard: torch.Tensor, full: bool, level: int, band: tuple[float, ...], precision: str, who: str) -> tuple[torch.Tensor, bool, LayerBatch | None]:
+        """This rank's layer means on its shard of a micro-batch (differentiable; NaN for the layers a last-layer-only read skipped), whether every layer was read, and the rows' LayerBatch where per-level or per-sample constraints need it.
+
+        ``level`` indexes the training band; -1 takes the shard at every level of it. Under
+        ``precision = "bf16"`` the forward pass runs in autocast and the losses leave it in float32.
+        """
+        width = len(self.labels)
+        grouped = bool(self.update.problem.groupings)
+        last_only = not (full or self.update.solver.trains_every_layer or grouped or level < 0)
+        rows = None
+        if len(shard):
+            batch = task.collate(self.rows["train"][shard])
+            if self.device.type != "cpu":  # collate builds on the CPU
+                batch = to_device(batch, self.device)
+            gamma = band[max(level, 0)]
+            with _autocast(self.device, precision):
+                last = task.last_layer_losses(self.model, batch, gamma=gamma) if last_only else None
+                if level < 0:  # every level of the band, in one step: the rows repeat once per level
+                    output = None
+                    losses = torch.cat([_float32(task.layer_losses(self.model, batch, gamma=g).losses) for g in band])
+                elif last is None:
+                    output = task.layer_losses(self.model, batch, gamma=gamma)
+            # the losses leave autocast in float32: the Lagrangian, the layer means and the dual step never see bf16
+            if level < 0:
+                means = losses.mean(dim=0)
+                rows = LayerBatch(losses, shard.repeat(len(band)), torch.arange(len(band)).repeat_interleave(len(shard)))
+            elif last is None:
+                last_only = False
+                losses = _float32(output.losses)
+                means = losses.mean(dim=0)
+                if grouped:
+                    rows = LayerBatch(losses, shard, torch.full((len(shard),), level))
+            else:
+                means = torch.cat([torch.full((width - 1,), float("nan"), device=self.device), _float32(last.losses).mean(dim=0)])
+            if not means.requires_grad and torch.is_grad_enabled():  # the alternating dual pass reads under no_grad
+                method = "last_layer_losses" if last_only else "layer_losses"
+                raise PluginError(f"{who}: {method} returned losses without gradients (computed under torch.no_grad() or detached): nothing would train")
+        else:  # every rank takes the same branch: the task answers the same on every rank
+            last_only = last_only and task.overrides("last_layer_losses")
+            means = torch.zeros(width, device=self.device)
+            if grouped:  # no rows, but the per-group sums still meet the other ranks' at the step
+                rows = LayerBatch(torch.zeros(0, width, device=self.device), shard, torch.zeros(0, dtype=torch.long))
+        return means, not last_only, rows
+
+    def reduce_gradients(self, clip: float = 0.0) -> None:
+        """Average the model's gradients over ranks (their losses were weighted as DDP's are), then clip their norm to ``clip`` (0: no clipping)."""
+        self.world.average_gradients(self.model.parameters())
+        if clip:
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip)
+
+
+def _autocast(device: torch.device, precision: str) -> Any:
+    """The training forward pass's precision: autocast to bfloat16 under train.precision = "bf16", else nothing."""
+    if precision == "bf16":
+        return torch.autocast(device.type, dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+def _float32(losses: torch.Tensor) -> torch.Tensor:
+    """Losses a bf16 (or fp16) forward pass gave, in float32; any other dtype as it is, so that fp32 runs keep their numbers."""
+    return losses.float() if losses.dtype in (torch.bfloat16, torch.float16) else losses
 
 
 def build_session(config: RunConfig, task: Any, registry: Registry) -> Session:
@@ -94,9 +170,7 @@ def build_session(config: RunConfig, task: Any, registry: Registry) -> Session:
     if world.rank:  # the same initial model everywhere, independent perturbations per rank
         seed_everything(config.seed + 1_000_003 * world.rank)
     solver = config.solver
-    extragradient = registry.solver(solver.name).gradient_passes(solver.options) == 2
-    primal = build_primal_optimizer(model, train, extragradient)
-    # sync=False: the trainer averages the layer means over ranks itself, before its checks
-    update = LayerwiseUpdate(config.constraints, task.num_layers, primal, solver.name, sync=False, registry=registry, band=train.band, rows=len(rows["train"]), **vars(solver.options))
-    update.problem.cmp.to(device)
-    return Session(rows, model, update, [f"l{k}" for k in range(task.num_layers + 1)], world, device)
+    primal = registry.solver(solver.name).primal_optimizer(solver.options, [p for p in model.parameters() if p.requires_grad], train)  # the scheme's, e.g. extragradient
+    update = LayerwiseUpdate(config.constraints, task.num_layers, primal, solver.name, registry=registry, band=train.band, rows=len(rows["train"]), **vars(solver.options)).to(device)
+    schedule = CosineSchedule(primal, train.epochs * epoch_steps(len(rows["train"]), train)[1]) if train.lr_schedule == "cosine" else None
+    return Session(rows, model, update, [f"l{k}" for k in range(task.num_layers + 1)], world, device, schedule)

@@ -11,11 +11,8 @@ if TYPE_CHECKING:
     import torch
 
     from layerdescent.config import TrainConfig
+    from layerdescent.trainer import Position
     from layerdescent.update import LayerwiseUpdate
-
-
-class SkippedStep(Exception):
-    """A step whose loss was not finite, dropped because train.on_nonfinite = 'skip'."""
 
 
 def nonfinite(step: int, what: str, values: torch.Tensor, labels: list[str]) -> str | None:
@@ -33,12 +30,40 @@ def diverged(reason: str) -> DivergenceError:
     return DivergenceError(f"{reason}; the last checkpoint is intact (lower train.lr or solver.dual_lr, or set train.grad_clip)")
 
 
-def check_multipliers(update: LayerwiseUpdate, step: int) -> None:
-    """Raise DivergenceError when a multiplier is not finite or passed the solver's ``max_multiplier``."""
+def step_problem(who: str, step: int, means: torch.Tensor, violations: dict[str, torch.Tensor] | None, every_layer: bool, update: LayerwiseUpdate, labels: list[str]) -> str | None:
+    """Why a step's layer means (the last layer's alone, where it read only that) or violations cannot be trained on, or None.
+
+    A PluginError when a constraint that assumes losses >= 0 sees a negative one: no setting fixes that.
+    """
+    import torch
+
+    if every_layer:  # the usual case, in one test: every value finite and, where a constraint needs it, every mean >= 0
+        fine = torch.isfinite(torch.cat([means, *violations.values()]) if violations else means).all()
+        if update.problem.needs_nonnegative:
+            fine = fine & (means >= 0).all()
+        if bool(fine):
+            return None
+    reason = nonfinite(step, "loss", means if every_layer else means[-1:], labels if every_layer else labels[-1:])
+    if not every_layer:
+        return reason
+    for name, value in (violations or {}).items():
+        reason = reason or nonfinite(step, f"violation of constraint {name!r}", value, update.labels[name])
+    if reason is None:
+        check_nonnegative(who, step, means, update, labels)
+    return reason
+
+
+def multiplier_problem(update: LayerwiseUpdate, step: int) -> str | None:
+    """Why the run must stop for its multipliers (one not finite, or past the solver's ``max_multiplier``), or None."""
     if not update.solver.enforces_constraints:
-        return  # its multipliers never move
+        return None  # its multipliers never move
     bound = update.solver.max_multiplier
-    for name, value in update.multipliers().items():
+    if bound is not None:  # the usual case, in one test: every multiplier at most the bound (NaN fails it too)
+        import torch
+
+        if bool(torch.stack([weight.detach().max() for weight in update.problem.multiplier_weights()]).le(bound).all()):
+            return None
+    for name, value in update.problem.multipliers().items():
         if bound is not None and bool((value <= bound).all()):  # one test per step: NaN fails it too, and is told apart below
             continue
         reason = nonfinite(step, f"multiplier of constraint {name!r}", value, update.labels[name])
@@ -46,12 +71,13 @@ def check_multipliers(update: LayerwiseUpdate, step: int) -> None:
             entry = int((value > bound).nonzero()[0])
             reason = f"multiplier of constraint {name!r} exploded at step {step}, {update.labels[name][entry]} = {value[entry].item():.4g} > solver.max_multiplier = {bound:g}"
         if reason:
-            raise diverged(reason)
+            return reason
+    return None
 
 
 def check_nonnegative(who: str, step: int, means: torch.Tensor, update: LayerwiseUpdate, labels: list[str]) -> None:
     """Raise PluginError when a constraint that assumes losses >= 0 (descent's (1 - alpha) margin) sees a negative one."""
-    needing = [spec for spec in update.problem.specs if getattr(spec, "needs_nonnegative_losses", False)]
+    needing = update.problem.needs_nonnegative
     if needing and bool((means < 0).any()):
         k = int((means < 0).nonzero()[0])
         spec = needing[0]
@@ -75,15 +101,15 @@ def check_finite_results(evaluation: dict[str, Any], who: str) -> None:
                     )
 
 
-def patience_spent(train: TrainConfig, position: dict[str, Any]) -> bool:
+def patience_spent(train: TrainConfig, position: Position) -> bool:
     """Whether early stopping has seen ``train.early_stopping`` epochs without a better validation loss."""
-    return bool(train.early_stopping) and position["epoch"] - 1 - position["best_epoch"] >= train.early_stopping
+    return bool(train.early_stopping) and position.epoch - 1 - position.best_epoch >= train.early_stopping
 
 
-def improved(train: TrainConfig, position: dict[str, Any], val_loss: list[float]) -> bool:
+def improved(train: TrainConfig, position: Position, val_loss: list[float]) -> bool:
     """Record a new best last-layer validation loss in ``position``; True when it is one (early stopping keeps its model)."""
-    if not train.early_stopping or val_loss[-1] >= position["best_loss"]:
+    if not train.early_stopping or val_loss[-1] >= position.best_loss:
         return False
-    position["best_loss"], position["best_epoch"] = val_loss[-1], position["epoch"]
-    position["best_val_loss"] = val_loss  # every layer's, for tuning and the reports
+    position.best_loss, position.best_epoch = val_loss[-1], position.epoch
+    position.best_val_loss = val_loss  # every layer's, for tuning and the reports
     return True

@@ -10,30 +10,63 @@ what a run trains is built by :mod:`layerdescent.session`, the run directory's f
 
 from __future__ import annotations
 
-import contextlib
+import dataclasses
 import json
 import math
 import os
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
 import torch
 
 from layerdescent import rundir, stopping
-from layerdescent.checkpoint import load_checkpoint, load_model_state, restore_run, rng_state, save_checkpoint
+from layerdescent.checkpoint import load_checkpoint, load_model_state, restore_run, rng_state, run_payload, save_checkpoint
 from layerdescent.config import RunConfig, check_depth, check_steps
-from layerdescent.distributed import to_device
-from layerdescent.errors import DivergenceError, PluginError
+from layerdescent.errors import DivergenceError
 from layerdescent.evaluator import evaluate, evaluate_all, rows_satisfied
 from layerdescent.guard import build_task, calling, describe
-from layerdescent.problem import LayerBatch
 from layerdescent.progress import evaluation_in_steps, progress_bar
 from layerdescent.registry import Registry, get_registry
 from layerdescent.session import Session, build_session, epoch_steps
 from layerdescent.trackers import check_trackers, open_trackers
 from layerdescent.update import LayerwiseUpdate
+
+
+@dataclass
+class Position:
+    """Where a run is: its epoch, micro-batch and step, and the best validation loss so far (early stopping)."""
+
+    epoch: int = 0
+    micro: int = 0  # micro-batches of this epoch already trained
+    step: int = 0  # optimizer steps taken (and skipped)
+    best_loss: float = math.inf  # the lowest last-layer validation loss so far
+    best_epoch: int = -1
+    best_val_loss: list[float] | None = None  # every layer's at best_epoch, for tuning and the reports
+
+    @classmethod
+    def restore(cls, saved: dict[str, Any]) -> Position:
+        """The position a checkpoint recorded (a dict, as every checkpoint holds it)."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in saved.items() if k in names})
+
+    def saved(self) -> dict[str, Any]:
+        """What a checkpoint records: a plain dict, with best_val_loss only once there is one (as before the dataclass)."""
+        out = dataclasses.asdict(self)
+        if out["best_val_loss"] is None:
+            del out["best_val_loss"]
+        return out
+
+
+@dataclass
+class Step:
+    """What one training step did: its layer means and violations over every rank, or why it was skipped."""
+
+    means: torch.Tensor
+    violations: dict[str, torch.Tensor]
+    skipped: str | None = None  # train.on_nonfinite = 'skip': the non-finite value it dropped the step for
 
 
 class Trainer:
@@ -46,6 +79,7 @@ class Trainer:
         self.who = describe(self.registry, config.task.name)
         self.task = build_task(self.registry, config.task.name, config.task.options)
         check_depth(config, self.task.num_layers, self.registry)
+        self.band = config.train.band  # the training perturbation levels
         self.checkpoint_path, self.best_path = self.run_dir / "checkpoint.pt", self.run_dir / "best.pt"
 
     def setup(self) -> Session:
@@ -73,16 +107,17 @@ class Trainer:
         rundir.prepare(self.run_dir, config, self.registry, resume, write=world.is_main)
         world.barrier()
 
-        # best_*: the epoch with the lowest last-layer validation loss, for early stopping
-        position: dict[str, Any] = {"epoch": 0, "micro": 0, "step": 0, "best_loss": math.inf, "best_epoch": -1}
+        position = Position()
         step_times: list[float] = []
         skipped_steps = 0
         metrics_file = self.run_dir / "metrics.jsonl"
         if resume and self.checkpoint_path.exists():
             state = load_checkpoint(self.checkpoint_path, self.task.name, kind="run")
-            restore_run(self.checkpoint_path, state, model, update, world.rank, self.task.name)
-            position, step_times = {**position, **state["position"]}, list(state["step_times"])
+            restore_run(self.checkpoint_path, state, model, update, world.rank, self.task.name, session.schedule)
+            position, step_times = Position.restore(state["position"]), list(state["step_times"])
             skipped_steps = int(state["skipped_steps"])
+            if session.schedule is not None and "schedule" not in state:
+                session.schedule.resume(position.step)  # a checkpoint from before the schedule kept its state
             if world.is_main:
                 rundir.rewind_log(metrics_file, self.checkpoint_path, state["metrics_offset"])
 
@@ -90,61 +125,59 @@ class Trainer:
         # batch_size is global: ranks split each batch, so a config means the same run however it
         # is launched, and a run resumes on another number of processes on the same trajectory.
         micro_per_epoch, steps_per_epoch = epoch_steps(len(train_set), train)
-        window = rundir.LogWindow()
         # Line-buffered so that `tail -f metrics.jsonl` follows a run; only rank 0 writes.
         log = rundir.open_log(metrics_file) if world.is_main else open(os.devnull, "w")
-        self._trackers = open_trackers(config, self.run_dir, position["step"], self.registry)
+        self._trackers = open_trackers(config, self.run_dir, position.step, self.registry)
 
         def checkpoint() -> None:
             self._claim.check()  # a directory moved or unlocked under the run is no longer written
-            self._log(log, window, position, update)
+            self._log(log, position, update)
             log.flush()
             rngs = world.gather(rng_state())
             if world.is_main:
-                payload = {"task": self.task.name, "model": model.state_dict(), **update.state_dict(), "rng": rngs, "position": dict(position)}
-                save_checkpoint(self.checkpoint_path, {**payload, "step_times": step_times, "skipped_steps": skipped_steps, "metrics_offset": log.tell()})
+                save_checkpoint(self.checkpoint_path, run_payload(self.task.name, model, update, session.schedule, rngs, position.saved(), step_times, skipped_steps, log.tell()))
 
         # a bar on a terminal, a timed line every 30 s when stderr is a pipe (a demo or bench log)
         name, shown = f"{config.name} seed {config.seed}", train.progress and world.is_main
         after = evaluation_in_steps(len(rows[config.eval.split]), len(config.eval.gammas) * (1 + len(config.eval.domains)), train.batch_size * train.accumulate)
-        bar = progress_bar(train.epochs * steps_per_epoch, position["step"], name, enabled=shown, after=after)  # the time left covers the evaluation
+        bar = progress_bar(train.epochs * steps_per_epoch, position.step, name, enabled=shown, after=after)  # the time left covers the evaluation
         try:
-            while position["epoch"] < train.epochs and not stopping.patience_spent(train, position):
-                order = torch.randperm(len(train_set), generator=torch.Generator().manual_seed(config.seed * 100_003 + position["epoch"]))
+            while position.epoch < train.epochs and not stopping.patience_spent(train, position):
+                order = torch.randperm(len(train_set), generator=torch.Generator().manual_seed(config.seed * 100_003 + position.epoch))
                 micro_batches = order.split(train.batch_size)
-                levels = self._levels(position["epoch"], len(micro_batches))
-                while position["micro"] < micro_per_epoch:
-                    group = micro_batches[position["micro"] : position["micro"] + train.accumulate]
-                    group_levels = levels[position["micro"] : position["micro"] + train.accumulate]
+                levels = self._levels(position.epoch, len(micro_batches))
+                while position.micro < micro_per_epoch:
+                    group = micro_batches[position.micro : position.micro + train.accumulate]
+                    group_levels = levels[position.micro : position.micro + train.accumulate]
                     start = time.perf_counter()
-                    try:
-                        # a last-layer solver reads every layer on a log line's first step only, where the task can read the last alone
-                        means, violations = self.step(session, group, position["step"], full=window.steps == 0, levels=group_levels)
-                    except stopping.SkippedStep as skipped:
-                        log.write(json.dumps({"event": "skipped", "epoch": position["epoch"], "step": position["step"], "reason": str(skipped)}) + "\n")
+                    # a last-layer solver reads every layer on a log line's first step only, where the task can read the last alone
+                    done = self.step(session, group, position.step, full=update.window_steps == 0, levels=group_levels)
+                    if done.skipped:
+                        log.write(json.dumps({"event": "skipped", "epoch": position.epoch, "step": position.step, "reason": done.skipped}) + "\n")
                         skipped_steps += 1
                     else:
                         step_times.append(time.perf_counter() - start)
-                        window.add(means, violations)
-                    position["micro"] += len(group)
-                    position["step"] += 1
+                    if session.schedule is not None:
+                        session.schedule.step()
+                    position.micro += len(group)
+                    position.step += 1
                     bar.update(1)
-                    if window.steps >= train.log_every:
-                        self._log(log, window, position, update)
-                    if train.checkpoint_every and position["step"] % train.checkpoint_every == 0:
+                    if update.window_steps >= train.log_every:
+                        self._log(log, position, update)
+                    if train.checkpoint_every and position.step % train.checkpoint_every == 0:
                         checkpoint()
                 update.end_epoch()
-                self._log(log, window, position, update)
+                self._log(log, position, update)
                 if train.validate:
                     val = evaluate(self.task, model, rows["validation"], [train.validation_gamma], config.eval.batch_size, config.eval.seed, world)[0]
-                    record = {"event": "epoch", "epoch": position["epoch"], "step": position["step"], "val_loss": val["layer_loss"], "val_metrics": val["metrics"]}
+                    record = {"event": "epoch", "epoch": position.epoch, "step": position.step, "val_loss": val["layer_loss"], "val_metrics": val["metrics"]}
                     log.write(json.dumps(record) + "\n")
                     self._trackers.log(record)
                     if stopping.improved(train, position, val["layer_loss"]) and world.is_main:
                         # written before the checkpoint that records it, so a resume finds it
-                        save_checkpoint(self.best_path, {"task": self.task.name, "model": model.state_dict(), "epoch": position["epoch"]})
-                position["epoch"] += 1
-                position["micro"] = 0
+                        save_checkpoint(self.best_path, {"task": self.task.name, "model": model.state_dict(), "epoch": position.epoch})
+                position.epoch += 1
+                position.micro = 0
                 checkpoint()
         finally:
             bar.close()
@@ -168,11 +201,11 @@ class Trainer:
             self._trackers.close(results, self.run_dir)
         return results
 
-    def _evaluate(self, session: Session, position: dict[str, Any], name: str, shown: bool) -> dict[str, Any]:
+    def _evaluate(self, session: Session, position: Position, name: str, shown: bool) -> dict[str, Any]:
         """The final evaluation, each record saved as it is taken, so that a run interrupted here resumes at the next record."""
         config, world = self.config, session.world
         # the model evaluated is the one this position trained (or its best epoch), under this eval config
-        key = {"step": position["step"], "epoch": position["epoch"], "eval": config.as_dict()["eval"]}
+        key = {"step": position.step, "epoch": position.epoch, "eval": config.as_dict()["eval"]}
         done = rundir.partial_evaluation(self.run_dir, key)
         if done and shown:
             taken = len(done.get("gammas", [])) + sum(len(r) for r in done.get("domains", {}).values())
@@ -189,9 +222,10 @@ class Trainer:
         """Load ``state`` into ``model``, or CheckpointError naming ``path`` when it belongs to another model."""
         load_model_state(path, model, state, self.task.name)
 
-    def _log(self, log, window: rundir.LogWindow, position: dict[str, Any], update: LayerwiseUpdate) -> None:
-        if window.steps:
-            record = window.record(position, update.record())
+    def _log(self, log, position: Position, update: LayerwiseUpdate) -> None:
+        """Write the update's log line since the last one (nothing when no step was taken since)."""
+        if update.window_steps:
+            record = {"event": "train", "epoch": position.epoch, "step": position.step, **update.record()}
             log.write(json.dumps(record) + "\n")
             self._trackers.log(record)
 
@@ -209,128 +243,52 @@ class Trainer:
         generator = torch.Generator().manual_seed(self.config.seed * 100_003 + epoch + 7_919_000)
         return torch.randint(len(train.band), (micro_batches,), generator=generator).tolist()
 
-    def step(self, session: Session, group: Sequence[torch.Tensor], step: int, full: bool = True, levels: Sequence[int] | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        """One optimizer step over micro-batches of training-row indices; the step's layer means and violations.
+    def step(self, session: Session, group: Sequence[torch.Tensor], step: int, full: bool = True, levels: Sequence[int] | None = None) -> Step:
+        """One optimizer step over micro-batches of training-row indices: its layer means and violations, or why it was skipped.
 
-        Each micro-batch is global: this rank trains on its shard, and the layer means are
-        reduced over ranks before anything uses them, so every rank sees the same numbers.
-        ``full = False`` lets a solver that trains the last layer alone read it alone where the task offers that
-        (``Task.last_layer_losses``); the other layers' means are then NaN.
+        Each micro-batch is global: this rank trains on its shard, and the update averages the
+        layer means over ranks once per step, before anything reads them, so every rank sees the
+        same numbers and takes the same decision. ``full = False`` lets a solver that trains the
+        last layer alone read it alone where the task offers that (``Task.last_layer_losses``);
+        the other layers' means are then NaN.
         """
-        update = session.update
+        update, train = session.update, self.config.train
         levels = list(levels) if levels is not None else [0] * len(group)
         update.zero_grad()
-        step_means, violations = self._gradients(session, group, step, full, levels)
-        if self.config.train.lr_schedule == "cosine":  # from the step count alone, so a resumed run follows the same schedule
-            total = self.config.train.epochs * epoch_steps(len(session.rows["train"]), self.config.train)[1]
-            for optimizer in update.optimizer.primal_optimizers:
-                for param_group in optimizer.param_groups:
-                    param_group["lr"] = self.config.train.lr * 0.5 * (1 + math.cos(math.pi * min(step, total) / total))
+        every_layer = self._gradients(session, group, full, levels)
+        seen = update.observed()
+        reason = stopping.step_problem(self.who, step, seen.means, seen.violations, every_layer, update, session.labels)
+        if reason is not None:
+            if train.on_nonfinite != "skip":
+                raise stopping.diverged(reason)
+            update.discard()
+            return Step(seen.means, seen.violations or {}, skipped=reason)
         # a scheme that evaluates the batch again (extragradient, or a dual pass after the primal step) re-runs the same micro-batches
-        update.step(closure=lambda: self._gradients(session, group, step, True, levels))
-        stopping.check_multipliers(update, step)
-        if update.problem.groupings and not bool(step_means.isnan().any()):  # a step that read every layer
-            violations = {**violations, **update.grouped_violations()}
-        return step_means, violations
+        update.step(closure=lambda: self._gradients(session, group, True, levels))
+        reason = stopping.multiplier_problem(update, step)
+        if reason is not None:
+            raise stopping.diverged(reason)
+        return Step(seen.means, seen.violations or {})
 
-    def _gradients(self, session: Session, group: Sequence[torch.Tensor], step: int, full: bool, levels: Sequence[int]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        """Backpropagate the primal loss of every micro-batch in ``group`` (summed over ranks, clipped); the all-rank layer means and their violations."""
-        train, update, labels = self.config.train, session.update, session.labels
+    def _gradients(self, session: Session, group: Sequence[torch.Tensor], full: bool, levels: Sequence[int]) -> bool:
+        """Backpropagate the primal loss of every micro-batch in ``group`` through the update, then average the gradients over ranks and clip them; whether every layer was read."""
+        update, world, train = session.update, session.world, self.config.train
         total = sum(len(idx) for idx in group)
-        step_means = torch.zeros(len(labels), device=session.device)
-        violations: dict[str, torch.Tensor] = {}
         every_layer = True
         for idx, level in zip(group, levels):
-            means, micro_mean, read_all, batch = self._shard_means(session, idx, full, level)
+            shard = idx.tensor_split(world.size)[world.rank] if world.size > 1 else idx
+            losses, read_all, batch = session.read_shard(self.task, shard, full, level, self.band, train.precision, self.who)
             every_layer = every_layer and read_all
-            reason = stopping.nonfinite(step, "loss", micro_mean if read_all else micro_mean[-1:], labels if read_all else labels[-1:])
-            if read_all:
-                update.problem.start(micro_mean)  # anchors come from the whole first batch, not one shard
-                # Every rank must agree on stopping, so the check reads the all-rank numbers.
-                violations = update.violations(micro_mean)
-                for name, value in violations.items():
-                    reason = reason or stopping.nonfinite(step, f"violation of constraint {name!r}", value, update.labels[name])
-                if reason is None:
-                    stopping.check_nonnegative(self.who, step, micro_mean, update, labels)
-            if reason and train.on_nonfinite == "skip":
-                update.zero_grad()
-                raise stopping.SkippedStep(reason)
-            if reason:
-                raise stopping.diverged(reason)
-            update.observe(micro_mean, len(idx) / total)
-            shard = len(idx.tensor_split(session.world.size)[session.world.rank])
+            # this rank's share of the step, times the ranks: the update averages means and gradients over ranks, as under DDP
+            weight = len(shard) / total * world.size
             with calling(self.who, "the backward pass through layer_losses"):  # e.g. a plugin that changed its parameters in place after the forward pass
                 if batch is None:
-                    update.backward(means, shard / total, observe=False)  # a rank whose shard is empty adds no gradient
+                    update.backward(losses, weight)  # a rank whose shard is empty adds no gradient
                 else:  # per-level or per-sample constraints read each row's losses, index and level
-                    update.backward(batch.losses, shard / total, observe=False, rows=batch.rows, levels=batch.levels)
-            step_means += micro_mean.detach() * (len(idx) / total)
+                    update.backward(batch.losses, weight, rows=batch.rows, levels=batch.levels)
         if torch.is_grad_enabled():
-            session.world.sum_gradients(session.model.parameters())
-            if train.grad_clip:
-                torch.nn.utils.clip_grad_norm_(session.model.parameters(), train.grad_clip)
-        if not every_layer:
-            violations = {}  # a log line counts no violations of a step that read the last layer alone
-        elif len(group) > 1:
-            violations = update.violations(step_means)  # a single micro-batch's are the step's already
-        return step_means, violations
-
-    def _autocast(self, device: torch.device) -> Any:
-        """The training forward pass's precision: autocast to bfloat16 under train.precision = "bf16", else nothing."""
-        if self.config.train.precision == "bf16":
-            return torch.autocast(device.type, dtype=torch.bfloat16)
-        return contextlib.nullcontext()
-
-    def _shard_means(self, session: Session, idx: torch.Tensor, full: bool, level: int = 0) -> tuple[torch.Tensor, torch.Tensor, bool, LayerBatch | None]:
-        """This rank's layer means on its shard of ``idx`` (differentiable), the mean over all of ``idx``, whether every layer was read, and the rows' LayerBatch where per-level or per-sample constraints need it.
-
-        ``level`` indexes the training band; -1 takes the shard at every level of it.
-        """
-        world = session.world
-        shard = idx.tensor_split(world.size)[world.rank]
-        width = len(session.labels)
-        grouped = bool(session.update.problem.groupings)
-        last_only = not (full or session.update.solver.trains_every_layer or grouped or level < 0)
-        band = self.config.train.band
-        rows = None
-        if len(shard):
-            batch = to_device(self.task.collate(session.rows["train"][shard]), session.device)
-            gamma = band[max(level, 0)]
-            with self._autocast(session.device):
-                last = self.task.last_layer_losses(session.model, batch, gamma=gamma) if last_only else None
-                if level < 0:  # every level of the band, in one step: the rows repeat once per level
-                    output = None
-                    losses = torch.cat([_float32(self.task.layer_losses(session.model, batch, gamma=g).losses) for g in band])
-                elif last is None:
-                    output = self.task.layer_losses(session.model, batch, gamma=gamma)
-            # the losses leave autocast in float32: the Lagrangian, the layer means and the dual step never see bf16
-            if level < 0:
-                means = losses.mean(dim=0)
-                rows = LayerBatch(losses, shard.repeat(len(band)), torch.arange(len(band)).repeat_interleave(len(shard)))
-            elif last is None:
-                last_only = False
-                losses = _float32(output.losses)
-                means = losses.mean(dim=0)
-                if grouped:
-                    rows = LayerBatch(losses, shard, torch.full((len(shard),), level))
-            else:
-                means = torch.cat([torch.full((width - 1,), float("nan"), device=session.device), _float32(last.losses).mean(dim=0)])
-            if not means.requires_grad and torch.is_grad_enabled():  # the alternating dual pass reads under no_grad
-                method = "last_layer_losses" if last_only else "layer_losses"
-                raise PluginError(f"{self.who}: {method} returned losses without gradients (computed under torch.no_grad() or detached): nothing would train")
-        else:  # every rank takes the same branch: the task answers the same on every rank
-            last_only = last_only and self.task.overrides("last_layer_losses")
-            means = torch.zeros(width, device=session.device)
-            if grouped:  # no rows, but the per-group sums still meet the other ranks' at the step
-                rows = LayerBatch(torch.zeros(0, width, device=session.device), shard, torch.zeros(0, dtype=torch.long))
-        if world.size == 1:
-            return means, means.detach(), not last_only, rows
-        return means, world.sum(means.detach() * len(shard)) / len(idx), not last_only, rows
-
-
-def _float32(losses: torch.Tensor) -> torch.Tensor:
-    """Losses a bf16 (or fp16) forward pass gave, in float32; any other dtype as it is, so that fp32 runs keep their numbers."""
-    return losses.float() if losses.dtype in (torch.bfloat16, torch.float16) else losses
+            session.reduce_gradients(train.grad_clip)
+        return every_layer
 
 
 def train(config: RunConfig, run_dir: str | Path, resume: bool = False, registry: Registry | None = None) -> dict[str, Any]:

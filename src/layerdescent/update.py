@@ -6,11 +6,13 @@
         update.backward(layer_losses(model, x, y))      # B x (L+1) per-sample losses
         update.step()                                   # the primal step, then the multipliers
 
-The trainer drives runs through this same object, so there is one implementation of the update.
-Under gradient accumulation call ``backward`` once per micro-batch (``weight`` = its share of
-the batch) and ``step`` once; under ``torch.distributed`` the layer means are averaged over ranks
-before the dual step. Schemes that evaluate the batch twice (``alternating-primal-dual``,
-``extrapolation``) need ``step(closure)``, a closure that calls ``backward`` on the same batch again.
+This is the front every loop calls the same way: the project's trainer, ``DescentTrainer`` and a
+user's own loop. The solver behind it owns the step (its scheme, formulation and primal
+optimizer); this object holds the log line. Under gradient accumulation call ``backward`` once per
+micro-batch (``weight`` = its share of the batch) and ``step`` once; under ``torch.distributed``
+the layer means are averaged over ranks, once per step, before anything reads them. Schemes that
+evaluate the batch twice (``alternating-primal-dual``, ``extrapolation``) need ``step(closure)``,
+a closure that calls ``backward`` on the same batch again. docs/solvers.md has the call order.
 
 A constraint held per level or per sample needs to know where each row came from:
 ``LayerwiseUpdate(..., band=[0.0, 0.8, 1.6], rows=len(train_set))`` and
@@ -22,13 +24,12 @@ from __future__ import annotations
 from typing import Any, Callable, Sequence
 
 import torch
-import torch.distributed as dist
 
 from layerdescent.constraints import ConstraintSpec
 from layerdescent.errors import ConfigError
-from layerdescent.problem import LayerBatch, LayerwiseProblem, add_tables
+from layerdescent.problem import LayerBatch, LayerwiseProblem
 from layerdescent.registry import Registry, get_registry
-from layerdescent.solvers import Solver
+from layerdescent.solvers import Observation, Solver
 
 
 class LayerwiseUpdate:
@@ -40,7 +41,6 @@ class LayerwiseUpdate:
         num_layers: int,
         optimizer: torch.optim.Optimizer,
         solver: str = "primal-dual",
-        sync: bool = True,
         registry: Registry | None = None,
         band: Sequence[float] = (),
         rows: int | None = None,
@@ -53,111 +53,71 @@ class LayerwiseUpdate:
         problems = solver_cls.check(settings, num_layers, tuple(constraints))
         if problems:
             raise ConfigError("\n".join(problems))
-        self.problem = _problem(tuple(constraints), num_layers, settings, tuple(band), rows)
-        self.solver: Solver = solver_cls(settings, self.problem)
-        if self.problem.groupings and solver_cls.enforces_constraints and solver_cls.observe_groups is Solver.observe_groups:
+        problem = solver_cls.build_problem(settings, tuple(constraints), num_layers, tuple(band), rows)
+        self.solver: Solver = solver_cls(settings, problem)
+        if problem.groupings and solver_cls.enforces_constraints and solver_cls.observe_groups is Solver.observe_groups and solver_cls.observe_step is Solver.observe_step:
             raise ConfigError(f"solver {solver_cls.name!r} does not update multipliers held per level or per sample (it does not override Solver.observe_groups); drop levels and per_sample")
-        self.optimizer = self.solver.cooper_optimizer(optimizer)
-        self.sync = sync  # False when the caller averages the means over ranks itself (the trainer does)
-        self._pending: torch.Tensor | None = None  # this step's weighted layer means, so far
-        self._tables: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}  # this step's per-group loss sums and counts, so far
-        self.last_tables: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}  # the last step's, over all ranks
-        self._taken: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
-        self._passes = 0  # backward calls since the last step (alternating allows one)
+        self.solver.attach(optimizer)
+        self.problem: LayerwiseProblem = problem  # the constraints' Cooper problem (multipliers, labels, groupings)
+        self.optimizer = self.solver.optimizer  # the solver's Cooper optimizer (the model's optimizer is its primal_optimizers[0])
+        self.labels: dict[str, list[str]] = problem.labels  # each constraint's entry labels (l1<=l0, ...)
+        self._window = LogWindow(problem)
 
-    @property
-    def labels(self) -> dict[str, list[str]]:
-        """Each constraint's entry labels (``l1<=l0``, ...)."""
-        return self.problem.labels
+    def to(self, device: torch.device | str) -> LayerwiseUpdate:
+        """Move the multipliers (and penalties) to ``device``, where the losses are; returns self."""
+        self.problem.cmp.to(device)
+        return self
 
     def zero_grad(self) -> None:
         """Clear the model's gradients (each dual pass clears the multipliers' own before it writes them)."""
-        for optimizer in self.optimizer.primal_optimizers:
-            optimizer.zero_grad()
+        self.solver.zero_grad()
 
     def loss(self, losses: torch.Tensor, rows: torch.Tensor | None = None, levels: torch.Tensor | None = None) -> torch.Tensor:
-        """The primal loss (objective plus multiplier-weighted violations) of B x (L+1) per-sample losses or L+1 means.
+        """The primal loss (objective plus multiplier-weighted violations) of B x (L+1) per-sample losses or L+1 means; counts nothing.
 
         ``rows`` and ``levels`` say where each row came from, for constraints held per sample or per level.
         """
-        if self.problem.groupings and self.solver.enforces_constraints and losses.dim() == 2:
-            return self.solver.primal_loss(LayerBatch(losses, rows, levels))
-        return self.solver.primal_loss(_means(losses))
+        return self.solver.primal_loss(self._batch(losses, rows, levels, enforced_only=True))
+
+    def forward(self, losses: torch.Tensor, weight: float = 1.0, rows: torch.Tensor | None = None, levels: torch.Tensor | None = None) -> torch.Tensor | None:
+        """Count one micro-batch's losses toward this step (``weight``: its share) and return its primal loss, for a loop that runs ``backward`` itself (a Hugging Face ``Trainer``, a loss scaler); under ``torch.no_grad()`` it only counts and returns None."""
+        return self.solver.forward(self._batch(losses, rows, levels), weight)
+
+    def backward(self, losses: torch.Tensor, weight: float = 1.0, rows: torch.Tensor | None = None, levels: torch.Tensor | None = None) -> torch.Tensor:
+        """Backpropagate ``weight`` x the primal loss of these layer losses and count them toward this step; return their means.
+
+        ``rows`` (each row's index in the training split) and ``levels`` (its level's index in the
+        band) feed the constraints held per sample or per level.
+        """
+        loss = self.forward(losses, weight, rows, levels)
+        if loss is not None and loss.requires_grad:
+            (loss if weight == 1.0 else loss * weight).backward()  # times 1 changes no gradient: one node less
+        return losses.detach().mean(dim=0) if losses.dim() == 2 and len(losses) else losses.detach()
 
     def observe(self, means: torch.Tensor, weight: float = 1.0) -> None:
-        """Count these layer means (detached) with ``weight`` toward this step's dual update."""
-        term = means.detach() * weight
-        self._pending = term if self._pending is None else self._pending + term
+        """Count L+1 layer means (detached) with ``weight`` toward this step, without a loss (a pass whose gradient is taken elsewhere)."""
+        self.solver.count(means.detach(), weight)
 
-    def observe_rows(self, losses: torch.Tensor, rows: torch.Tensor | None = None, levels: torch.Tensor | None = None) -> None:
-        """Count B x (L+1) per-row losses toward this step's dual update of the constraints held per level or per sample (``backward`` does this itself)."""
-        if not self.problem.groupings:
-            return
-        if losses.dim() != 2:
-            raise ConfigError("constraints held per level or per sample need the B x (L+1) per-row losses, not their means")
-        self._tables = add_tables(self._tables, self.problem.group_tables(LayerBatch(losses, rows, levels)))
+    def observed(self) -> Observation:
+        """This step's layer means and violations so far, over every rank: what a loop checks before it steps (non-finite values)."""
+        return self.solver.observed()
 
-    def backward(self, losses: torch.Tensor, weight: float = 1.0, observe: bool = True, rows: torch.Tensor | None = None, levels: torch.Tensor | None = None) -> torch.Tensor:
-        """Backpropagate ``weight`` x the primal loss of these layer losses and count their means; return the means.
-
-        ``observe = False`` leaves the counting of the means to the caller (``observe``), as the
-        trainer does with the means it averaged over ranks itself. ``rows`` (each row's index in the
-        training split) and ``levels`` (its level's index in the band) feed the constraints held per
-        sample or per level, whose per-group sums are always counted here and summed over ranks.
-        """
-        self.observe_rows(losses, rows, levels)
-        means = _means(losses)
-        if observe:
-            self.observe(means, weight)
-        if self._alternating() and torch.is_grad_enabled():
-            if self._passes:
-                raise ConfigError("solver.scheme = 'alternating' steps lambda from the whole batch before its primal step: accumulate no micro-batches (train.accumulate = 1)")
-            self._dual(self._take())  # Cooper's dual-then-primal: lambda first, from this batch
-        self._passes += 1
-        if torch.is_grad_enabled() and means.requires_grad:
-            (self.loss(losses, rows, levels) * weight).backward()
-        return means.detach()
+    def discard(self) -> None:
+        """Drop this step: its counted losses and the model's gradients (a step skipped for a non-finite loss)."""
+        self.solver.discard()
 
     def step(self, closure: Callable[[], Any] | None = None) -> None:
-        """The primal step and the multipliers' step of the scheme; ``closure`` re-runs the batch's ``backward`` calls."""
-        self._passes = 0
-        evaluations = self.solver.gradient_evaluations
-        if evaluations == 2:  # extragradient: step to the midpoint, re-evaluate there, step from the start
-            self._require(closure, "extrapolation")
-            self._dual_gradient(self._take())
-            self.optimizer.primal_extrapolation_step()
-            self.optimizer.dual_extrapolation_step()
-            self.zero_grad()
-            closure()
-            self._passes = 0
-            self._dual_gradient(self._take())
-            self.optimizer.primal_step()
-            self.optimizer.dual_step()
-            return
-        self.optimizer.primal_step()
-        if self._alternating():
-            self._take()  # its dual step came before the primal one, in backward()
-            return
-        if self.solver.enforces_constraints and getattr(self.solver.options, "scheme", "") == "alternating-primal-dual":
-            self._require(closure, "alternating-primal-dual")
-            self._take()
-            with torch.no_grad():  # lambda follows the updated model: only the means are needed
-                closure()
-            self._passes = 0
-        self._after_primal()
+        """The primal step and the multipliers' step of the solver's scheme; ``closure`` re-runs the batch's ``backward`` calls."""
+        self._log(self.solver.step(closure))
 
     def dual_step(self) -> None:
         """The multipliers' step alone, for a loop whose own code took the primal step (a Hugging Face ``Trainer``)."""
-        scheme = getattr(self.solver.options, "scheme", "simultaneous")
-        if self.solver.gradient_evaluations != 1 or (self.solver.enforces_constraints and scheme != "simultaneous"):
-            raise ConfigError(f"dual_step() follows a primal step taken elsewhere, which only scheme = 'simultaneous' allows (got {scheme!r}): use step() for it")
-        self._passes = 0
-        self._after_primal()
+        self._log(self.solver.step_after_primal())
 
     def end_epoch(self) -> None:
         """Epoch boundary: the dual step of ``dual_every = "epoch"``."""
         if self.solver.end_epoch():
-            self.optimizer.dual_step()
+            self.solver.dual_step()
 
     def multipliers(self) -> dict[str, torch.Tensor]:
         """Current lambda of each constraint."""
@@ -172,13 +132,20 @@ class LayerwiseUpdate:
         with torch.no_grad():
             return self.problem.violations(means)
 
-    def record(self) -> dict[str, Any]:
-        """What a log line reports of the dual side: for constrained solvers, multipliers, relaxations and penalties.
+    @property
+    def window_steps(self) -> int:
+        """Steps counted in the log line ``record()`` will return."""
+        return self._window.steps
 
+    def record(self) -> dict[str, Any]:
+        """The log line since the last call: layer losses, share of feasible steps, violations, and for constrained solvers multipliers, relaxations and penalties.
+
+        ``loss`` and ``violation`` are means over the steps since the last record (a layer a step
+        did not read, or a level it did not draw, is left out of its mean; null where no step saw it).
         A per-sample constraint reports each entry's mean over the rows, and ``binding_rows``, the
         share of rows with a positive multiplier.
         """
-        out: dict[str, Any] = {}
+        out: dict[str, Any] = self._window.record() if self._window.steps else {}
         if self.solver.enforces_constraints:
             out["lambda"] = {k: _per_entry(v).tolist() for k, v in self.multipliers().items()}
             out["relaxation"] = {k: _per_entry(v).tolist() for k, v in self.relaxations().items()}
@@ -187,12 +154,6 @@ class LayerwiseUpdate:
             if binding := {k: float((v > 0).any(dim=1).double().mean()) for k, v in self.multipliers().items() if v.dim() == 2}:
                 out["binding_rows"] = binding
         return out
-
-    def grouped_violations(self) -> dict[str, torch.Tensor]:
-        """The last step's violation of each constraint held per level or per sample, per entry (mean over its rows), NaN where unseen."""
-        with torch.no_grad():
-            violations = self.problem.group_violations(self.last_tables)
-        return {name: _per_entry(v, nan_safe=True) for name, v in violations.items()}
 
     def state_dict(self) -> dict[str, Any]:
         """Optimizer, multiplier and solver state, for checkpoints."""
@@ -204,56 +165,23 @@ class LayerwiseUpdate:
         self.solver.load_state_dict(state["solver"])
         self.problem.load_state_dict(state["problem"])
 
-    def _after_primal(self) -> None:
-        """The dual side of a step once its primal step is taken: lambda from this step's means."""
-        means = self._take()
-        if not self.solver.enforces_constraints:
-            if means is not None:
-                self.solver.observe(means)  # no multipliers to step: a solver may still keep a schedule
+    def _batch(self, losses: torch.Tensor, rows: torch.Tensor | None, levels: torch.Tensor | None, enforced_only: bool = False) -> torch.Tensor | LayerBatch:
+        """What the solver reads of one micro-batch: a LayerBatch where grouped constraints need each row, else the losses."""
+        if not self.problem.groupings or (enforced_only and not self.solver.enforces_constraints):
+            return losses
+        if losses.dim() != 2:
+            raise ConfigError("constraints held per level or per sample need the B x (L+1) per-row losses, not their means")
+        return LayerBatch(losses, rows, levels)
+
+    def _log(self, seen: Observation) -> None:
+        """Count a taken step in the log line: its means, its violations where it brought them, and its grouped constraints' per entry."""
+        if seen.means is None:
             return
-        self._dual(means)
-
-    def _alternating(self) -> bool:
-        return self.solver.enforces_constraints and getattr(self.solver.options, "scheme", "") == "alternating"
-
-    def _take(self) -> torch.Tensor | None:
-        """This step's layer means, averaged over ranks when asked, and its group tables, summed over ranks; the count starts again."""
-        means, self._pending = self._pending, None
-        distributed = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
-        if means is not None and self.sync and distributed:
-            means = means.clone()
-            dist.all_reduce(means, op=dist.ReduceOp.SUM)
-            means /= dist.get_world_size()
-        tables, self._tables = self._tables, {}
-        if tables and distributed:  # sums and counts add up over ranks: each rank saw its own rows
-            for sums, counts in tables.values():
-                dist.all_reduce(sums, op=dist.ReduceOp.SUM)
-                dist.all_reduce(counts, op=dist.ReduceOp.SUM)
-        self._taken = tables  # for the dual step that may follow; a discarded pass is replaced by the next take
-        if tables:
-            self.last_tables = tables
-        return means
-
-    def _dual_gradient(self, means: torch.Tensor | None) -> bool:
-        if means is None:
-            return False
-        if self._taken:
-            self.solver.observe_groups(self._taken)
-            self._taken = {}
-        return self.solver.observe(means)
-
-    def _dual(self, means: torch.Tensor | None) -> None:
-        if self._dual_gradient(means):
-            self.optimizer.dual_step()  # also projects lambda >= 0 (multiplier.post_step_)
-
-    def _require(self, closure: Callable[[], Any] | None, scheme: str) -> None:
-        if closure is None:
-            raise TypeError(f"solver.scheme = {scheme!r} evaluates each batch twice: pass step(closure), a function that calls backward() on the batch again")
-
-
-def _means(losses: torch.Tensor) -> torch.Tensor:
-    """L+1 layer means from B x (L+1) per-sample losses (or the means themselves)."""
-    return losses.mean(dim=0) if losses.dim() == 2 else losses
+        grouped = {}
+        if seen.tables and bool(torch.isfinite(seen.means).all()):  # from the step's tables, summed over ranks
+            with torch.no_grad():
+                grouped = {name: _per_entry(v, nan_safe=True) for name, v in self.problem.group_violations(seen.tables).items()}
+        self._window.add(seen.means, seen.violations, grouped)
 
 
 def _per_entry(value: torch.Tensor, nan_safe: bool = False) -> torch.Tensor:
@@ -263,8 +191,78 @@ def _per_entry(value: torch.Tensor, nan_safe: bool = False) -> torch.Tensor:
     return value.nanmean(dim=0) if nan_safe else value.mean(dim=0)
 
 
-def _problem(constraints: tuple[ConstraintSpec, ...], num_layers: int, options: Any, band: tuple[float, ...] = (), rows: int | None = None) -> LayerwiseProblem:
-    """The CMP of these constraints in the formulation ``options`` name (a plain Lagrangian without one)."""
-    if getattr(options, "formulation", "lagrangian") != "augmented-lagrangian":
-        return LayerwiseProblem(constraints, num_layers, band=band, rows=rows)
-    return LayerwiseProblem(constraints, num_layers, augmented=True, rho=options.penalty_coefficient, growth=options.penalty_growth, tolerance=options.penalty_tolerance, band=band, rows=rows)
+def _seen_mean(total: Any, seen: Any) -> list[float | None]:
+    """Sums over the steps that saw each entry, divided by their count; null for an entry no step saw."""
+    return [value if count else None for value, count in zip((total / seen.clamp(min=1)).tolist(), seen.tolist())]
+
+
+class LogWindow:
+    """What one log line reports, over the steps since the last line: each step is kept as it came and folded in batches, off the step's path."""
+
+    FOLD = 64  # steps kept before they are folded into the sums (bounds memory where no line is ever asked for)
+
+    def __init__(self, problem: LayerwiseProblem) -> None:
+        self.problem = problem  # a step that brings no violations (a solver that enforces nothing) has them computed here, in one batch
+        self.reset()
+
+    def reset(self) -> None:
+        """Start a new log line."""
+        self.steps = 0
+        self.full = 0  # steps that read every layer, so whose violations are known
+        self.feasible = 0
+        self.loss: Any = None
+        self.counts: Any = None
+        self.violation: dict[str, Any] = {}
+        self.seen: dict[str, Any] = {}  # per entry, the steps that observed it (a level not drawn is NaN)
+        self._kept: list[tuple[torch.Tensor, dict[str, torch.Tensor] | None, dict[str, torch.Tensor]]] = []
+
+    def add(self, means: torch.Tensor, violations: dict[str, torch.Tensor] | None, grouped: dict[str, torch.Tensor] | None = None) -> None:
+        """Count one step's layer means and violations (None: compute them from the means when the line is made)."""
+        self.steps += 1
+        self._kept.append((means, violations, grouped or {}))
+        if len(self._kept) >= self.FOLD:
+            self._fold()
+
+    def _fold(self) -> None:
+        """Add the kept steps to the sums."""
+        if not self._kept:
+            return
+        means = torch.stack([m for m, _, _ in self._kept])
+        read = ~torch.isnan(means)  # a step that read the last layer alone leaves the others NaN
+        self.loss = _plus(self.loss, means.nan_to_num().sum(dim=0))
+        self.counts = _plus(self.counts, read.float().sum(dim=0))
+        full = read.all(dim=1).nonzero().flatten().tolist()
+        if full:
+            steps = [self._kept[i] for i in full]
+            if all(v is not None and len(v) == len(self.problem.plain) for _, v, _ in steps):
+                plain = {name: torch.stack([v[name] for _, v, _ in steps]) for name in (steps[0][1] or {})}
+            else:
+                with torch.no_grad():
+                    plain = self.problem.violations_of_rows(means[full])
+            tables = {name: torch.stack([g[name] for _, _, g in steps]) for name in steps[0][2]}
+            violations = {**plain, **tables}
+            self.full += len(full)
+            ok = torch.ones(len(full), dtype=torch.bool, device=means.device)
+            for name, value in violations.items():
+                ok &= ((value <= 0) | value.isnan()).all(dim=1)
+                self.violation[name] = _plus(self.violation.get(name), value.nan_to_num().sum(dim=0))
+                self.seen[name] = _plus(self.seen.get(name), (~value.isnan()).float().sum(dim=0))
+            self.feasible += int(ok.sum())
+        self._kept = []
+
+    def record(self) -> dict[str, Any]:
+        """The window's layer losses, share of feasible steps and violations, after which it starts again."""
+        self._fold()
+        full = max(self.full, 1)
+        record: dict[str, Any] = {
+            "loss": (self.loss / self.counts.clamp(min=1)).tolist(),
+            "feasible": self.feasible / full,
+            # an entry no step of the window observed (a level not drawn) logs null; the others their mean over the steps that saw them
+            "violation": {k: _seen_mean(v, self.seen[k]) for k, v in self.violation.items()},
+        }
+        self.reset()
+        return record
+
+
+def _plus(total: torch.Tensor | None, value: torch.Tensor) -> torch.Tensor:
+    return value if total is None else total + value
