@@ -90,7 +90,14 @@ LAST_ONLY = {"lens_layers": "last-m", "lens_last": 1, "lens_tokens": 16}
 FLOAT32 = {"lens_bf16": False}
 NAIVE = {"lens_tokens": 0, "lens_chunk": 0, **FLOAT32}
 LABELS = {"lens_vocab": "labels"}
-DEEP_TEXT = {"name": "text-classification", "model_path": "smollm2", "pooling": "last", "finetune": "lora", "lora_targets": "q_proj,v_proj", "train_size": 4096}
+DEEP_TEXT = {
+    "name": "text-classification",
+    "model_path": "smollm2",
+    "pooling": "last",
+    "finetune": "lora",
+    "lora_targets": "q_proj,v_proj",
+    "train_size": 4096,
+}
 ERM, PD = {"name": "erm"}, {"name": "primal-dual"}
 SHIFT_LISTA = {"name": "lista", "train_size": 4000, "validation_size": 64, "test_size": 64}
 BAND = {**SMALL_TRAIN, "train_gamma": [0.0, 0.125, 0.25]}
@@ -109,7 +116,9 @@ TEXT_TRAIN = {"batch_size": 32, "lr": 3e-5, "optimizer": "adamw", "train_gamma":
 
 def precisions(task: dict) -> dict[str, tuple]:
     """erm and primal-dual on one task table, each in float32 and under bfloat16 autocast; float32 erm first."""
-    return {f"{solver['name']}, {name}": (task, solver, {}, train) for solver in (ERM, PD) for name, train in (("fp32", {}), ("bf16", BF16))}
+    return {
+        f"{solver['name']}, {name}": (task, solver, {}, train) for solver in (ERM, PD) for name, train in (("fp32", {}), ("bf16", BF16))
+    }
 
 
 FORMULATIONS = ("lagrangian", "augmented-lagrangian")
@@ -122,7 +131,11 @@ EVERY_SOLVER = {
 
 SETUPS: dict[str, dict[str, Setup]] = {
     # every formulation x scheme of primal-dual (benchmarks/solvers.py reads it); extrapolation needs adam or sgd
-    "lista-solvers": {"small (8 layers, 64x32, 50k params), 1 thread": Setup(SMALL_TRAIN, 1, {name: (LISTA, solver) for name, solver in EVERY_SOLVER.items()})},
+    "lista-solvers": {
+        "small (8 layers, 64x32, 50k params), 1 thread": Setup(
+            SMALL_TRAIN, 1, {name: (LISTA, solver) for name, solver in EVERY_SOLVER.items()}
+        )
+    },
     "lista": {
         f"{label}, {threads} thread{'s' * (threads > 1)}": Setup(train, threads, solvers(task))
         for label, task, train in (
@@ -144,9 +157,7 @@ SETUPS: dict[str, dict[str, Setup]] = {
         ),
     },
     "text": {
-        "MiniLM-L6 (22.7M params), movie reviews, batch 32": Setup(
-            TEXT_TRAIN, 2, solvers({"name": "text-classification"})
-        ),
+        "MiniLM-L6 (22.7M params), movie reviews, batch 32": Setup(TEXT_TRAIN, 2, solvers({"name": "text-classification"})),
         # benchmarks/text_deep.toml's encoder and training
         "SmolLM2-135M encoder (30 layers, LoRA), movie reviews, batch 32": Setup(
             {"batch_size": 32, "lr": 2e-4, "optimizer": "adamw", "train_gamma": 0.8}, 1, solvers(DEEP_TEXT)
@@ -279,7 +290,9 @@ def measure(setup: Setup, rounds: int, steps: int, clock=time.perf_counter) -> d
                 session = run.setup()
                 rows = len(session.rows["train"])
                 tables[name] = multiplier_memory(session.update)
-                levels = run._levels(0, len(session.rows["train"]) // run.config.train.batch_size + 1)  # the band's draws, as the trainer makes them
+                levels = run._levels(
+                    0, len(session.rows["train"]) // run.config.train.batch_size + 1
+                )  # the band's draws, as the trainer makes them
                 # as in training: a step reads every layer at the start of each log line (erm may skip them otherwise)
                 steppers[name] = lambda idx, n, run=run, session=session, levels=levels: run.step(
                     session, [idx], n, full=n % run.config.train.log_every == 0, levels=[levels[n % len(levels)]]
@@ -321,7 +334,12 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--steps", type=int, default=3, help="steps per variant per round")
     parser.add_argument("--setup", default="", help="only the setups whose name contains this")
-    parser.add_argument("--clock", choices=("wall", "cpu"), default="wall", help="cpu: the process's CPU time, steadier than wall time on a machine other jobs load")
+    parser.add_argument(
+        "--clock",
+        choices=("wall", "cpu"),
+        default="wall",
+        help="cpu: the process's CPU time, steadier than wall time on a machine other jobs load",
+    )
     args = parser.parse_args()
     command = f"python benchmarks/cost.py --task {args.task} --out {args.out} --rounds {args.rounds} --steps {args.steps}"
     command += f" --setup '{args.setup}'" if args.setup else ""
@@ -340,7 +358,9 @@ def main() -> None:
         if args.setup not in label:
             continue
         for name, (secs, ratio, peak, peak_ratio, count, table) in measure(setup, args.rounds, args.steps, clock).items():
-            lines.append(f"| {label} | {setup.threads} | {name} | {secs * 1e3:.1f} | {ratio:.3f} | {peak:.1f} | {peak_ratio:.2f} | {count:,} | {table:.3f} |")
+            lines.append(
+                f"| {label} | {setup.threads} | {name} | {secs * 1e3:.1f} | {ratio:.3f} | {peak:.1f} | {peak_ratio:.2f} | {count:,} | {table:.3f} |"
+            )
             print(lines[-1], flush=True)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text("\n".join(lines) + "\n")

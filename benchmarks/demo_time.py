@@ -51,7 +51,9 @@ def cli_start(repeat: int) -> list[str]:
         if any(rc for _, _, rc in runs):
             raise SystemExit(f"`layerdescent {' '.join(args)}` failed")
         walls = [w for w, _, _ in runs]
-        rows.append(f"| `layerdescent {' '.join(args)}` | {statistics.median(walls):.2f} | {min(walls):.2f} | {max(walls):.2f} | {max(p for _, p, _ in runs):.0f} |")
+        rows.append(
+            f"| `layerdescent {' '.join(args)}` | {statistics.median(walls):.2f} | {min(walls):.2f} | {max(walls):.2f} | {max(p for _, p, _ in runs):.0f} |"
+        )
     # the floor: an interpreter that imports nothing
     walls = [_timed([sys.executable, "-c", "pass"])[0] for _ in range(repeat)]
     rows.append(f"| `python -c pass` (the floor) | {statistics.median(walls):.2f} | {min(walls):.2f} | {max(walls):.2f} | |")
@@ -63,7 +65,17 @@ def demo_time(task: str, workers: list[int], overrides: list[str]) -> list[str]:
     rows = []
     for n in workers:
         out = Path(tempfile.mkdtemp(prefix=f"demo-{task}-"))
-        argv = [sys.executable, "-m", "layerdescent.cli", "demo", "--task", task, "--out", str(out / "demo"), *(a for o in overrides for a in ("--set", o))]
+        argv = [
+            sys.executable,
+            "-m",
+            "layerdescent.cli",
+            "demo",
+            "--task",
+            task,
+            "--out",
+            str(out / "demo"),
+            *(a for o in overrides for a in ("--set", o)),
+        ]
         if n:
             argv += ["--workers", str(n)]
         wall, peak, rc = _timed(argv, quiet=False)
@@ -82,7 +94,9 @@ def main() -> None:
     parser.add_argument("--cli-only", action="store_true", help="time the quick commands only")
     parser.add_argument("--repeat", type=int, default=5, help="runs of each quick command")
     parser.add_argument("--compare-workers", action="store_true", help="also time the demo with --workers 1")
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="passed to the demo, e.g. task.dataset=synthetic for a short proxy")
+    parser.add_argument(
+        "--set", action="append", default=[], metavar="KEY=VALUE", help="passed to the demo, e.g. task.dataset=synthetic for a short proxy"
+    )
     args = parser.parse_args()
 
     load = os.getloadavg()

@@ -60,7 +60,19 @@ def step_time(size: tuple[int, int], processes: int, threads: int) -> float:
         config.write_text(CONFIG.format(code_dim=size[0], measure_dim=size[1], threads=threads))
         command = [sys.executable, "-m", "layerdescent.cli", "run", str(config), "--out", f"{tmp}/run"]
         if processes > 1:
-            command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={processes}", "-m", "layerdescent.cli", "run", str(config), "--out", f"{tmp}/run"]
+            command = [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--standalone",
+                f"--nproc_per_node={processes}",
+                "-m",
+                "layerdescent.cli",
+                "run",
+                str(config),
+                "--out",
+                f"{tmp}/run",
+            ]
         env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
         subprocess.run(command, check=True, env=env, capture_output=True)
         return json.loads(Path(f"{tmp}/run/results.json").read_text())["train"]["step_time_median"]

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import platform
 import statistics
 import sys
@@ -71,14 +70,21 @@ def before(task, model, rows: Rows, config) -> dict:
     with torch.no_grad():
         out = {"gammas": plain(task, model, rows, config.gammas, config.batch_size, config.seed)}
         if config.domains:
-            out["domains"] = {name: plain(task, model, domain_rows(task, name, config.domain_samples, config.seed), config.gammas, config.batch_size, config.seed) for name in config.domains}
+            out["domains"] = {
+                name: plain(
+                    task, model, domain_rows(task, name, config.domain_samples, config.seed), config.gammas, config.batch_size, config.seed
+                )
+                for name in config.domains
+            }
     return out
 
 
 def after(task, model, rows: Rows, config, run_dir: Path) -> dict:
     """evaluate_all as the trainer runs it, each record saved under a key as the trainer saves it."""
     key = {"step": 0, "epoch": 0, "eval": {"gammas": list(config.gammas)}}
-    out = evaluate_all(task, model, rows, config, done=None, on_record=lambda partial: rundir.save_partial_evaluation(run_dir, key, partial))
+    out = evaluate_all(
+        task, model, rows, config, done=None, on_record=lambda partial: rundir.save_partial_evaluation(run_dir, key, partial)
+    )
     return {k: v for k, v in out.items() if k in ("gammas", "domains")}
 
 
@@ -109,7 +115,12 @@ def full_run(setting: str) -> dict | None:
     data = json.loads(path.read_text())
     sets = [data["gammas"], *data.get("domains", {}).values()]
     forward_rows = sum(records[0].get("samples", 0) * len(records) for records in sets)
-    return {"path": path, "forward_rows": forward_rows, "train_s": data["train"]["steps"] * data["train"]["step_time_median"], "steps": data["train"]["steps"]}
+    return {
+        "path": path,
+        "forward_rows": forward_rows,
+        "train_s": data["train"]["steps"] * data["train"]["step_time_median"],
+        "steps": data["train"]["steps"],
+    }
 
 
 def main() -> None:
@@ -130,7 +141,11 @@ def main() -> None:
     rows = subset(session.rows[ev.split], args.rows)
     batches = floor_batches(task, rows, ev)
     forward_rows = sum(len(b["input_ids"]) for b in batches)
-    ways = {"before": lambda: before(task, model, rows, ev), "after": lambda: after(task, model, rows, ev, Path(tempfile.mkdtemp())), "floor": lambda: floor(model, batches)}
+    ways = {
+        "before": lambda: before(task, model, rows, ev),
+        "after": lambda: after(task, model, rows, ev, Path(tempfile.mkdtemp())),
+        "floor": lambda: floor(model, batches),
+    }
     times: dict[str, list[float]] = {name: [] for name in ways}
     identical = True
     for r in range(args.rounds):

@@ -78,7 +78,12 @@ def main() -> None:
                 out = Path(tmp) / f"{name.split()[0]}-{round_}"
                 load = os.getloadavg()[0]
                 start = time.perf_counter()
-                subprocess.run([*command, "bench", str(path), "--out", str(out), *flags], check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                subprocess.run(
+                    [*command, "bench", str(path), "--out", str(out), *flags],
+                    check=True,
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                )
                 wall = time.perf_counter() - start
                 base = wall if base is None else base
                 steps = [json.loads(p.read_text())["train"]["step_time_median"] for p in sorted(out.glob("*/seed-*/results.json"))]

@@ -138,8 +138,15 @@ def figure_5(groups: dict, results: list[dict], metric: str, out: Path) -> list[
         for label in ordered:
             val = [r["train"]["best_val_loss"] for r in results if r["label"] == label and r["train"].get("best_val_loss")]
             if val:
-                _line(left, range(len(val[0])), np.mean(val, axis=0), np.std(val, axis=0, ddof=1) if len(val) > 1 else 0 * np.mean(val, axis=0),
-                      f"α={groups[label]['config']['constraints.0.alpha']:g}", CONSTRAINED, len(val))
+                _line(
+                    left,
+                    range(len(val[0])),
+                    np.mean(val, axis=0),
+                    np.std(val, axis=0, ddof=1) if len(val) > 1 else 0 * np.mean(val, axis=0),
+                    f"α={groups[label]['config']['constraints.0.alpha']:g}",
+                    CONSTRAINED,
+                    len(val),
+                )
         left.set(xlabel="layer", ylabel="validation loss", title=f"α sweep{f' (trained at γ={regime})' if regime else ''}")
         _integer_ticks(left)
         _metric_vs_gamma(right, groups, ordered, metric)
@@ -157,7 +164,9 @@ def figure_2(groups: dict, metric: str, out: Path, name: str = "figure2.png") ->
     fig, axes = plt.subplots(len(archs), len(videos), figsize=(4.5 * len(videos), 3.3 * len(archs)), squeeze=False)
     for i, arch in enumerate(archs):
         for j, video in enumerate(videos):
-            labels = [label for label, g in groups.items() if g["config"].get("task.arch") == arch and g["config"].get("task.dataset") == video]
+            labels = [
+                label for label, g in groups.items() if g["config"].get("task.arch") == arch and g["config"].get("task.dataset") == video
+            ]
             _metric_vs_gamma(axes[i, j], groups, labels, metric)
             axes[i, j].set(title=f"{arch} on {video}")
     return [_save(fig, out, name)]
@@ -170,9 +179,20 @@ def figure_3(groups: dict, metric: str, out: Path, gammas: int = 2) -> list[str]
     fig, axes = plt.subplots(1, len(levels), figsize=(5 * len(levels), 4), squeeze=False)
     for ax, gamma in zip(axes[0], levels):
         for solver in dict.fromkeys(g["solver"] for g in groups.values()):
-            points = sorted((g["config"]["task.layers"], g["gammas"][gamma]["metrics"][metric], g["n"]) for g in groups.values()
-                            if g["solver"] == solver and gamma in g["gammas"])
-            _line(ax, [p[0] for p in points], [p[1]["mean"] for p in points], [p[1]["std"] for p in points], solver, solver, min(p[2] for p in points))
+            points = sorted(
+                (g["config"]["task.layers"], g["gammas"][gamma]["metrics"][metric], g["n"])
+                for g in groups.values()
+                if g["solver"] == solver and gamma in g["gammas"]
+            )
+            _line(
+                ax,
+                [p[0] for p in points],
+                [p[1]["mean"] for p in points],
+                [p[1]["std"] for p in points],
+                solver,
+                solver,
+                min(p[2] for p in points),
+            )
         ax.set(xlabel="depth (layers)", ylabel=metric, title=f"{metric} at γ={gamma:g} (trained clean)")
         _integer_ticks(ax)
     return [_save(fig, out, "figure3.png")]
@@ -192,7 +212,9 @@ def main() -> None:
     if args.bench.startswith("text"):
         names = figure_1(groups, "accuracy", out) + figure_4(groups, domains, "accuracy", out) + figure_5(groups, results, "accuracy", out)
     elif args.bench == "video_paper":
-        names = figure_2(groups, "rmse", out) + [n for name, d in domains.items() for n in figure_2(d, "rmse", out, f"figure2_domain={name}.png")]
+        names = figure_2(groups, "rmse", out) + [
+            n for name, d in domains.items() for n in figure_2(d, "rmse", out, f"figure2_domain={name}.png")
+        ]
     else:
         names = figure_3(groups, "rmse", out)
     print("\n".join(names))

@@ -26,7 +26,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("b", help="the variant label it is compared with")
     parser.add_argument("--out", type=Path, help="where to write the markdown (default: print it)")
     args = parser.parse_args(argv)
-    command = " ".join(shlex.quote(part) for part in ["python", "benchmarks/pairs.py", *map(str, [args.bench, args.a, args.b]), *(["--out", str(args.out)] if args.out else [])])
+    command = " ".join(
+        shlex.quote(part)
+        for part in [
+            "python",
+            "benchmarks/pairs.py",
+            *map(str, [args.bench, args.a, args.b]),
+            *(["--out", str(args.out)] if args.out else []),
+        ]
+    )
     try:
         text = compare_markdown(collect(args.bench), args.a, args.b, command)
     except LayerdescentError as exc:

@@ -49,9 +49,10 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import tomllib
 from contextlib import nullcontext
 from pathlib import Path
+
+import tomllib
 
 HERE = Path(__file__).parent
 LENSES = {"labels": "label lens", "all": "whole-vocabulary lens"}
@@ -81,9 +82,8 @@ def build(lens: str, count: int, out: Path):
 def child(lens: str, count: int, repeats: int) -> dict:
     """Measure one configuration in this process: saved-for-backward bytes, profiler peak allocated bytes, median peak RSS rise."""
     import torch
-    from torch.profiler import ProfilerActivity, profile
-
     from cost import StepMemory
+    from torch.profiler import ProfilerActivity, profile
 
     with tempfile.TemporaryDirectory() as tmp:
         task, model, batch, train = build(lens, count, Path(tmp) / "run")
@@ -161,7 +161,17 @@ def main() -> None:
     results: dict[str, dict[int, dict]] = {lens: {} for lens in lenses}
     for lens in lenses:
         for count in counts:
-            script = [sys.executable, str(Path(__file__).resolve()), "--out", str(args.out), "--repeats", str(args.repeats), "--child", lens, str(count)]
+            script = [
+                sys.executable,
+                str(Path(__file__).resolve()),
+                "--out",
+                str(args.out),
+                "--repeats",
+                str(args.repeats),
+                "--child",
+                lens,
+                str(count),
+            ]
             env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": str(128 * 1024)}
             done = subprocess.run(script, capture_output=True, text=True, cwd=HERE.parent, env=env)
             if done.returncode:
@@ -183,7 +193,7 @@ def main() -> None:
         f"torch {torch.__version__}, {platform.machine()}. Each configuration in a fresh process; methods in the script's docstring. "
         f"One hidden state of this batch in float32: {first['hidden']:.3f} MiB. "
         "Layers read out: hidden states read to a loss besides the last (0: the last alone; 1: the embeddings; m: the embeddings and the m - 1 transformer layers below the last; 30: every layer). "
-        "\"+\" columns: the rise over 0 layers read out with the same lens. MiB.",
+        '"+" columns: the rise over 0 layers read out with the same lens. MiB.',
         "",
         "| lens | layers read out | " + " | ".join(f"{title} | +" for _, title in measures) + " |",
         "|---|---:|" + "---:|---:|" * len(measures),
@@ -192,7 +202,9 @@ def main() -> None:
         base = results[lens][min(counts)]
         for count in counts:
             r = results[lens][count]
-            lines.append(f"| {LENSES[lens]} | {count} | " + " | ".join(f"{r[key]:.2f} | {r[key] - base[key]:+.2f}" for key, _ in measures) + " |")
+            lines.append(
+                f"| {LENSES[lens]} | {count} | " + " | ".join(f"{r[key]:.2f} | {r[key] - base[key]:+.2f}" for key, _ in measures) + " |"
+            )
     lines += [
         "",
         f"Per transformer layer read out: the least-squares slope over the counts {', '.join(map(str, fitted))} (MiB per layer, and KiB), "

@@ -61,18 +61,36 @@ BENCHES = {
     "lista (unrolled ISTA, synthetic sparse codes)": Bench("results/lista", "lista.toml", "mse", False),
     "lista on a training band, descent held per level and per sample": Bench("results/lista_shift", "lista_shift.toml", "mse", False),
     "text classification (MiniLM, movie reviews, Gaussian embedding noise)": Bench(
-        "results/text", "text.toml", "accuracy", True, superseded_by="text classification in the paper's regimes (MiniLM, best validation epoch)"),
+        "results/text",
+        "text.toml",
+        "accuracy",
+        True,
+        superseded_by="text classification in the paper's regimes (MiniLM, best validation epoch)",
+    ),
     "video denoising (3 videos x 3 architectures, Gaussian noise)": Bench(
-        "results/video", "video.toml", "rmse", False, superseded_by="video denoising at the chosen setting (3 videos x 3 architectures)"),
+        "results/video", "video.toml", "rmse", False, superseded_by="video denoising at the chosen setting (3 videos x 3 architectures)"
+    ),
     "video denoising by depth (DUST on vtest, trained clean)": Bench("results/video_depth", "video_depth.toml", "rmse", False),
     "LLM finetuning (SmolLM2-135M, LoRA, 64 steps, whole-vocabulary lens, Gaussian embedding noise)": Bench(
-        "results/llm_vocab64", "llm_vocab64.toml", "accuracy", True, superseded_by="LLM finetuning (SmolLM2-135M, LoRA, 512 steps, label lens)"),
-    "text classification in the paper's regimes (MiniLM, best validation epoch)": Bench("results/text_paper", "text_paper.toml", "accuracy", True, r"train_gamma=([0-9.]+)"),
-    "text classification with a deep encoder (SmolLM2-135M, 30 layers, LoRA)": Bench("results/text_deep", "text_deep.toml", "accuracy", True),
+        "results/llm_vocab64",
+        "llm_vocab64.toml",
+        "accuracy",
+        True,
+        superseded_by="LLM finetuning (SmolLM2-135M, LoRA, 512 steps, label lens)",
+    ),
+    "text classification in the paper's regimes (MiniLM, best validation epoch)": Bench(
+        "results/text_paper", "text_paper.toml", "accuracy", True, r"train_gamma=([0-9.]+)"
+    ),
+    "text classification with a deep encoder (SmolLM2-135M, 30 layers, LoRA)": Bench(
+        "results/text_deep", "text_deep.toml", "accuracy", True
+    ),
     "video denoising, constraints that bind (vtest, alpha x reference)": Bench("results/video_bind", "video_bind.toml", "rmse", False),
     "video denoising at the chosen setting (3 videos x 3 architectures)": Bench("results/video_paper", "video_paper.toml", "rmse", False),
     "video denoising at the chosen setting, salt-and-pepper noise (the same models)": Bench(
-        "results/video_paper_saltpepper", "video_paper.toml", "rmse", False,
+        "results/video_paper_saltpepper",
+        "video_paper.toml",
+        "rmse",
+        False,
         command="layerdescent evaluate benchmarks/results/video_paper --out benchmarks/results/video_paper_saltpepper "
         "--set task.perturbation=salt-pepper --set 'eval.gammas=[0.0, 0.02, 0.05, 0.1, 0.2]'",
     ),
@@ -106,6 +124,7 @@ def spec_for(root: Path, bench: Bench) -> BenchSpec:
 
 def views(results: list[dict], bench: Bench) -> dict[tuple[str, str], list[dict]]:
     """The results judged separately, keyed (regime, domain): per training regime (runs of none join every regime), then per domain."""
+
     def regime_of(result: dict) -> str:
         match = re.search(bench.regime, result["label"]) if bench.regime else None
         return match.group(1) if match else ""
@@ -142,7 +161,11 @@ def figures_for(folder: Path, regime: str, domain: str) -> list[str]:
     if domain:
         rest = () if paper else ("metric_vs_gamma_domains.png",)
     else:
-        rest = ("loss_vs_layer.png", "tradeoff.png") if paper else ("metric_vs_gamma.png", "loss_vs_layer.png", "ablation_layers.png", "tradeoff.png")
+        rest = (
+            ("loss_vs_layer.png", "tradeoff.png")
+            if paper
+            else ("metric_vs_gamma.png", "loss_vs_layer.png", "ablation_layers.png", "tradeoff.png")
+        )
     return paper + [f for f in rest if (folder / f).exists()]
 
 
@@ -161,24 +184,44 @@ def _pairs(results: list[dict], bench: Bench, spec: BenchSpec, family: dict) -> 
             continue
         gammas = sorted(set(grp["gammas"]).intersection(*(groups[ref]["gammas"] for ref in refs.values())))
         # the pre-registered variant is judged on its family where the view is one of the family's splits, else uncorrected
-        kind = ("primary" if any(key[0] == label for key in family) else "pre-registered") if primary and label in primary.variants else \
-            "adopted" if primary and label in primary.adopted else "exploratory"
+        kind = (
+            ("primary" if any(key[0] == label for key in family) else "pre-registered")
+            if primary and label in primary.variants
+            else "adopted"
+            if primary and label in primary.adopted
+            else "exploratory"
+        )
         cells = {}
         for gamma in gammas:
             # a primary variant's family cells are judged with Holm's adjustment over the family
-            cells[gamma] = family.get((label, gamma)) if kind == "primary" and (label, gamma) in family else \
-                versus_strongest(results, groups, spec, label, gamma, bench.metric, sign)
+            cells[gamma] = (
+                family.get((label, gamma))
+                if kind == "primary" and (label, gamma) in family
+                else versus_strongest(results, groups, spec, label, gamma, bench.metric, sign)
+            )
         if kind == "primary":
             # the family's gammas, and the smallest, where in-distribution parity is judged (uncorrected if the family leaves it out)
             gammas = sorted({g for g in gammas if (label, g) in family} | {min(gammas)})
             cells = {g: cells[g] for g in gammas}
         nonzero = [g for g in gammas if g > 0]
-        upper = [g for g in nonzero if g >= statistics.median(nonzero)] if nonzero and kind != "primary" else [g for g in nonzero if (label, g) in family]
+        upper = (
+            [g for g in nonzero if g >= statistics.median(nonzero)]
+            if nonzero and kind != "primary"
+            else [g for g in nonzero if (label, g) in family]
+        )
         first = min(grp["gammas"])
-        pairs.append(Pair(label, titles[grp["context_key"]] or "–", grp["config"].get("task.layers"),
-                          _falls(grp["gammas"][first]["layer_loss"]["mean"]),
-                          {solver: _falls(groups[ref]["gammas"][first]["layer_loss"]["mean"]) for solver, ref in refs.items()},
-                          cells, upper, kind))
+        pairs.append(
+            Pair(
+                label,
+                titles[grp["context_key"]] or "–",
+                grp["config"].get("task.layers"),
+                _falls(grp["gammas"][first]["layer_loss"]["mean"]),
+                {solver: _falls(groups[ref]["gammas"][first]["layer_loss"]["mean"]) for solver, ref in refs.items()},
+                cells,
+                upper,
+                kind,
+            )
+        )
     return pairs
 
 
@@ -233,7 +276,10 @@ def _judge(pairs: list[Pair]) -> dict[str, tuple[str, str]]:
         return f"{sum(passed)} of {n} pairs"
 
     out = {
-        CLAIMS[0]: (_verdict(descends), f"{sum(descends)} of {n} pairs" if n > 1 else (f"{judged[0].descent[0]}/{judged[0].descent[1]} layers" if n else "")),
+        CLAIMS[0]: (
+            _verdict(descends),
+            f"{sum(descends)} of {n} pairs" if n > 1 else (f"{judged[0].descent[0]}/{judged[0].descent[1]} layers" if n else ""),
+        ),
         CLAIMS[1]: (_verdict(graceful), number(lambda p: max(p.upper) if p.upper else None, graceful)),
         CLAIMS[2]: (_verdict(parity), number(lambda p: min(p.cells), parity)),
     }
@@ -255,13 +301,20 @@ def _evidence(pairs: list[Pair]) -> dict[str, str]:
     judged = _judged(pairs)
     n = len(judged)
     solvers = list(dict.fromkeys(solver for p in judged for solver in p.baseline_descent))
-    ref_descends = ", ".join(f"{solver}'s in {sum(p.baseline_descent.get(solver, (0, 1))[0] == p.baseline_descent.get(solver, (0, 1))[1] for p in judged)}" for solver in solvers)
+    ref_descends = ", ".join(
+        f"{solver}'s in {sum(p.baseline_descent.get(solver, (0, 1))[0] == p.baseline_descent.get(solver, (0, 1))[1] for p in judged)}"
+        for solver in solvers
+    )
     better = sum(any(_better(p.cells[g]) for g in p.upper) for p in judged)
     worse = sum(any(_worse(p.cells[g]) for g in p.upper) for p in judged)
     parity = sum(not _worse(p.cells[min(p.cells)]) for p in judged if p.cells)
     return {
-        CLAIMS[0]: f"the mean test loss falls at every layer in {sum(p.descent[0] == p.descent[1] for p in judged)} of {n} pairs ({ref_descends})",
-        CLAIMS[1]: f"at the larger gammas, distinguishably better than the strongest baseline somewhere in {better} of {n} pairs, distinguishably worse somewhere in {worse}",
+        CLAIMS[
+            0
+        ]: f"the mean test loss falls at every layer in {sum(p.descent[0] == p.descent[1] for p in judged)} of {n} pairs ({ref_descends})",
+        CLAIMS[
+            1
+        ]: f"at the larger gammas, distinguishably better than the strongest baseline somewhere in {better} of {n} pairs, distinguishably worse somewhere in {worse}",
         CLAIMS[2]: f"not distinguishably worse than the strongest baseline at the smallest γ in {parity} of {n} pairs",
     }
 
@@ -276,9 +329,12 @@ def tuning_line(spec: BenchSpec, pairs: list[Pair]) -> str:
         return "Tuning budgets: the bench file states none (`[bench.tuning]`): every variant ran at settings fixed in advance."
     budgets = ", ".join(f"{label} {runs} runs" for label, runs in spec.tuning.items())
     flagged = any(c.get("untuned") for p in pairs for c in p.cells.values())
-    return (f"Tuning budgets (runs spent choosing a setting): {budgets}; every other variant 0."
-            + (" **§ marks a difference from a baseline with settings of its own (penalty's layer weights) that got no tuning runs: "
-               "the comparison is not between equally tuned methods.**" if flagged else ""))
+    return f"Tuning budgets (runs spent choosing a setting): {budgets}; every other variant 0." + (
+        " **§ marks a difference from a baseline with settings of its own (penalty's layer weights) that got no tuning runs: "
+        "the comparison is not between equally tuned methods.**"
+        if flagged
+        else ""
+    )
 
 
 def provenance_line(pairs: list[Pair]) -> str:
@@ -286,27 +342,36 @@ def provenance_line(pairs: list[Pair]) -> str:
     if not any(c.get("cross_code") for p in pairs for c in p.cells.values()):
         return ""
     test, commit = SAME_NUMBERS
-    return (f"‡ the two sides of this difference were made by different code (their recorded commits, or the keys their files record, differ; "
-            f"the summary's Provenance table names which). `{test}` pins every built-in solver's results to those of {commit}, the last "
-            "commit before the solver redesign, on small lista and text configs: it covers the solvers' numbers across that change, not the tasks' or the evaluation's.")
+    return (
+        f"‡ the two sides of this difference were made by different code (their recorded commits, or the keys their files record, differ; "
+        f"the summary's Provenance table names which). `{test}` pins every built-in solver's results to those of {commit}, the last "
+        "commit before the solver redesign, on small lista and text configs: it covers the solvers' numbers across that change, not the tasks' or the evaluation's."
+    )
 
 
 def _section(name: str, bench: Bench, spec: BenchSpec, judged_views: list, chance_line: str) -> list[str]:
     command = bench.command or f"layerdescent bench benchmarks/{bench.config} --out benchmarks/{bench.results}"
     direction = "higher" if bench.higher_is_better else "lower"
     primary = spec.primary
-    family = (f"**Primary (pre-registered)**: {primary.metric} of {', '.join(primary.variants)} at γ {', '.join(f'{g:g}' for g in primary.gammas)} "
-              f"on {', '.join(primary.splits)}, Holm-adjusted over the family, Bonferroni intervals; adopted afterwards by tuning, shown beside: "
-              f"{', '.join(primary.adopted) or 'none'}. Every other view and pair is exploratory." if primary else
-              "**Exploratory**: the bench file pre-registers no primary endpoint (`[bench.primary]`); 95% t intervals, uncorrected.")
+    family = (
+        f"**Primary (pre-registered)**: {primary.metric} of {', '.join(primary.variants)} at γ {', '.join(f'{g:g}' for g in primary.gammas)} "
+        f"on {', '.join(primary.splits)}, Holm-adjusted over the family, Bonferroni intervals; adopted afterwards by tuning, shown beside: "
+        f"{', '.join(primary.adopted) or 'none'}. Every other view and pair is exploratory."
+        if primary
+        else "**Exploratory**: the bench file pre-registers no primary endpoint (`[bench.primary]`); 95% t intervals, uncorrected."
+    )
     all_pairs = [p for _, pairs, _, _ in judged_views for p in pairs]
     lines = [
-        f"## {name}", "",
+        f"## {name}",
+        "",
         f"Runs: `{command}` ([summary]({bench.results}/summary.md)). Judged on {bench.metric} ({direction} is better) against "
         f"{' and '.join(spec.baselines)}: differences are variant − the strongest baseline at that γ over paired seeds, signed so that > 0 "
-        "favours the variant; **bold**: distinguishable.", "",
-        family + " " + chance_line, "",
-        tuning_line(spec, all_pairs), "",
+        "favours the variant; **bold**: distinguishable.",
+        "",
+        family + " " + chance_line,
+        "",
+        tuning_line(spec, all_pairs),
+        "",
         "| view | " + " | ".join(CLAIMS) + " |",
         "|---|" + "---|" * len(CLAIMS),
     ]
@@ -320,13 +385,18 @@ def _section(name: str, bench: Bench, spec: BenchSpec, judged_views: list, chanc
             lines += [*(f"- {claim}: {judged[claim][0]}; {text}" for claim, text in _evidence(pairs).items()), ""]
             if judged[CLAIMS[3]][1]:
                 lines += [f"- {CLAIMS[3]}: {judged[CLAIMS[3]][0]}; {judged[CLAIMS[3]][1]}", ""]
-        lines += ["| variant | role | context | descent | baselines' descent | Δ at the smallest γ | Δ at each larger γ |", "|---|---|---|---|---|---|---|"]
+        lines += [
+            "| variant | role | context | descent | baselines' descent | Δ at the smallest γ | Δ at each larger γ |",
+            "|---|---|---|---|---|---|---|",
+        ]
         for p in pairs:
             smallest = min(p.cells) if p.cells else None
             upper = "; ".join(f"γ={g:g}: {_shown(p.cells[g])}" for g in p.upper)
             base = ", ".join(f"{ref} {k}/{m}" for ref, (k, m) in p.baseline_descent.items())
-            lines.append(f"| {p.label} | {p.role} | {p.context} | {p.descent[0]}/{p.descent[1]} | {base} | "
-                         f"{_shown(p.cells[smallest]) if smallest is not None else '–'} | {upper} |")
+            lines.append(
+                f"| {p.label} | {p.role} | {p.context} | {p.descent[0]}/{p.descent[1]} | {base} | "
+                f"{_shown(p.cells[smallest]) if smallest is not None else '–'} | {upper} |"
+            )
         lines += [""]
         note = provenance_line(pairs)
         lines += [note, ""] if note else []
@@ -354,8 +424,10 @@ def chance_count(results: list[dict], bench: Bench, spec: BenchSpec, family: dic
                     if d["low"] is not None:
                         cells.append(d)
     distinct = sum(d["distinct"] for d in cells)
-    return (f"Exploratory cells on {bench.metric} (every pair of the summary, γ and evaluation set): {distinct} of {len(cells)} exclude 0, "
-            f"about {excluding_zero_by_chance(len(cells)):.1f} by chance alone.")
+    return (
+        f"Exploratory cells on {bench.metric} (every pair of the summary, γ and evaluation set): {distinct} of {len(cells)} exclude 0, "
+        f"about {excluding_zero_by_chance(len(cells)):.1f} by chance alone."
+    )
 
 
 def judge_bench(root: Path, name: str, bench: Bench) -> tuple[BenchSpec, list, str] | None:
@@ -404,7 +476,7 @@ def previous_verdicts(revision: str, out: Path) -> dict[tuple[str, str], str]:
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
         if len(cells) < 1 + len(CLAIMS) or not line.startswith("| ") or cells[0] in ("task", "bench"):
             continue
-        words = [c.split(":")[0].split(";")[0].strip() for c in cells[-len(CLAIMS):]]
+        words = [c.split(":")[0].split(";")[0].strip() for c in cells[-len(CLAIMS) :]]
         verdicts.update({(cells[0], claim): word for claim, word in zip(CLAIMS, words)})
     return verdicts
 
@@ -414,9 +486,13 @@ def changed_note(revision: str, out: Path, rows: dict[tuple[str, str], tuple[str
     before = previous_verdicts(revision, out)
     if not before:
         return []
-    lines = [f"## Verdicts changed since {revision}", "",
-             f"Against the report as committed at {revision} (`git show {revision}:benchmarks/REPORT.md`), judged then against erm alone, "
-             "on every primal-dual variant, uncorrected.", ""]
+    lines = [
+        f"## Verdicts changed since {revision}",
+        "",
+        f"Against the report as committed at {revision} (`git show {revision}:benchmarks/REPORT.md`), judged then against erm alone, "
+        "on every primal-dual variant, uncorrected.",
+        "",
+    ]
     changes = []
     for (row, claim), (verdict, why) in rows.items():
         old = before.get((row, claim))
@@ -447,12 +523,14 @@ def main() -> None:
     parser.add_argument("--summaries", action="store_true", help="regenerate every bench's summary.md and plots instead")
     args = parser.parse_args()
     if args.summaries:
-        for name, bench in BENCHES.items():
+        for bench in BENCHES.values():
             folder = args.root / bench.results
             if any(folder.rglob("results.json")):
                 command = bench.command or f"layerdescent bench benchmarks/{bench.config} --out benchmarks/{bench.results}"
                 note = f"Runs made by `{command}`; this summary by `python benchmarks/reproduction.py --summaries` (the judging keys of benchmarks/{bench.config})."
-                print(f"wrote {write_report(folder, title=f'Bench {Path(bench.results).name}', note=note, spec=spec_for(args.root, bench))}")
+                print(
+                    f"wrote {write_report(folder, title=f'Bench {Path(bench.results).name}', note=note, spec=spec_for(args.root, bench))}"
+                )
         return
     current, earlier, sections, rows = [], [], [], {}
     for name, bench in BENCHES.items():
@@ -469,7 +547,11 @@ def main() -> None:
             rows.update({(title, claim): (verdicts[claim][0], _why(pairs, claim)) for claim in CLAIMS})
             if bench.superseded_by:
                 if not where:
-                    earlier.append(f"| {name} | {bench.superseded_by} | " + " | ".join(verdicts[c][0] for c in CLAIMS) + f" | [summary]({bench.results}/summary.md) |")
+                    earlier.append(
+                        f"| {name} | {bench.superseded_by} | "
+                        + " | ".join(verdicts[c][0] for c in CLAIMS)
+                        + f" | [summary]({bench.results}/summary.md) |"
+                    )
             elif "domain" not in where:
                 current.append(_first_row(name, where, spec, pairs, verdicts))
         if not bench.superseded_by:
@@ -478,10 +560,10 @@ def main() -> None:
     lines = [
         "# Reproduction report",
         "",
-        "What this project measured for each claim of \"A Constrained Optimization Perspective of Unrolled Transformers\"",
+        'What this project measured for each claim of "A Constrained Optimization Perspective of Unrolled Transformers"',
         f"(arXiv 2601.17257), from the committed runs only, current benches on the test split; made by `{command}`, whose",
         "docstring states the rules. Each cell: the verdict, and for one pair its difference from the strongest named baseline",
-        "(> 0 favours the constrained variant; **bold** distinguishable, and \"better\" only where better than every named baseline). Primary rows are decided by the pre-registered family",
+        '(> 0 favours the constrained variant; **bold** distinguishable, and "better" only where better than every named baseline). Primary rows are decided by the pre-registered family',
         "(Holm-adjusted, Bonferroni intervals); exploratory rows by uncorrected 95% t intervals. ‡: sides made by different code; §: the baseline got no tuning runs, the variant did.",
         "",
         "| task | family | " + " | ".join(CLAIMS) + " |",

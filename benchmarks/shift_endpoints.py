@@ -45,7 +45,12 @@ def _family(rows: list[tuple[str, list[float], list[float]]]) -> list[dict]:
         if cell["p"] is None:
             cell["holm_low"] = cell["holm_high"] = None
             continue
-        half = (cell["high"] - cell["low"]) / 2 / scipy_stats.t.ppf(0.975, n - 1) * scipy_stats.t.ppf(1 - 0.05 / (len(cells) - rank) / 2, n - 1)
+        half = (
+            (cell["high"] - cell["low"])
+            / 2
+            / scipy_stats.t.ppf(0.975, n - 1)
+            * scipy_stats.t.ppf(1 - 0.05 / (len(cells) - rank) / 2, n - 1)
+        )
         cell["holm_low"], cell["holm_high"] = cell["mean"] - half, cell["mean"] + half
     return cells
 
@@ -58,7 +63,9 @@ def _table(cells: list[dict]) -> list[str]:
     for c in cells:
         p = "—" if c["p"] is None else f"{c['p']:.4f}"
         ph = "—" if c["p_holm"] is None else f"{c['p_holm']:.4f}"
-        lines.append(f"| {c['name']} | {c['n']} | {c['mean']:+.5f} | [{number(c['low'])}, {number(c['high'])}] | [{number(c['holm_low'])}, {number(c['holm_high'])}] | {p} | {ph} |")
+        lines.append(
+            f"| {c['name']} | {c['n']} | {c['mean']:+.5f} | [{number(c['low'])}, {number(c['high'])}] | [{number(c['holm_low'])}, {number(c['holm_high'])}] | {p} | {ph} |"
+        )
     return lines
 
 
@@ -117,9 +124,17 @@ def main() -> None:
             continue
         loss = np.mean([next(r for r in run["gammas"] if r["gamma"] == args.shifted)["layer_loss"] for run in runs[label].values()], axis=0)
         rises = [f"l{k}" for k in range(1, len(loss)) if loss[k] > loss[k - 1]]
-        lines.append(f"| {label} | {len(runs[label])} | {len(rises)}{': ' + ', '.join(rises) if rises else ''} | {' '.join(f'{x:.4g}' for x in loss)} |")
+        lines.append(
+            f"| {label} | {len(runs[label])} | {len(rises)}{': ' + ', '.join(rises) if rises else ''} | {' '.join(f'{x:.4g}' for x in loss)} |"
+        )
     cost = [pair(v, b, lambda r: _value(r, 0.0, args.metric)) for v in constrained for b in args.baselines if b in runs]
-    lines += ["", f"## In-distribution cost: {args.metric} at γ=0, each constrained variant against each baseline", "", *_table(_family(cost)), ""]
+    lines += [
+        "",
+        f"## In-distribution cost: {args.metric} at γ=0, each constrained variant against each baseline",
+        "",
+        *_table(_family(cost)),
+        "",
+    ]
     args.out.write_text("\n".join(lines))
     print("\n".join(lines))
 

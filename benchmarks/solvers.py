@@ -78,7 +78,7 @@ def main() -> None:
 
     run_bench(BENCH, args.out, workers=args.workers)
     setup = cost.SETUPS["lista-solvers"]
-    (label, chosen), = setup.items()
+    ((label, chosen),) = setup.items()
     measured = cost.measure(chosen, args.rounds, 3)
     ratios = {name: values[1] for name, values in measured.items()}
     lines = [

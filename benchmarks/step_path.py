@@ -77,7 +77,16 @@ def main() -> None:
     torch.set_num_threads(1)
     solver = {"name": args.solver, **({"scheme": args.scheme} if args.scheme else {})}
     table = {
-        "task": {"name": "lista", "layers": 4, "code_dim": 16, "measure_dim": 12, "sparsity": 2, "train_size": 256, "validation_size": 64, "test_size": 64},
+        "task": {
+            "name": "lista",
+            "layers": 4,
+            "code_dim": 16,
+            "measure_dim": 12,
+            "sparsity": 2,
+            "train_size": 256,
+            "validation_size": 64,
+            "test_size": 64,
+        },
         "train": {"epochs": 1, "batch_size": 64, "progress": False},
         "solver": solver,
         "constraints": [{"kind": "descent", "alpha": 0.05}],
@@ -93,7 +102,11 @@ def main() -> None:
     title = f"{args.solver}{' ' + args.scheme if args.scheme else ''}"
     report(title, path, args.show)
     solver_side = [name for name in path if name not in TASK_SIDE]
-    report(f"{title}, without the task's forward pass", [name for i, name in enumerate(solver_side) if i == 0 or solver_side[i - 1] != name], args.show)
+    report(
+        f"{title}, without the task's forward pass",
+        [name for i, name in enumerate(solver_side) if i == 0 or solver_side[i - 1] != name],
+        args.show,
+    )
 
 
 def report(title: str, path: list[str], show: bool) -> None:

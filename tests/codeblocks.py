@@ -97,6 +97,12 @@ def check_shell(block: Block) -> None:
             elif words[0] == "pip":
                 for extra in re.findall(r"\[([a-z,]+)\]", command):
                     assert set(extra.split(",")) <= extras, f"{block.where}: no extra {extra!r} in pyproject.toml"
+                for pin in re.findall(r"ruff[<>=!,.0-9]+", command):
+                    assert pin in (ROOT / ".ci" / "run").read_text(), f"{block.where}: {pin} is not the ruff that .ci/run installs"
+            elif words[0] == "ruff":  # the style CI checks: its configuration, and the version .ci/run pins
+                assert words[1] in ("check", "format") and "ruff" in tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"], (
+                    block.where
+                )
             elif words[0] == "python" and words[1].endswith(".py"):
                 assert (ROOT / words[1]).is_file(), f"{block.where}: {words[1]} does not exist"
             else:

@@ -358,7 +358,9 @@ def test_the_same_chain_never_copies_a_file_from_outside_into_the_destination(tm
     dest = tmp_path / "d1" / "d2" / "d3" / "dest"  # a -> b/../../../.. with b -> . lands on tmp_path
     (tmp_path / "secret.txt").write_text("not yours")
     archive = tmp_path / "chain.tar"
-    archive.write_bytes(ordered_tar([("sym", "b", "x/y/z/w"), ("sym", "a", "b/../../../.."), ("sym", "b", "."), ("hard", "stolen.txt", "a/secret.txt")]))
+    archive.write_bytes(
+        ordered_tar([("sym", "b", "x/y/z/w"), ("sym", "a", "b/../../../.."), ("sym", "b", "."), ("hard", "stolen.txt", "a/secret.txt")])
+    )
     with pytest.raises(AssetError, match="refusing to extract member 'a'"):
         extract_from_file(archive, "", dest)
     assert not (dest / "stolen.txt").exists()

@@ -11,11 +11,11 @@ import time
 from pathlib import Path
 
 import pytest
+from test_one_line_errors import RUN, config_file, with_
 
 import layerdescent as ld
 from layerdescent import rundir
 from layerdescent.bench import run_bench
-from test_one_line_errors import RUN, config_file, with_
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 
@@ -48,7 +48,12 @@ def test_killing_a_bench_with_two_workers_kills_its_workers(tmp_path):
     bench = {**long, "bench": {"seeds": [0], "variants": {"erm": {"solver": {"name": "erm"}}, "primal-dual": {}}}}
     path, out = config_file(tmp_path, bench, "bench.toml"), tmp_path / "out"
     command = [shutil.which("layerdescent") or sys.executable, *([] if shutil.which("layerdescent") else ["-m", "layerdescent.cli"])]
-    proc = subprocess.Popen([*command, "bench", str(path), "--out", str(out), "--workers", "2"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    proc = subprocess.Popen(
+        [*command, "bench", str(path), "--out", str(out), "--workers", "2"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     locks = [out / variant / "seed-0" / rundir.LOCK for variant in ("erm", "primal-dual")]
     try:
         deadline, workers = time.time() + 240, set()
@@ -78,12 +83,17 @@ def test_a_failed_run_is_reported_as_it_ends_and_the_others_finish_with_a_summar
         **RUN,
         "bench": {
             "seeds": [0],
-            "variants": {"diverges": {"solver": {"max_multiplier": 1e-9}, "constraints": [{"kind": "descent", "alpha": 0.9}]}, "erm": {"solver": {"name": "erm"}}},
+            "variants": {
+                "diverges": {"solver": {"max_multiplier": 1e-9}, "constraints": [{"kind": "descent", "alpha": 0.9}]},
+                "erm": {"solver": {"name": "erm"}},
+            },
         },
     }
     path, out, told = config_file(tmp_path, bench, "bench.toml"), tmp_path / "out", []
     with pytest.raises(ld.LayerdescentError) as failed:
         run_bench(path, out, workers=workers, on_run=lambda run, status: told.append((run.variant, status)))
-    assert str(failed.value).startswith("1 of 2 runs failed; ") and "diverges seed 0: DivergenceError: multiplier of constraint 'descent' exploded" in str(failed.value)
+    assert str(failed.value).startswith(
+        "1 of 2 runs failed; "
+    ) and "diverges seed 0: DivergenceError: multiplier of constraint 'descent' exploded" in str(failed.value)
     assert ("erm", "trained") in told and any(v == "diverges" and s.startswith("failed: DivergenceError") for v, s in told)
     assert (out / "erm" / "seed-0" / "results.json").exists() and (out / "summary.md").exists()

@@ -56,12 +56,16 @@ def write(tmp_path, text, name="run.toml"):
         ("dual_lr = 0.5", "dual_lr = -1", "solver.dual_lr must be >= 0, got -1.0"),
         ('name = "lista"', 'name = "lsita"', "unknown task 'lsita'; did you mean 'lista'?"),
         ('kind = "descent"', 'kind = "desent"', "unknown constraint kind 'desent'; did you mean 'descent'?"),
-        ('name = "primal-dual"', 'name = "primal_dual"', "solver.name = 'primal_dual' is not a registered solver; did you mean 'primal-dual'?"),
+        (
+            'name = "primal-dual"',
+            'name = "primal_dual"',
+            "solver.name = 'primal_dual' is not a registered solver; did you mean 'primal-dual'?",
+        ),
         ("layers = 4", "layers = 4\nlayerz = 3", "unknown key task.layerz; did you mean 'layers'?"),
         ("[eval]", "[evaluation]", "unknown key evaluation; did you mean 'eval'?"),
         ("gammas = [0.0, 0.5]", "gammas = []", "eval.gammas must hold at least one level"),
         ("alpha = 0.05", "alpha = 0.05\nlayers = [7]", "descent layer 7 is out of range"),
-        ('alpha = 0.05', 'alpha = 0.05\nreference = "frozen"', "reference = 'frozen' is not allowed"),
+        ("alpha = 0.05", 'alpha = 0.05\nreference = "frozen"', "reference = 'frozen' is not allowed"),
         ("[eval]", '[[constraints]]\nkind = "descent"\n[eval]', "constraints[1].name 'descent' is used twice"),
         ("[train]", "[train", "is not valid TOML"),
     ],
@@ -88,7 +92,9 @@ def test_missing_config_file_and_bad_override_are_one_line(tmp_path, capsys):
 def test_console_script_reports_a_bad_config_without_traceback(tmp_path):
     path = write(tmp_path, textwrap.dedent(GOOD).replace("alpha = 0.05", "alpha = 1.5"))
     env = {**os.environ, "PYTHONWARNINGS": "ignore"}
-    proc = subprocess.run([sys.executable, "-m", "layerdescent.cli", "run", str(path)], capture_output=True, text=True, env=env, cwd=tmp_path)
+    proc = subprocess.run(
+        [sys.executable, "-m", "layerdescent.cli", "run", str(path)], capture_output=True, text=True, env=env, cwd=tmp_path
+    )
     assert proc.returncode == 2
     assert "Traceback" not in proc.stderr
     assert proc.stderr.strip().splitlines() == ["layerdescent: error: constraints[0]: alpha must be in [0, 1), got 1.5"]
@@ -153,7 +159,15 @@ def test_bench_runs_variants_by_seeds_and_resumes_without_rerunning(tmp_path, ca
 
 # The text demo's configuration in miniature: the tiny random BERT on synthetic sentences, nothing to fetch.
 TEXT_DEMO_SMALL = [
-    a for o in ("task.model_path=tiny", "task.dataset=synthetic", "task.synthetic_size=200", "train.threads=1", "eval.batch_size=64", "train.checkpoint_every=2")
+    a
+    for o in (
+        "task.model_path=tiny",
+        "task.dataset=synthetic",
+        "task.synthetic_size=200",
+        "train.threads=1",
+        "eval.batch_size=64",
+        "train.checkpoint_every=2",
+    )
     for a in ("--set", o)
 ]
 LISTA_DEMO_SMALL = [a for o in ("train.epochs=1", "task.train_size=128", "task.test_size=64", "bench.seeds=[0]") for a in ("--set", o)]
@@ -267,7 +281,10 @@ def test_bench_grid_crosses_every_variant_with_every_combination(tmp_path):
 def test_a_bench_variant_may_run_its_own_seeds(tmp_path):
     from layerdescent.bench import plan
 
-    bench = textwrap.dedent(GOOD) + '\n[bench]\nseeds = [0, 1, 2]\n[bench.variants.erm]\nsolver.name = "erm"\n[bench.variants.live]\nseeds = [0]\n'
+    bench = (
+        textwrap.dedent(GOOD)
+        + '\n[bench]\nseeds = [0, 1, 2]\n[bench.variants.erm]\nsolver.name = "erm"\n[bench.variants.live]\nseeds = [0]\n'
+    )
     runs = plan(write(tmp_path, bench, "seeds.toml"), tmp_path / "out")
     assert [(r.variant, r.seed) for r in runs] == [("erm", 0), ("erm", 1), ("erm", 2), ("live", 0)]
     with pytest.raises(ld.ConfigError, match="bench.variants.live.seeds must be a non-empty list"):
@@ -275,7 +292,10 @@ def test_a_bench_variant_may_run_its_own_seeds(tmp_path):
 
 
 def test_bench_only_trains_the_matching_variants_then_the_rest_on_the_next_call(tmp_path, capsys):
-    bench = textwrap.dedent(GOOD) + '\n[bench]\n[bench.variants."tune-a"]\n[bench.variants."tune-b"]\n[bench.variants.erm]\nsolver.name = "erm"\n'
+    bench = (
+        textwrap.dedent(GOOD)
+        + '\n[bench]\n[bench.variants."tune-a"]\n[bench.variants."tune-b"]\n[bench.variants.erm]\nsolver.name = "erm"\n'
+    )
     path, out = write(tmp_path, bench, "tune.toml"), tmp_path / "out"
     assert main(["bench", str(path), "--out", str(out), "--only", "tune-*"]) == 0
     assert sorted(p.parent.parent.name for p in out.rglob("results.json")) == ["tune-a", "tune-b"]
@@ -295,7 +315,10 @@ def test_bench_grid_typo_names_the_run_and_the_key(tmp_path, capsys):
 
 
 def test_bench_refuses_a_variant_naming_a_layer_the_model_lacks_before_anything_trains(tmp_path, capsys):
-    bench = textwrap.dedent(GOOD) + '\n[bench]\n[bench.variants.erm]\nsolver.name = "erm"\n[bench.variants.deep]\nconstraints = [{ kind = "descent", layers = [9] }]\n'
+    bench = (
+        textwrap.dedent(GOOD)
+        + '\n[bench]\n[bench.variants.erm]\nsolver.name = "erm"\n[bench.variants.deep]\nconstraints = [{ kind = "descent", layers = [9] }]\n'
+    )
     assert main(["bench", str(write(tmp_path, bench, "deep.toml")), "--out", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "bench.variants.deep: constraints[0]: descent layer 9 is out of range" in err, err
@@ -335,7 +358,10 @@ def test_quick_commands_import_neither_torch_nor_the_data_libraries():
 
 def test_gammas_outside_the_perturbations_range_are_refused_for_runs_and_re_evaluations(tmp_path, capsys):
     path = write(tmp_path, GOOD)
-    assert main(["run", str(path), "--out", str(tmp_path / "r"), "--set", "task.perturbation=impulse", "--set", "eval.gammas=[0, 0.5, 2]"]) == 2
+    assert (
+        main(["run", str(path), "--out", str(tmp_path / "r"), "--set", "task.perturbation=impulse", "--set", "eval.gammas=[0, 0.5, 2]"])
+        == 2
+    )
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "eval.gammas: 2 outside [0, 1], the range of task 'lista''s 'impulse' perturbation" in err, err
     assert main(["run", str(path), "--out", str(tmp_path / "r"), "--set", "eval.gammas=[0, 2]"]) == 0  # gaussian: any gamma
@@ -348,7 +374,8 @@ def test_gammas_outside_the_perturbations_range_are_refused_for_runs_and_re_eval
 
 
 @pytest.mark.parametrize(
-    "typed, message", [("train.epoch=2", "unknown key train.epoch; did you mean 'epochs'?"), ("task.layers=x", "task.layers must be an integer, got 'x'")]
+    "typed, message",
+    [("train.epoch=2", "unknown key train.epoch; did you mean 'epochs'?"), ("task.layers=x", "task.layers must be an integer, got 'x'")],
 )
 def test_a_demo_mistake_names_the_set_the_user_typed_and_comes_before_the_opening_line(tmp_path, capsys, typed, message):
     assert main(["demo", "--task", "lista", "--out", str(tmp_path / "demo"), "--set", typed]) == 2
@@ -361,7 +388,10 @@ def test_a_demo_summary_is_titled_for_the_demo_a_finished_demo_says_so_and_repor
     out = tmp_path / "demo"
     assert main(["demo", "--task", "lista", "--out", str(out), *LISTA_DEMO_SMALL]) == 0
     summary = (out / "summary.md").read_text()
-    assert summary.startswith("# Demo: ERM vs primal-dual descent constraints on lista\n") and "Made by `layerdescent demo --task lista" in summary
+    assert (
+        summary.startswith("# Demo: ERM vs primal-dual descent constraints on lista\n")
+        and "Made by `layerdescent demo --task lista" in summary
+    )
     capsys.readouterr()
     assert main(["demo", "--task", "lista", "--out", str(out), *LISTA_DEMO_SMALL]) == 0
     first = capsys.readouterr().out.splitlines()[0]
@@ -377,7 +407,9 @@ def test_progress_lines_cover_the_evaluation_after_training(tmp_path, capsys):
     training = [line for line in lines if line.startswith("primal-dual seed 0: step")]
     evaluation = [line for line in lines if line.startswith("primal-dual seed 0 evaluation: batch")]
     assert training[-1].startswith("primal-dual seed 0: step 4/4,") and training[-1].endswith("left (evaluation included)"), training
-    assert evaluation[0].startswith("primal-dual seed 0 evaluation: batch 0/2,") and evaluation[-1].startswith("primal-dual seed 0 evaluation: batch 2/2,"), lines
+    assert evaluation[0].startswith("primal-dual seed 0 evaluation: batch 0/2,") and evaluation[-1].startswith(
+        "primal-dual seed 0 evaluation: batch 2/2,"
+    ), lines
 
 
 def test_the_interrupt_message_names_the_runs_out_and_the_resume_command(tmp_path, monkeypatch, capsys):
@@ -398,10 +430,20 @@ def test_bench_workers_sharing_a_terminal_print_progress_lines_not_bars_over_eac
     import select
     import shutil
 
-    path = write(tmp_path, GOOD.replace("progress = false", "progress = true") + '\n[bench]\n[bench.variants.erm]\nsolver.name = "erm"\n[bench.variants.primal-dual]\n', "bench.toml")
+    path = write(
+        tmp_path,
+        GOOD.replace("progress = false", "progress = true")
+        + '\n[bench]\n[bench.variants.erm]\nsolver.name = "erm"\n[bench.variants.primal-dual]\n',
+        "bench.toml",
+    )
     command = [shutil.which("layerdescent") or sys.executable, *([] if shutil.which("layerdescent") else ["-m", "layerdescent.cli"])]
     primary, secondary = pty.openpty()
-    proc = subprocess.Popen([*command, "bench", str(path), "--out", str(tmp_path / "out"), "--workers", "2"], stdin=secondary, stdout=secondary, stderr=secondary)
+    proc = subprocess.Popen(
+        [*command, "bench", str(path), "--out", str(tmp_path / "out"), "--workers", "2"],
+        stdin=secondary,
+        stdout=secondary,
+        stderr=secondary,
+    )
     os.close(secondary)
     chunks = []
     while select.select([primary], [], [], 300)[0]:

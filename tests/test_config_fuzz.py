@@ -14,7 +14,16 @@ from layerdescent.cli import main
 
 BASE = {
     "seed": 0,
-    "task": {"name": "lista", "layers": 4, "code_dim": 16, "measure_dim": 12, "sparsity": 2, "train_size": 64, "validation_size": 16, "test_size": 16},
+    "task": {
+        "name": "lista",
+        "layers": 4,
+        "code_dim": 16,
+        "measure_dim": 12,
+        "sparsity": 2,
+        "train_size": 64,
+        "validation_size": 16,
+        "test_size": 16,
+    },
     "train": {"epochs": 1, "batch_size": 16, "lr": 0.01, "progress": False},
     "solver": {"name": "primal-dual", "dual_lr": 0.5, "dual_every": 1},
     "constraints": [{"kind": "descent", "alpha": 0.05, "reference": "detached"}],
@@ -38,10 +47,17 @@ TYPED_FIELDS = {
     ("constraints", 0, "reference"): "str",
 }
 WRONG = {
-    "int": st.one_of(st.text(max_size=5), st.floats(allow_nan=False, allow_infinity=False).filter(lambda x: x != int(x)), st.lists(st.integers(), max_size=2), st.booleans()),
+    "int": st.one_of(
+        st.text(max_size=5),
+        st.floats(allow_nan=False, allow_infinity=False).filter(lambda x: x != int(x)),
+        st.lists(st.integers(), max_size=2),
+        st.booleans(),
+    ),
     "float": st.one_of(st.text(max_size=5), st.lists(st.floats(allow_nan=False), max_size=2), st.booleans()),
     "bool": st.one_of(st.text(max_size=5), st.integers(), st.floats(allow_nan=False, allow_infinity=False)),
-    "str": st.one_of(st.integers(), st.floats(allow_nan=False, allow_infinity=False), st.lists(st.text(max_size=3), max_size=2), st.booleans()),
+    "str": st.one_of(
+        st.integers(), st.floats(allow_nan=False, allow_infinity=False), st.lists(st.text(max_size=3), max_size=2), st.booleans()
+    ),
     "list": st.one_of(st.text(max_size=5), st.integers(), st.lists(st.text(min_size=1, max_size=3), min_size=1, max_size=2)),
 }
 OUT_OF_RANGE = [
@@ -51,7 +67,13 @@ OUT_OF_RANGE = [
     (("train", "grad_clip"), st.floats(max_value=-1e-9, allow_nan=False, allow_infinity=False)),
     (("solver", "dual_lr"), st.floats(max_value=-1e-9, allow_nan=False, allow_infinity=False)),
     (("solver", "dual_every"), st.integers(max_value=0)),
-    (("constraints", 0, "alpha"), st.one_of(st.floats(max_value=-1e-9, allow_nan=False, allow_infinity=False), st.floats(min_value=1.0, allow_nan=False, allow_infinity=False))),
+    (
+        ("constraints", 0, "alpha"),
+        st.one_of(
+            st.floats(max_value=-1e-9, allow_nan=False, allow_infinity=False),
+            st.floats(min_value=1.0, allow_nan=False, allow_infinity=False),
+        ),
+    ),
     (("constraints", 0, "resilience"), st.floats(max_value=-1e-9, allow_nan=False, allow_infinity=False)),
     (("eval", "batch_size"), st.integers(max_value=0)),
     (("task", "layers"), st.integers(max_value=0)),

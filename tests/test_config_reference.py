@@ -6,12 +6,10 @@ import dataclasses
 import importlib
 from pathlib import Path
 
-import pytest
-
 import layerdescent as ld
 from layerdescent.cli import main
 from layerdescent.config import EvalConfig, TrainConfig, tomllib
-from layerdescent.config_keys import dataclass_keys, default_config, defaults_toml, reference_markdown, task_keys
+from layerdescent.config_keys import dataclass_keys, default_config, reference_markdown, task_keys
 from layerdescent.registry import Registry
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -21,12 +19,20 @@ BUNDLED = ("lista", "language", "text-classification", "llm-finetuning", "video-
 
 def _bundled() -> Registry:
     """The registry of the bundled plugins alone, whatever else is installed."""
-    modules = {"lista": "layerdescent_lista", "language": "layerdescent_language", "text-classification": "layerdescent_text", "llm-finetuning": "layerdescent_llm", "video-denoising": "layerdescent_video"}
+    modules = {
+        "lista": "layerdescent_lista",
+        "language": "layerdescent_language",
+        "text-classification": "layerdescent_text",
+        "llm-finetuning": "layerdescent_llm",
+        "video-denoising": "layerdescent_video",
+    }
     return Registry(extra_plugins=[(name, importlib.import_module(modules[name])) for name in BUNDLED], entry_points=False)
 
 
 def test_configuration_reference_page_is_what_the_code_generates():
-    assert PAGE.read_text() == reference_markdown(_bundled()), "docs/reference/configuration.md is stale: run `layerdescent config --reference > docs/reference/configuration.md`"
+    assert PAGE.read_text() == reference_markdown(_bundled()), (
+        "docs/reference/configuration.md is stale: run `layerdescent config --reference > docs/reference/configuration.md`"
+    )
 
 
 def test_every_key_of_every_bundled_table_task_solver_and_constraint_kind_has_a_meaning():

@@ -114,5 +114,7 @@ def test_a_spec_whose_violation_size_breaks_its_labels_is_refused_by_name():
             return means[1:] - self.value  # L entries, but labels() promises 1
 
     problem = LayerwiseProblem((Sloppy(name="mine"),), num_layers=2)
-    with pytest.raises(ld.PluginError, match=r"constraint 'mine' \(sloppy\) returned a violation of shape \(2,\); its labels\(\) promise 1"):
+    with pytest.raises(
+        ld.PluginError, match=r"constraint 'mine' \(sloppy\) returned a violation of shape \(2,\); its labels\(\) promise 1"
+    ):
         problem.violations(torch.tensor([1.0, 2.0, 3.0]))

@@ -17,8 +17,27 @@ import layerdescent as ld
 from layerdescent.checkpoint import VERSION, load_checkpoint, previous_path, save_checkpoint
 
 CONFIG = {
-    "task": {"name": "lista", "layers": 4, "code_dim": 16, "measure_dim": 12, "sparsity": 2, "train_size": 512, "validation_size": 64, "test_size": 64},
-    "train": {"epochs": 3, "batch_size": 64, "lr": 0.01, "progress": False, "log_every": 3, "checkpoint_every": 3, "train_gamma": 0.1, "threads": 1, "keep_checkpoint": True},
+    "task": {
+        "name": "lista",
+        "layers": 4,
+        "code_dim": 16,
+        "measure_dim": 12,
+        "sparsity": 2,
+        "train_size": 512,
+        "validation_size": 64,
+        "test_size": 64,
+    },
+    "train": {
+        "epochs": 3,
+        "batch_size": 64,
+        "lr": 0.01,
+        "progress": False,
+        "log_every": 3,
+        "checkpoint_every": 3,
+        "train_gamma": 0.1,
+        "threads": 1,
+        "keep_checkpoint": True,
+    },
     "solver": {"name": "primal-dual", "dual_lr": 1.0},
     "constraints": [{"kind": "descent", "alpha": 0.05, "reference": "anchored"}],
     "eval": {"gammas": [0.0, 0.5]},
@@ -84,7 +103,9 @@ def assert_same_run(a, b):
     right = torch.load(b / "checkpoint.pt", weights_only=False)
     for key, value in left["model"].items():
         assert torch.equal(value, right["model"][key]), key
-    assert torch.equal(left["problem"]["cmp"]["multipliers"]["descent"]["weight"], right["problem"]["cmp"]["multipliers"]["descent"]["weight"])
+    assert torch.equal(
+        left["problem"]["cmp"]["multipliers"]["descent"]["weight"], right["problem"]["cmp"]["multipliers"]["descent"]["weight"]
+    )
     assert json.loads((a / "results.json").read_text())["gammas"] == json.loads((b / "results.json").read_text())["gammas"]
     assert (a / "metrics.jsonl").read_text() == (b / "metrics.jsonl").read_text()
 
@@ -144,7 +165,11 @@ def test_truncated_checkpoint_is_one_error_naming_the_file_and_the_previous_one_
 
 @pytest.mark.parametrize(
     "change, message",
-    [({"task": "other"}, "is for task 'other', not 'lista'"), ({"version": 99}, "has format version 99"), ({"format": "zip"}, "is not a layerdescent checkpoint")],
+    [
+        ({"task": "other"}, "is for task 'other', not 'lista'"),
+        ({"version": 99}, "has format version 99"),
+        ({"format": "zip"}, "is not a layerdescent checkpoint"),
+    ],
     ids=["wrong-task", "wrong-version", "not-a-checkpoint"],
 )
 def test_checkpoint_of_the_wrong_kind_is_refused_by_name(tmp_path, change, message):

@@ -13,10 +13,21 @@ import torch
 
 from layerdescent.checkpoint import load_checkpoint
 
-pytestmark = pytest.mark.skipif(not torch.distributed.is_available() or not torch.distributed.is_gloo_available(), reason="torch.distributed with gloo is not available")
+pytestmark = pytest.mark.skipif(
+    not torch.distributed.is_available() or not torch.distributed.is_gloo_available(), reason="torch.distributed with gloo is not available"
+)
 
 CONFIG = {
-    "task": {"name": "lista", "layers": 4, "code_dim": 16, "measure_dim": 12, "sparsity": 2, "train_size": 500, "validation_size": 64, "test_size": 100},
+    "task": {
+        "name": "lista",
+        "layers": 4,
+        "code_dim": 16,
+        "measure_dim": 12,
+        "sparsity": 2,
+        "train_size": 500,
+        "validation_size": 64,
+        "test_size": 100,
+    },
     "train": {"epochs": 2, "batch_size": 64, "lr": 0.01, "progress": False, "log_every": 3, "threads": 1},
     "solver": {"name": "primal-dual", "dual_lr": 1.0},
     "constraints": [{"kind": "descent", "alpha": 0.05, "reference": "anchored"}],
@@ -105,7 +116,15 @@ def test_sharded_evaluation_reduces_to_the_single_process_numbers(runs):
 
 def test_only_rank_zero_writes_the_run_directory(runs):
     names = sorted(p.name for p in (runs / "two").iterdir())
-    assert names == [".layerdescent.lock", "config.toml", "lambda-rank0.json", "lambda-rank1.json", "metrics.jsonl", "model.safetensors", "results.json"]
+    assert names == [
+        ".layerdescent.lock",
+        "config.toml",
+        "lambda-rank0.json",
+        "lambda-rank1.json",
+        "metrics.jsonl",
+        "model.safetensors",
+        "results.json",
+    ]
     lines = (runs / "two" / "metrics.jsonl").read_text().splitlines()
     steps = [json.loads(line)["step"] for line in lines if json.loads(line)["event"] == "train"]
     assert steps == sorted(steps) and len(steps) == len(set(steps)), "each record written once"
@@ -154,7 +173,13 @@ def test_the_update_object_averages_layer_means_over_ranks_before_the_dual_step(
     script = tmp_path / "update.py"
     script.write_text(UPDATE_RUNNER)
     env = {**os.environ, "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1"}
-    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script), str(tmp_path)], env=env, capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script), str(tmp_path)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     assert [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)] == [[1.0], [1.0]]
 
@@ -168,7 +193,9 @@ def test_a_per_sample_table_ends_the_same_on_two_ranks_as_in_one_process(tmp_pat
     assert two.returncode == 0, two.stderr[-3000:]
     one = launch(tmp_path, config, tmp_path / "one", 1)
     assert one.returncode == 0, one.stderr[-3000:]
-    rank0, rank1, single = (json.loads((tmp_path / run / f"lambda-rank{r}.json").read_text()) for run, r in (("two", 0), ("two", 1), ("one", 0)))
+    rank0, rank1, single = (
+        json.loads((tmp_path / run / f"lambda-rank{r}.json").read_text()) for run, r in (("two", 0), ("two", 1), ("one", 0))
+    )
     assert rank0 == rank1  # each rank updated its own rows; the summed tables leave every rank the same
     table = torch.tensor(rank0[-1])
     assert table.shape == (500, 5) and int((table > 0).any(dim=1).sum()) > 100

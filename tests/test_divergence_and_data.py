@@ -50,7 +50,9 @@ def test_skip_mode_drops_the_bad_step_logs_it_and_finishes(tiny, tmp_path, monke
 def test_exploding_multiplier_stops_the_run_naming_constraint_and_layer(tiny, tmp_path):
     tiny["solver"].update(dual_lr=1000.0, max_multiplier=5.0)
     tiny["constraints"] = [{"kind": "bound", "name": "tight", "value": 0.0}]
-    with pytest.raises(ld.DivergenceError, match=r"multiplier of constraint 'tight' exploded at step 0, l4<=0 = .* > solver.max_multiplier = 5"):
+    with pytest.raises(
+        ld.DivergenceError, match=r"multiplier of constraint 'tight' exploded at step 0, l4<=0 = .* > solver.max_multiplier = 5"
+    ):
         ld.train(ld.config_from_dict(tiny), tmp_path / "run")
 
 
@@ -100,6 +102,8 @@ def test_bad_data_is_one_error_before_training(tiny, tmp_path, build, message):
 
 
 def test_missing_optional_dependency_names_the_extra_to_install():
-    with pytest.raises(ld.PluginError, match=r"needs the optional dependency 'no_such_module_xyz'; install it with: pip install 'layerdescent\[text\]'"):
+    with pytest.raises(
+        ld.PluginError, match=r"needs the optional dependency 'no_such_module_xyz'; install it with: pip install 'layerdescent\[text\]'"
+    ):
         ld.require("no_such_module_xyz", extra="text", purpose="task text-classification")
     assert ld.require("json", extra="text").dumps([]) == "[]"

@@ -58,7 +58,19 @@ def test_docs_constraint_example_registers_checks_its_options_and_trains(tmp_pat
     monkeypatch.setitem(sys.modules, "my_constraint", module)  # dataclasses look their module up
     exec(compile(_block("constraint-example"), "docs/plugins.md:my_constraint.py", "exec"), module.__dict__)
     registry = Registry(extra_plugins=[("gap", module)])
-    table = {"task": {"name": "lista", "layers": 3, "code_dim": 8, "measure_dim": 6, "sparsity": 2, "train_size": 64, "validation_size": 16, "test_size": 16}, "train": {"epochs": 1, "progress": False}}
+    table = {
+        "task": {
+            "name": "lista",
+            "layers": 3,
+            "code_dim": 8,
+            "measure_dim": 6,
+            "sparsity": 2,
+            "train_size": 64,
+            "validation_size": 16,
+            "test_size": 16,
+        },
+        "train": {"epochs": 1, "progress": False},
+    }
     with pytest.raises(ld.ConfigError, match=r"^constraints\[0\]: ratio must be in \(0, 1\], got 2.0$"):
         ld.config_from_dict({**table, "constraints": [{"kind": "gap", "ratio": 2.0}]}, registry)
     with pytest.raises(ld.ConfigError, match=r"constraints\[0\].ratio must be a number"):
@@ -86,7 +98,16 @@ def test_docs_solver_example_registers_and_runs_from_toml_alone(tmp_path, monkey
     exec(compile(_block("solver-example"), "docs/plugins.md:my_solver.py", "exec"), module.__dict__)
     registry = Registry(extra_plugins=[("ramp", module)])
     table = {
-        "task": {"name": "lista", "layers": 3, "code_dim": 8, "measure_dim": 6, "sparsity": 2, "train_size": 64, "validation_size": 16, "test_size": 16},
+        "task": {
+            "name": "lista",
+            "layers": 3,
+            "code_dim": 8,
+            "measure_dim": 6,
+            "sparsity": 2,
+            "train_size": 64,
+            "validation_size": 16,
+            "test_size": 16,
+        },
         "train": {"epochs": 1, "progress": False},
         "solver": {"name": "ramp", "steps": 2},
     }
@@ -119,12 +140,16 @@ def test_docs_executor_and_tracker_plugin_is_chosen_by_name_from_the_command_lin
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")])}
 
     def layerdescent(*argv) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", "layerdescent.cli", *map(str, argv)], capture_output=True, text=True, env=env, check=False)
+        return subprocess.run(
+            [sys.executable, "-m", "layerdescent.cli", *map(str, argv)], capture_output=True, text=True, env=env, check=False
+        )
 
     listed = layerdescent("list").stdout.splitlines()
     assert any(line.split()[:1] == ["inline"] and line.endswith("[plugin extensions]") for line in listed), listed
     assert any(line.split()[:1] == ["csv"] and line.endswith("[plugin extensions]") for line in listed), listed
-    assert any(line.split()[:4] == ["extensions", "loaded", "my-extensions", "0.1.0"] for line in layerdescent("plugins").stdout.splitlines())
+    assert any(
+        line.split()[:4] == ["extensions", "loaded", "my-extensions", "0.1.0"] for line in layerdescent("plugins").stdout.splitlines()
+    )
 
     table = copy.deepcopy(TINY)
     table["train"]["epochs"] = 1
@@ -141,11 +166,13 @@ def test_docs_executor_and_tracker_plugin_is_chosen_by_name_from_the_command_lin
             data.pop("eval_seconds"), data["train"].pop("step_time_median")
         assert ours == local
         run_dir = tmp_path / "inline" / variant / "seed-0"
-        rows = {(int(step), name): float(value) for step, name, value in (line.split(",") for line in (run_dir / "values.csv").read_text().splitlines())}
+        rows = {
+            (int(step), name): float(value)
+            for step, name, value in (line.split(",") for line in (run_dir / "values.csv").read_text().splitlines())
+        }
         logged = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
         want = {(record["step"], name): value for record in logged for name, value in scalars(record).items()}
         assert want and {key: rows[key] for key in want} == want
-
 
 
 def test_every_hook_is_documented_in_the_plugin_guide_and_exercised_by_a_test():
@@ -183,7 +210,9 @@ DOC_BLOCKS = [b for page in PAGES if page.parent != ROOT for b in blocks(page) i
 @pytest.mark.parametrize("block", DOC_BLOCKS, ids=lambda b: b.where)
 def test_every_docs_code_block_runs_or_is_checked(block, tmp_path):
     """Python runs as written; TOML is validated as a config, bench or pyproject; JSON parses; shell commands parse; text is a diagram."""
-    assert block.lang in ("python", "toml", "json", "bash", "text"), f"{block.where}: a fence needs one of these languages, not {block.lang!r}"
+    assert block.lang in ("python", "toml", "json", "bash", "text"), (
+        f"{block.where}: a fence needs one of these languages, not {block.lang!r}"
+    )
     if block.lang == "python":
         with in_tmp(tmp_path):
             run_python(block)

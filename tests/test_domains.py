@@ -73,11 +73,19 @@ def test_the_summary_has_a_table_with_paired_differences_and_a_plot_panel_per_do
 
 
 def test_runs_of_two_training_regimes_pair_with_the_erm_of_their_own_regime(tiny, tmp_path):
-    for label, solver, gamma in [("erm,train_gamma=0.1", "erm", 0.1), ("erm,train_gamma=0.3", "erm", 0.3),
-                                 ("primal-dual,train_gamma=0.3", "primal-dual", 0.3)]:
+    for label, solver, gamma in [
+        ("erm,train_gamma=0.1", "erm", 0.1),
+        ("erm,train_gamma=0.3", "erm", 0.3),
+        ("primal-dual,train_gamma=0.3", "primal-dual", 0.3),
+    ]:
         for seed in (0, 1):
-            table = dict(tiny, seed=seed, label=label, solver={**tiny["solver"], "name": solver},
-                         train={**tiny["train"], "epochs": 1, "train_gamma": gamma})
+            table = dict(
+                tiny,
+                seed=seed,
+                label=label,
+                solver={**tiny["solver"], "name": solver},
+                train={**tiny["train"], "epochs": 1, "train_gamma": gamma},
+            )
             ld.train(ld.config_from_dict(table), tmp_path / "bench" / label / f"seed-{seed}")
     text = write_report(tmp_path / "bench").read_text()
     assert "primal-dual,train_gamma=0.3 − erm,train_gamma=0.3" in text

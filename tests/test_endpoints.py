@@ -7,14 +7,14 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from test_report import fake_results, reproduction_report, run_benchmark_script
 
 from layerdescent.cli import main
 from layerdescent.endpoints import BenchSpec, Primary, judge_cells, parse_spec
 from layerdescent.errors import ConfigError
-from layerdescent.groups import ablations, ablated_keys
+from layerdescent.groups import ablated_keys, ablations
 from layerdescent.report import collect, summarize, write_report
 from layerdescent.stats import holm
-from test_report import fake_results, reproduction_report, run_benchmark_script
 
 REPO = Path(__file__).parents[1]
 # mse at gamma 1 per seed: primal-dual beats erm clearly in every seed, and ties penalty
@@ -42,7 +42,7 @@ def three_solvers(root: Path) -> Path:
 
 
 def lista_bench_file(root: Path, bench: str) -> None:
-    (root / "lista.toml").write_text(f"[bench]\nseeds = [0, 1, 2]\n{bench}\n[bench.variants.erm]\nsolver.name = \"erm\"\n")
+    (root / "lista.toml").write_text(f'[bench]\nseeds = [0, 1, 2]\n{bench}\n[bench.variants.erm]\nsolver.name = "erm"\n')
 
 
 def first_table(text: str) -> dict[str, list[str]]:
@@ -76,7 +76,10 @@ def test_a_bench_without_a_primary_table_is_labelled_exploratory(tmp_path):
     three_solvers(tmp_path / "results" / "lista")
     assert first_table(reproduction_report(tmp_path))["lista (unrolled ISTA, synthetic sparse codes)"][0] == "exploratory"
     summary = write_report(tmp_path / "results" / "lista").read_text()
-    assert "None pre-registered (no `[bench.primary]` in the bench file" in summary and "every verdict on these runs is exploratory." in summary
+    assert (
+        "None pre-registered (no `[bench.primary]` in the bench file" in summary
+        and "every verdict on these runs is exploratory." in summary
+    )
 
 
 def test_the_primary_family_leads_the_summary_with_holm_adjusted_p_values(tmp_path):
@@ -148,20 +151,31 @@ def test_compare_reproduces_the_committed_readouts(capsys):
 
 def test_the_pairs_script_still_makes_the_committed_readouts_byte_for_byte(tmp_path):
     out = tmp_path / "readouts.md"
-    run_benchmark_script("pairs.py", str(REPO / "benchmarks/results/llm"), "primal-dual", "primal-dual,lens_vocab=all", "--out", str(out)).check_returncode()
+    run_benchmark_script(
+        "pairs.py", str(REPO / "benchmarks/results/llm"), "primal-dual", "primal-dual,lens_vocab=all", "--out", str(out)
+    ).check_returncode()
     committed = (REPO / "benchmarks/results/llm/readouts.md").read_text().splitlines()
     made = out.read_text().splitlines()
     assert made[0] == committed[0] and made[3:] == committed[3:]
 
 
-@pytest.mark.parametrize("bench, message", [
-    ('baselines = ["ermm"]', "bench.baselines: 'ermm' is no registered solver"),
-    ('baselines = ["primal-dual"]', "enforces the constraints"),
-    ("[bench.primary]\nmetric = \"mse\"\nhigher_is_better = false\ngammas = [1.0]", "bench.primary lacks 'variants'"),
-    ("[bench.primary]\nmetric = \"mse\"\nhigher_is_better = false\ngammas = [1.0]\nvariants = [\"pd\"]\nsplit = [\"test\"]", "unknown key bench.primary.split"),
-    ("[bench.primary]\nmetric = \"mse\"\nhigher_is_better = \"no\"\ngammas = [1.0]\nvariants = [\"pd\"]", "higher_is_better must be true or false"),
-    ('[bench.tuning]\npd = "lots"', "bench.tuning must map variant labels"),
-])
+@pytest.mark.parametrize(
+    "bench, message",
+    [
+        ('baselines = ["ermm"]', "bench.baselines: 'ermm' is no registered solver"),
+        ('baselines = ["primal-dual"]', "enforces the constraints"),
+        ('[bench.primary]\nmetric = "mse"\nhigher_is_better = false\ngammas = [1.0]', "bench.primary lacks 'variants'"),
+        (
+            '[bench.primary]\nmetric = "mse"\nhigher_is_better = false\ngammas = [1.0]\nvariants = ["pd"]\nsplit = ["test"]',
+            "unknown key bench.primary.split",
+        ),
+        (
+            '[bench.primary]\nmetric = "mse"\nhigher_is_better = "no"\ngammas = [1.0]\nvariants = ["pd"]',
+            "higher_is_better must be true or false",
+        ),
+        ('[bench.tuning]\npd = "lots"', "bench.tuning must map variant labels"),
+    ],
+)
 def test_a_bad_judging_key_is_one_line_and_exit_2(tmp_path, capsys, bench, message):
     three_solvers(tmp_path / "runs")
     (tmp_path / "bench.toml").write_text(f"[bench]\n{bench}\n")
@@ -180,7 +194,8 @@ def test_report_bench_reads_the_judging_keys_of_a_bench_file(tmp_path, capsys):
     three_solvers(tmp_path / "runs")
     (tmp_path / "bench.toml").write_text(
         '[bench]\nbaselines = ["erm", "penalty"]\n[bench.primary]\nmetric = "mse"\nhigher_is_better = false\n'
-        'gammas = [1.0]\nvariants = ["primal-dual"]\n[bench.tuning]\nprimal-dual = 4\n')
+        'gammas = [1.0]\nvariants = ["primal-dual"]\n[bench.tuning]\nprimal-dual = 4\n'
+    )
     assert main(["report", str(tmp_path / "runs"), "--bench", str(tmp_path / "bench.toml")]) == 0
     text = (tmp_path / "runs" / "summary.md").read_text()
     assert "| primal-dual | test | 1 | penalty |" in text
@@ -211,16 +226,25 @@ def test_the_trade_off_plot_is_drawn_and_shown(tmp_path):
     assert (tmp_path / "tradeoff.png").stat().st_size > 0 and "![tradeoff](tradeoff.png)" in text
 
 
-@pytest.mark.parametrize("primary, message", [
-    ({"variants": ["primal-dul"]}, "bench.primary: no variant is labelled 'primal-dul' (the bench's are: erm, primal-dual)"),
-    ({"metric": "acuracy"}, "bench.primary.metric: 'acuracy' is not a metric of task 'lista' (it reports: "),
-    ({"splits": ["test", "denser"]}, "bench.primary.splits: variant 'primal-dual' is not evaluated on 'denser'"),
-])
+@pytest.mark.parametrize(
+    "primary, message",
+    [
+        ({"variants": ["primal-dul"]}, "bench.primary: no variant is labelled 'primal-dul' (the bench's are: erm, primal-dual)"),
+        ({"metric": "acuracy"}, "bench.primary.metric: 'acuracy' is not a metric of task 'lista' (it reports: "),
+        ({"splits": ["test", "denser"]}, "bench.primary.splits: variant 'primal-dual' is not evaluated on 'denser'"),
+    ],
+)
 def test_a_bench_with_a_bad_primary_table_stops_before_anything_trains(tmp_path, tiny, capsys, primary, message):
     import tomli_w
 
-    table = {**tiny, "bench": {"seeds": [0], "variants": {"erm": {"solver": {"name": "erm"}}, "primal-dual": {}},
-                               "primary": {"metric": "mse", "higher_is_better": False, "gammas": [0.5], "variants": ["primal-dual"], **primary}}}
+    table = {
+        **tiny,
+        "bench": {
+            "seeds": [0],
+            "variants": {"erm": {"solver": {"name": "erm"}}, "primal-dual": {}},
+            "primary": {"metric": "mse", "higher_is_better": False, "gammas": [0.5], "variants": ["primal-dual"], **primary},
+        },
+    }
     (tmp_path / "bench.toml").write_text(tomli_w.dumps(table))
     assert main(["bench", str(tmp_path / "bench.toml"), "--out", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
@@ -231,9 +255,15 @@ def test_a_bench_with_a_bad_primary_table_stops_before_anything_trains(tmp_path,
 def test_a_bench_summary_opens_with_the_bench_files_primary_family(tmp_path, tiny, capsys):
     import tomli_w
 
-    table = {**tiny, "bench": {"seeds": [0, 1], "baselines": ["erm", "penalty"],
-                               "variants": {"erm": {"solver": {"name": "erm"}}, "penalty": {"solver": {"name": "penalty"}}, "primal-dual": {}},
-                               "primary": {"metric": "mse", "higher_is_better": False, "gammas": [0.5], "variants": ["primal-dual"]}}}
+    table = {
+        **tiny,
+        "bench": {
+            "seeds": [0, 1],
+            "baselines": ["erm", "penalty"],
+            "variants": {"erm": {"solver": {"name": "erm"}}, "penalty": {"solver": {"name": "penalty"}}, "primal-dual": {}},
+            "primary": {"metric": "mse", "higher_is_better": False, "gammas": [0.5], "variants": ["primal-dual"]},
+        },
+    }
     (tmp_path / "bench.toml").write_text(tomli_w.dumps(table))
     assert main(["bench", str(tmp_path / "bench.toml"), "--out", str(tmp_path / "out")]) == 0
     text = (tmp_path / "out" / "summary.md").read_text()

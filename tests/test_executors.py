@@ -60,14 +60,15 @@ def ray_instance():
 def test_ray_trains_the_same_runs_as_the_local_executor(reference, ray_instance, tmp_path):
     path, expected = reference
     seen = []
-    summary = run_bench(path, tmp_path / "out", executor=ExecutorOptions(name="ray", workers=2), on_run=lambda run, status: seen.append(status))
+    summary = run_bench(
+        path, tmp_path / "out", executor=ExecutorOptions(name="ray", workers=2), on_run=lambda run, status: seen.append(status)
+    )
     assert results(tmp_path / "out") == expected
     assert summary.exists() and ray_instance.is_initialized()  # the bench leaves an instance it did not start
     assert seen[-1].endswith("[ray: 2 finished, 0 running, 0 failed, 0 waiting]")
 
 
 def test_a_failed_ray_run_is_named_with_its_log_and_the_others_finish(reference, ray_instance, tmp_path):
-    path, _ = reference
     table = json.loads(json.dumps(BENCH))
     table["bench"]["variants"]["primal-dual"] = {"solver": {"dual_lr": 1e6, "max_multiplier": 1e-3}}  # diverges at once
     bench = config_file(tmp_path, table, "bench.toml")
@@ -180,7 +181,13 @@ def test_a_plugin_executor_is_chosen_by_name_and_trains_the_same_runs_as_the_loc
     path, expected = reference
     registry, seen = Registry(extra_plugins=[("processes", ProcessesPlugin())]), []
     assert registry.owner[("Executor", "processes")] == "processes" and registry.owner[("Executor", "local")] == "layerdescent.executors"
-    summary = run_bench(path, tmp_path / "out", registry=registry, executor=ExecutorOptions(name="processes", workers=2), on_run=lambda run, status: seen.append(status))
+    summary = run_bench(
+        path,
+        tmp_path / "out",
+        registry=registry,
+        executor=ExecutorOptions(name="processes", workers=2),
+        on_run=lambda run, status: seen.append(status),
+    )
     assert results(tmp_path / "out") == expected and summary.exists()
     assert sorted(s.split(" [")[0] for s in seen) == ["trained", "trained"]
     assert seen[-1].endswith("[processes: 2 finished, 0 running, 0 failed, 0 waiting]")

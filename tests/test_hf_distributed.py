@@ -13,7 +13,10 @@ import pytest
 import torch
 
 pytestmark = [
-    pytest.mark.skipif(not torch.distributed.is_available() or not torch.distributed.is_gloo_available(), reason="torch.distributed with gloo is not available"),
+    pytest.mark.skipif(
+        not torch.distributed.is_available() or not torch.distributed.is_gloo_available(),
+        reason="torch.distributed with gloo is not available",
+    ),
     pytest.mark.skipif(
         importlib.util.find_spec("transformers") is None or importlib.util.find_spec("accelerate") is None,
         reason="the Trainer integration needs transformers and accelerate (pip install 'layerdescent[hf]')",
@@ -125,6 +128,9 @@ def test_a_checkpoint_of_one_process_resumes_in_two_on_the_same_trajectory(runs)
     resumed = launch(tmp, tmp / "one", 2, resume="checkpoint-2")
     later = {step: values for step, values in runs["one"]["lambda"].items() if int(step) > 2}
     torch.testing.assert_close(_tensor(resumed["lambda"]), _tensor(later), rtol=1e-4, atol=1e-6)
-    after = {kind: {s: v for s, v in table.items() if int(s) > 2} for kind, table in (("resumed", resumed["layer_loss"]), ("whole", runs["one"]["layer_loss"]))}
+    after = {
+        kind: {s: v for s, v in table.items() if int(s) > 2}
+        for kind, table in (("resumed", resumed["layer_loss"]), ("whole", runs["one"]["layer_loss"]))
+    }
     assert len(after["resumed"]) == 2  # the log before the checkpoint comes back with it
     torch.testing.assert_close(_tensor(after["resumed"]), _tensor(after["whole"]), rtol=1e-4, atol=1e-6)

@@ -22,7 +22,15 @@ def _tiny_bert(layers: int = 2):
     import transformers
 
     torch.manual_seed(0)
-    config = transformers.BertConfig(vocab_size=32, hidden_size=32, num_hidden_layers=layers, num_attention_heads=2, intermediate_size=64, max_position_embeddings=16, num_labels=2)
+    config = transformers.BertConfig(
+        vocab_size=32,
+        hidden_size=32,
+        num_hidden_layers=layers,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=16,
+        num_labels=2,
+    )
     return transformers.BertForSequenceClassification(config)
 
 
@@ -48,11 +56,25 @@ def _trainer(tmp_path, model=None, readout=None, steps: int = 4, accumulate: int
         fields = transformers.TrainingArguments.__dataclass_fields__
         trainer_args["activation_checkpointing" if "activation_checkpointing" in fields else "gradient_checkpointing"] = True
     args = transformers.TrainingArguments(
-        str(tmp_path / "out"), max_steps=steps, per_device_train_batch_size=8, gradient_accumulation_steps=accumulate, learning_rate=1e-3,
-        logging_steps=1, report_to=[], use_cpu=True, disable_tqdm=True, save_strategy=trainer_args.pop("save_strategy", "no"), **trainer_args,
+        str(tmp_path / "out"),
+        max_steps=steps,
+        per_device_train_batch_size=8,
+        gradient_accumulation_steps=accumulate,
+        learning_rate=1e-3,
+        logging_steps=1,
+        report_to=[],
+        use_cpu=True,
+        disable_tqdm=True,
+        save_strategy=trainer_args.pop("save_strategy", "no"),
+        **trainer_args,
     )
     return ld.DescentTrainer(
-        model=model, args=args, train_dataset=_rows(), constraints=constraints or [ld.Descent(alpha=0.05)], readout=readout or _cls_readout(model), **kwargs
+        model=model,
+        args=args,
+        train_dataset=_rows(),
+        constraints=constraints or [ld.Descent(alpha=0.05)],
+        readout=readout or _cls_readout(model),
+        **kwargs,
     )
 
 
@@ -68,7 +90,12 @@ def test_docs_hf_example_trains_under_descent_constraints_exactly_as_written(tmp
     exec(compile(code, "docs/own-loop.md:hf", "exec"), namespace)
     trainer = namespace["trainer"]
     last = _lines(trainer)[-1]
-    assert trainer.state.global_step == 20 and {"lambda/descent/l1<=l0", "lambda/descent/l2<=l1", "violation/descent/l2<=l1", "layer_loss/l2"} <= set(last)
+    assert trainer.state.global_step == 20 and {
+        "lambda/descent/l1<=l0",
+        "lambda/descent/l2<=l1",
+        "violation/descent/l2<=l1",
+        "layer_loss/l2",
+    } <= set(last)
     assert (tmp_path / "hf-run" / "checkpoint-20" / "layerdescent_update.pt").is_file()
 
 
@@ -100,7 +127,9 @@ def test_lambda_steps_once_per_optimizer_step_from_the_mean_of_its_micro_batches
 
     monkeypatch.setattr(DescentTrainer, "layer_losses", spy_losses)
     # what the dual step reads: the step's observation, over its micro-batches
-    monkeypatch.setattr(LayerwiseUpdate, "dual_step", lambda self: (observed.append((len(micro), self.observed().means.clone())), dual_step(self))[1])
+    monkeypatch.setattr(
+        LayerwiseUpdate, "dual_step", lambda self: (observed.append((len(micro), self.observed().means.clone())), dual_step(self))[1]
+    )
     trainer = _trainer(tmp_path, steps=3, accumulate=2, constraints=[ld.Descent(alpha=0.5)], dual_lr=1.0)
     trainer.train()
     assert len(micro) == 6 and [seen for seen, _ in observed] == [2, 4, 6]  # each dual step follows its own step's micro-batches, once
@@ -146,7 +175,9 @@ def test_gradient_checkpointing_gives_the_multipliers_and_layer_losses_of_a_plai
     for name, recompute in (("plain", False), ("recomputed", True)):
         trainers[name] = _trainer(tmp_path / name, recompute=recompute, **options)
         calls[name] = 0
-        trainers[name].model.bert.encoder.layer[0].attention.register_forward_hook(lambda *_, name=name: calls.__setitem__(name, calls[name] + 1))
+        trainers[name].model.bert.encoder.layer[0].attention.register_forward_hook(
+            lambda *_, name=name: calls.__setitem__(name, calls[name] + 1)
+        )
         trainers[name].train()
     plain, recomputed = trainers["plain"], trainers["recomputed"]
     assert (calls["plain"], calls["recomputed"]) == (4, 8)  # each step's layer ran again in the backward pass (its inner modules do)
@@ -163,7 +194,12 @@ def test_a_bf16_readout_steps_the_multipliers_in_float32_close_to_a_float32_one(
     for dtype in (torch.float32, torch.bfloat16):
         model = _tiny_bert()
         readout = _cls_readout(model)
-        runs[dtype] = _trainer(tmp_path / str(dtype), model=model, readout=lambda hidden, inputs, readout=readout, dtype=dtype: readout(hidden, inputs).to(dtype), **options)
+        runs[dtype] = _trainer(
+            tmp_path / str(dtype),
+            model=model,
+            readout=lambda hidden, inputs, readout=readout, dtype=dtype: readout(hidden, inputs).to(dtype),
+            **options,
+        )
         runs[dtype].train()
     key = "lambda/descent/l2<=l1"
     exact, rounded = [line[key] for line in _lines(runs[torch.float32])], [line[key] for line in _lines(runs[torch.bfloat16])]
@@ -217,7 +253,10 @@ def test_a_readout_of_the_wrong_shape_is_one_error_naming_the_shape_it_needs(tmp
         return torch.nn.functional.cross_entropy(model.classifier(hidden[:, 0]), inputs["labels"])
 
     trainer = _trainer(tmp_path, model=model, readout=mean_loss)
-    with pytest.raises(ld.PluginError, match=r"^readout returned shape \(\) of torch.float32 for hidden state 0; it must return one floating-point loss per sample, shape \(8,\): use reduction='none'$"):
+    with pytest.raises(
+        ld.PluginError,
+        match=r"^readout returned shape \(\) of torch.float32 for hidden state 0; it must return one floating-point loss per sample, shape \(8,\): use reduction='none'$",
+    ):
         trainer.train()
 
 
@@ -236,7 +275,10 @@ def test_a_model_without_hidden_states_is_refused_naming_what_it_needs(tmp_path)
 
     model = NoHidden()
     trainer = _trainer(tmp_path, model=model, readout=_cls_readout(model.bert))
-    with pytest.raises(ld.PluginError, match=r"^NoHidden returned no hidden_states with output_hidden_states=True: DescentTrainer needs a model that returns one hidden state per layer"):
+    with pytest.raises(
+        ld.PluginError,
+        match=r"^NoHidden returned no hidden_states with output_hidden_states=True: DescentTrainer needs a model that returns one hidden state per layer",
+    ):
         trainer.train()
     with pytest.raises(ld.PluginError, match=r"^Linear has no config.num_hidden_layers"):
         _trainer(tmp_path, model=torch.nn.Linear(2, 2), readout=_cls_readout(model.bert))
@@ -245,23 +287,29 @@ def test_a_model_without_hidden_states_is_refused_naming_what_it_needs(tmp_path)
 @needs_hf
 @pytest.mark.parametrize("scheme", ["alternating", "alternating-primal-dual", "extrapolation"])
 def test_a_scheme_that_needs_its_own_loop_is_refused_before_training(tmp_path, scheme):
-    with pytest.raises(ld.ConfigError, match=rf"needs scheme = 'simultaneous' \(got '{scheme}'\); for the other schemes use layerdescent.LayerwiseUpdate in your own loop"):
+    with pytest.raises(
+        ld.ConfigError,
+        match=rf"needs scheme = 'simultaneous' \(got '{scheme}'\); for the other schemes use layerdescent.LayerwiseUpdate in your own loop",
+    ):
         _trainer(tmp_path, scheme=scheme)
 
 
 @needs_hf
 def test_a_keyword_neither_the_trainer_nor_a_solver_takes_is_refused_naming_it(tmp_path):
-    with pytest.raises(TypeError, match=r"unexpected keyword arguments dual_rate: neither transformers.Trainer arguments nor solver options \(solver 'primal-dual' accepts: .*dual_lr"):
+    with pytest.raises(
+        TypeError,
+        match=r"unexpected keyword arguments dual_rate: neither transformers.Trainer arguments nor solver options \(solver 'primal-dual' accepts: .*dual_lr",
+    ):
         _trainer(tmp_path, dual_rate=0.5)
     with pytest.raises(ld.ConfigError, match=r"solver.dual_lr must be >= 0, got -1"):
         _trainer(tmp_path, dual_lr=-1.0)
 
 
 def _layer_losses(model, x):
-    h, losses = x, [(x ** 2).mean(1)]
+    h, losses = x, [(x**2).mean(1)]
     for block in model:
         h = h + torch.tanh(block(h))
-        losses.append((h ** 2).mean(1))
+        losses.append((h**2).mean(1))
     return torch.stack(losses, dim=1)
 
 
@@ -288,7 +336,10 @@ def test_dual_step_after_a_primal_step_taken_elsewhere_matches_step():
 def test_dual_step_is_refused_for_a_scheme_whose_dual_step_is_not_after_the_primal_one():
     model = torch.nn.Linear(4, 4)
     update = ld.LayerwiseUpdate([ld.Descent()], num_layers=2, optimizer=torch.optim.SGD(model.parameters(), lr=0.1), scheme="alternating")
-    with pytest.raises(ld.ConfigError, match=r"follows a primal step taken elsewhere, which needs scheme = 'simultaneous' \(got 'alternating'\): use step\(\) for it"):
+    with pytest.raises(
+        ld.ConfigError,
+        match=r"follows a primal step taken elsewhere, which needs scheme = 'simultaneous' \(got 'alternating'\): use step\(\) for it",
+    ):
         update.dual_step()
 
 
@@ -310,8 +361,12 @@ def test_a_per_sample_constraint_without_the_row_column_is_refused_naming_it(tmp
 
     with pytest.raises(ld.ConfigError, match="has no column 'row_index'"):
         ld.DescentTrainer(
-            model=_tiny_bert(), train_dataset=datasets.Dataset.from_list([{k: v.tolist() if hasattr(v, "tolist") else v for k, v in r.items()} for r in _rows()]),
-            constraints=[ld.Descent(per_sample=True)], readout=lambda h, i: h.sum(dim=(1, 2)),
+            model=_tiny_bert(),
+            train_dataset=datasets.Dataset.from_list(
+                [{k: v.tolist() if hasattr(v, "tolist") else v for k, v in r.items()} for r in _rows()]
+            ),
+            constraints=[ld.Descent(per_sample=True)],
+            readout=lambda h, i: h.sum(dim=(1, 2)),
         )
 
 

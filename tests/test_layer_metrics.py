@@ -63,10 +63,30 @@ def test_the_summary_has_a_table_of_each_metric_per_layer(tmp_path):
     for seed, accuracy in ((0, [0.5, 0.7, 0.9]), (1, [0.5, 0.8, 0.9])):
         run = tmp_path / f"s{seed}"
         run.mkdir()
-        record = {"gamma": 0.0, "layer_loss": [0.7, 0.5, 0.3], "descent_rate": [0.9, 0.9], "metrics": {"accuracy": accuracy[-1]},
-                  "samples": 10, "layer_metrics": {"accuracy": accuracy}}
-        (run / "results.json").write_text(json.dumps({"schema": 1, "label": "erm", "task": "t", "solver": "erm", "seed": seed, "num_layers": 2,
-                                                      "split": "test", "train": {"steps": 1, "epochs": 1}, "constraints": {}, "gammas": [record]}))
+        record = {
+            "gamma": 0.0,
+            "layer_loss": [0.7, 0.5, 0.3],
+            "descent_rate": [0.9, 0.9],
+            "metrics": {"accuracy": accuracy[-1]},
+            "samples": 10,
+            "layer_metrics": {"accuracy": accuracy},
+        }
+        (run / "results.json").write_text(
+            json.dumps(
+                {
+                    "schema": 1,
+                    "label": "erm",
+                    "task": "t",
+                    "solver": "erm",
+                    "seed": seed,
+                    "num_layers": 2,
+                    "split": "test",
+                    "train": {"steps": 1, "epochs": 1},
+                    "constraints": {},
+                    "gammas": [record],
+                }
+            )
+        )
     text = write_report(tmp_path).read_text()
     table = text.split("## accuracy per layer at γ=0")[1].split("\n## ")[0]
     assert "| erm | 0.5 ± 0 | 0.75 ± 0.07 | 0.9 ± 0 |" in table

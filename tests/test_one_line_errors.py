@@ -28,7 +28,16 @@ from layerdescent import LayerOutput, Task, hookimpl
 from layerdescent.cli import main
 from layerdescent.registry import Registry
 
-TASK = {"name": "lista", "layers": 3, "code_dim": 8, "measure_dim": 6, "sparsity": 2, "train_size": 64, "validation_size": 16, "test_size": 16}
+TASK = {
+    "name": "lista",
+    "layers": 3,
+    "code_dim": 8,
+    "measure_dim": 6,
+    "sparsity": 2,
+    "train_size": 64,
+    "validation_size": 16,
+    "test_size": 16,
+}
 RUN = {
     "task": TASK,
     "train": {"epochs": 1, "batch_size": 32, "lr": 0.01, "progress": False, "threads": 1},
@@ -129,7 +138,9 @@ def test_a_config_file_that_is_not_a_config_is_one_line(tmp_path, make, message)
 
 def test_epochs_that_make_more_steps_than_a_run_could_ever_take_are_one_line(tmp_path):
     table = with_(with_(with_(RUN, "train.epochs", 1_000_000), "train.batch_size", 1), "task.train_size", 2000)
-    assert_one_line(*cli("run", config_file(tmp_path, table), "--out", tmp_path / "out"), "train.epochs = 1000000 makes 2,000,000,000 optimizer steps")
+    assert_one_line(
+        *cli("run", config_file(tmp_path, table), "--out", tmp_path / "out"), "train.epochs = 1000000 makes 2,000,000,000 optimizer steps"
+    )
     assert not (tmp_path / "out").exists()
 
 
@@ -177,7 +188,9 @@ def test_a_full_disk_is_one_line_that_says_the_checkpoint_is_intact(tmp_path, mo
 
     monkeypatch.setattr(checkpoint.torch, "save", save)
     table = with_(with_(RUN, "train.epochs", 2), "train.keep_checkpoint", True)
-    assert_one_line(*cli("run", config_file(tmp_path, table), "--out", tmp_path / "out"), "No space left on device", "the last checkpoint is intact")
+    assert_one_line(
+        *cli("run", config_file(tmp_path, table), "--out", tmp_path / "out"), "No space left on device", "the last checkpoint is intact"
+    )
     assert checkpoint.load_checkpoint(tmp_path / "out" / "checkpoint.pt", "lista", kind="run")["position"]["epoch"] == 1
 
 
@@ -194,7 +207,11 @@ def test_a_run_folder_made_read_only_mid_run_is_one_line_that_says_the_checkpoin
 
     monkeypatch.setattr(checkpoint.tempfile, "mkstemp", mkstemp)
     table = with_(RUN, "train.epochs", 2)
-    assert_one_line(*cli("run", config_file(tmp_path, table), "--out", tmp_path / "out"), "Permission denied", "the last checkpoint is intact: make it writable")
+    assert_one_line(
+        *cli("run", config_file(tmp_path, table), "--out", tmp_path / "out"),
+        "Permission denied",
+        "the last checkpoint is intact: make it writable",
+    )
 
 
 # --- checkpoints --------------------------------------------------------------------------------
@@ -360,7 +377,10 @@ PLUGIN_CASES = {
     "layer_losses-integer": ("integer", "layer_losses returned losses of dtype torch.int64"),
     "wrong-column-count": ("columns", "layer_losses returned losses with 2 columns; it needs 3"),
     "metric-shapes": ("metric-shapes", "metrics().update"),
-    "parameters-changed-in-place": ("in-place", "the backward pass through layer_losses raised RuntimeError: one of the variables needed for gradient computation has been modified by an inplace operation"),
+    "parameters-changed-in-place": (
+        "in-place",
+        "the backward pass through layer_losses raised RuntimeError: one of the variables needed for gradient computation has been modified by an inplace operation",
+    ),
     "nan-but-unused-parameter": ("nan-unused", "'unused' holds non-finite (NaN or infinite) values after training"),
 }
 
@@ -368,7 +388,11 @@ PLUGIN_CASES = {
 @pytest.mark.parametrize("mode, message", PLUGIN_CASES.values(), ids=PLUGIN_CASES.keys())
 def test_a_plugin_that_breaks_the_contract_is_one_line_naming_it_and_the_method(tmp_path, monkeypatch, mode, message):
     monkeypatch.setattr(registry_module, "_registry", Registry(extra_plugins=[("broken-plugin", BrokenPlugin())]))
-    table = {"task": {"name": "broken", "mode": mode}, "train": {"epochs": 1, "batch_size": 16, "progress": False}, "solver": {"name": "erm"}}
+    table = {
+        "task": {"name": "broken", "mode": mode},
+        "train": {"epochs": 1, "batch_size": 16, "progress": False},
+        "solver": {"name": "erm"},
+    }
     assert_one_line(*cli("run", config_file(tmp_path, table), "--out", tmp_path / "out"), "task 'broken' (plugin 'broken-plugin')", message)
     assert not (tmp_path / "out" / "results.json").exists()
     assert not (tmp_path / "out" / "model.safetensors").exists()
@@ -391,7 +415,9 @@ def test_a_plugin_raising_keyboard_interrupt_at_import_is_a_plugin_failure_not_a
     with contextlib.redirect_stderr(err), contextlib.redirect_stdout(out):
         assert main(["list"]) == 0 and main(["plugins"]) == 0
     assert "interrupted" not in err.getvalue()
-    assert any(line.startswith("ctrl-c") and "failed" in line and "KeyboardInterrupt" in line for line in out.getvalue().splitlines()), out.getvalue()
+    assert any(line.startswith("ctrl-c") and "failed" in line and "KeyboardInterrupt" in line for line in out.getvalue().splitlines()), (
+        out.getvalue()
+    )
 
 
 # --- bench --------------------------------------------------------------------------------------
@@ -421,12 +447,16 @@ def test_a_refused_executor_or_option_is_one_line_and_leaves_nothing_behind(tmp_
 
 def test_a_bench_of_more_runs_than_any_sweep_is_one_line_before_planning(tmp_path):
     table = {**BENCH, "bench": {**BENCH["bench"], "seeds": list(range(200)), "grid": {"train.lr": [0.001 * (i + 1) for i in range(100)]}}}
-    assert_one_line(*cli("bench", config_file(tmp_path, table, "bench.toml"), "--out", tmp_path / "out"), "the bench has 20,000 runs", "at most 10,000")
+    assert_one_line(
+        *cli("bench", config_file(tmp_path, table, "bench.toml"), "--out", tmp_path / "out"), "the bench has 20,000 runs", "at most 10,000"
+    )
 
 
 def test_a_bench_files_mistyped_top_level_seed_is_one_line(tmp_path):
     table = {**BENCH, "seed": "many"}
-    assert_one_line(*cli("bench", config_file(tmp_path, table, "bench.toml"), "--out", tmp_path / "out"), "seed must be an integer, got 'many'")
+    assert_one_line(
+        *cli("bench", config_file(tmp_path, table, "bench.toml"), "--out", tmp_path / "out"), "seed must be an integer, got 'many'"
+    )
     assert not (tmp_path / "out").exists()
 
 
@@ -525,15 +555,31 @@ def console(*argv, limit_memory: bool = False, **kwargs) -> subprocess.Completed
         resource.setrlimit(resource.RLIMIT_AS, (8 << 30, 8 << 30))
 
     env = {**os.environ, "PYTHONWARNINGS": "ignore"}
-    return subprocess.run([*command, *map(str, argv)], capture_output=True, text=True, env=env, preexec_fn=cap if limit_memory else None, timeout=300, **kwargs)
+    return subprocess.run(
+        [*command, *map(str, argv)],
+        capture_output=True,
+        text=True,
+        env=env,
+        preexec_fn=cap if limit_memory else None,
+        timeout=300,
+        **kwargs,
+    )
 
 
 def test_the_console_script_ends_in_one_line_for_a_device_a_huge_model_and_too_many_threads(tmp_path):
     cases = [
         (("run", "/dev/zero", "--out", tmp_path / "a"), {}, "config file /dev/zero is a device"),
         (("run", "/dev/null", "--out", tmp_path / "a"), {}, "config file /dev/null is a device"),
-        (("run", config_file(tmp_path, with_(RUN, "task.layers", 100_000_000), "big.toml"), "--out", tmp_path / "b"), {"limit_memory": True}, "too large"),
-        (("run", config_file(tmp_path, with_(RUN, "train.threads", 100000), "threads.toml"), "--out", tmp_path / "c"), {}, "train.threads must be at most"),
+        (
+            ("run", config_file(tmp_path, with_(RUN, "task.layers", 100_000_000), "big.toml"), "--out", tmp_path / "b"),
+            {"limit_memory": True},
+            "too large",
+        ),
+        (
+            ("run", config_file(tmp_path, with_(RUN, "train.threads", 100000), "threads.toml"), "--out", tmp_path / "c"),
+            {},
+            "train.threads must be at most",
+        ),
     ]
     for argv, options, message in cases:
         proc = console(*argv, **options)
@@ -547,10 +593,19 @@ def test_a_file_size_limit_hit_inside_torch_save_is_one_line(tmp_path):
         resource.setrlimit(resource.RLIMIT_FSIZE, (8000, 8000))
 
     command = [shutil.which("layerdescent") or sys.executable, *([] if shutil.which("layerdescent") else ["-m", "layerdescent.cli"])]
-    proc = subprocess.run([*command, "run", str(config_file(tmp_path, RUN)), "--out", str(tmp_path / "out")], capture_output=True, text=True, preexec_fn=limit, timeout=300, check=False)
+    proc = subprocess.run(
+        [*command, "run", str(config_file(tmp_path, RUN)), "--out", str(tmp_path / "out")],
+        capture_output=True,
+        text=True,
+        preexec_fn=limit,
+        timeout=300,
+        check=False,
+    )
     lines = proc.stderr.strip().splitlines()
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
-    assert lines[-1].startswith("layerdescent: error: ") and "File too large" in lines[-1] and "raise the file size limit" in lines[-1], lines
+    assert lines[-1].startswith("layerdescent: error: ") and "File too large" in lines[-1] and "raise the file size limit" in lines[-1], (
+        lines
+    )
 
 
 def test_a_file_size_limit_hit_writing_the_model_file_is_one_line(tmp_path, monkeypatch):

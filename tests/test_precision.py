@@ -3,16 +3,16 @@
 from __future__ import annotations
 
 import copy
-import tomllib
 
 import pytest
+import tomllib
 import torch
-
-import layerdescent as ld
 from conftest import TINY
-from layerdescent.errors import ConfigError
 from test_report import run_benchmark_script
 from test_same_numbers import TEXT
+
+import layerdescent as ld
+from layerdescent.errors import ConfigError
 
 # bf16 keeps 8 bits of mantissa: a tiny run's evaluation losses moved by at most 0.1% (lista) and
 # 0.03% (text) and its multipliers by at most 0.003, so a tenfold margin states the agreement.
@@ -69,7 +69,9 @@ def test_an_unknown_precision_is_refused_naming_the_choices():
 
 def test_the_cost_benchmark_times_each_solver_in_bf16_beside_fp32(tmp_path):
     out = tmp_path / "cost_precision.md"
-    run_benchmark_script("cost.py", "--task", "precision", "--setup", "lista small", "--rounds", "1", "--steps", "1", "--out", str(out)).check_returncode()
+    run_benchmark_script(
+        "cost.py", "--task", "precision", "--setup", "lista small", "--rounds", "1", "--steps", "1", "--out", str(out)
+    ).check_returncode()
     rows = {cells[2]: cells for cells in (line.split(" | ") for line in out.read_text().splitlines() if line.startswith("| lista small"))}
     assert list(rows) == ["erm, fp32", "erm, bf16", "primal-dual, fp32", "primal-dual, bf16"]
     assert rows["erm, fp32"][4] == "1.000"  # every ratio is to float32 erm

@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 import torch
+from codeblocks import blocks, check_shell, in_tmp, run_python
+from test_docs import assert_defaults_unless_marked
 
 import layerdescent as ld
-from codeblocks import blocks, check_shell, in_tmp, run_python
 from layerdescent.config import tomllib
 from layerdescent.registry import Registry
-from test_docs import assert_defaults_unless_marked
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 BLOCKS = {b.marker: b for b in blocks(README)}
@@ -45,7 +45,9 @@ def test_readme_run_example_is_at_the_defaults_except_where_it_says_and_trains(t
     block = BLOCKS["readme-run"].code
     assert_defaults_unless_marked(block)
     table = tomllib.loads(block)
-    table["task"].update({"code_dim": 8, "measure_dim": 6, "sparsity": 2, "train_size": 64, "validation_size": 16, "test_size": 16})  # tiny data
+    table["task"].update(
+        {"code_dim": 8, "measure_dim": 6, "sparsity": 2, "train_size": 64, "validation_size": 16, "test_size": 16}
+    )  # tiny data
     table["train"].update({"epochs": 1, "progress": False})
     results = ld.train(ld.config_from_dict(table), tmp_path / "run")
     assert results["solver"] == "primal-dual" and [g["gamma"] for g in results["gammas"]] == [0.0, 0.5]

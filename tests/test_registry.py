@@ -112,7 +112,10 @@ def test_an_entry_point_plugin_is_found_with_its_distribution(entry_point_plugin
     [
         ("import no_such_module_anywhere\n", "import failed: ModuleNotFoundError"),
         ("import layerdescent\n@layerdescent.hookimpl\ndef register_task(register):\n    pass\n", "unknown hook 'register_task'"),
-        ("import layerdescent\n@layerdescent.hookimpl\ndef register_tasks(register):\n    raise RuntimeError('boom')\n", "register_tasks raised RuntimeError: boom"),
+        (
+            "import layerdescent\n@layerdescent.hookimpl\ndef register_tasks(register):\n    raise RuntimeError('boom')\n",
+            "register_tasks raised RuntimeError: boom",
+        ),
         ("import layerdescent\n@layerdescent.hookimpl\ndef register_tasks(register):\n    register(object)\n", "not a Task"),
         (
             "import layerdescent\nfrom layerdescent import Descent\n@layerdescent.hookimpl\ndef register_constraints(register):\n    register(Descent)\n",
@@ -122,7 +125,10 @@ def test_an_entry_point_plugin_is_found_with_its_distribution(entry_point_plugin
             "import layerdescent\nclass Mine(layerdescent.Executor):\n    name = 'local'\n@layerdescent.hookimpl\ndef register_executors(register):\n    register(Mine)\n",
             "register_executors: executor 'local' is already registered by plugin 'layerdescent.executors'",
         ),
-        ("import layerdescent\n@layerdescent.hookimpl\ndef register_trackers(register):\n    register(object)\n", "register_trackers raised PluginError: registered <class 'object'>, which is not a Tracker"),
+        (
+            "import layerdescent\n@layerdescent.hookimpl\ndef register_trackers(register):\n    register(object)\n",
+            "register_trackers raised PluginError: registered <class 'object'>, which is not a Tracker",
+        ),
     ],
     ids=["import-error", "unknown-hook", "raises", "wrong-type", "duplicate-name", "duplicate-executor", "wrong-type-tracker"],
 )
@@ -207,7 +213,9 @@ def test_a_plugin_that_fails_in_one_hook_contributes_nothing_from_the_others(ent
 
 
 def test_a_plugin_calling_sys_exit_at_import_is_skipped_by_name(entry_point_plugins):
-    registry = entry_point_plugins({"exiting_plugin": "import sys\nsys.exit(3)\n", "good_plugin": GOOD}, {"exiting": "exiting_plugin", "good": "good_plugin"})
+    registry = entry_point_plugins(
+        {"exiting_plugin": "import sys\nsys.exit(3)\n", "good_plugin": GOOD}, {"exiting": "exiting_plugin", "good": "good_plugin"}
+    )
     assert registry.plugins["exiting"].status == "failed" and "sys.exit() at import" in registry.plugins["exiting"].reason
     assert "ceiling" in registry.constraints and "lista" in registry.tasks
 
@@ -225,7 +233,10 @@ def test_a_duplicate_name_names_both_plugins_and_which_was_skipped(entry_point_p
     assert len(failed) == 1
     loser = failed[0].name
     winner = "good" if loser == "twin" else "twin"
-    assert f"constraint kind 'ceiling' is already registered by plugin {winner!r}; plugin {loser!r} was skipped, {winner!r} kept" in failed[0].reason
+    assert (
+        f"constraint kind 'ceiling' is already registered by plugin {winner!r}; plugin {loser!r} was skipped, {winner!r} kept"
+        in failed[0].reason
+    )
     assert registry.owner[("ConstraintSpec", "ceiling")] == winner
 
 

@@ -34,8 +34,13 @@ def fake_results(label: str, solver: str, seed: int, mse0: float, mse1: float, s
         "train": {"steps": 20, "epochs": 1, "step_time_median": step_time},
         "constraints": {"descent": {"labels": ["l1<=l0", "l2<=l1"], "lambda": [0.1 * (seed + 1), 0.0]}},
         "gammas": [
-            {"gamma": g, "layer_loss": [2.0 * mse, 1.5 * mse, mse], "descent_rate": [0.9, 0.5 + 0.1 * seed],
-             "metrics": {"mse": mse, "snr_db": 10.0 - mse}, "samples": 100}
+            {
+                "gamma": g,
+                "layer_loss": [2.0 * mse, 1.5 * mse, mse],
+                "descent_rate": [0.9, 0.5 + 0.1 * seed],
+                "metrics": {"mse": mse, "snr_db": 10.0 - mse},
+                "samples": 100,
+            }
             for g, mse in ((0.0, mse0), (1.0, mse1))
         ],
     }
@@ -44,8 +49,7 @@ def fake_results(label: str, solver: str, seed: int, mse0: float, mse1: float, s
 def fake_log(solver: str) -> str:
     lines = []
     for step in (10, 20):
-        record = {"event": "train", "step": step, "loss": [0.3, 0.2, 0.1], "violation": {"descent": [0.0, 0.0]},
-                  "feasible": 1.0}
+        record = {"event": "train", "step": step, "loss": [0.3, 0.2, 0.1], "violation": {"descent": [0.0, 0.0]}, "feasible": 1.0}
         if solver == "primal-dual":
             record["lambda"] = {"descent": [0.01 * step, 0.0]}
         lines.append(json.dumps(record))
@@ -165,7 +169,11 @@ def test_runs_pair_with_the_erm_run_of_their_own_dataset_and_plot_one_panel_row_
     groups = summarize(collect(tmp_path))
     assert groups["b-primal-dual"]["step_time_ratio"] == pytest.approx(1.5)
     text = write_report(tmp_path).read_text()
-    rows = {line.split("|")[1].strip(): line.split("|")[3].strip("* ") for line in text.split("### mse")[1].split("###")[0].splitlines() if line.startswith("| ")}
+    rows = {
+        line.split("|")[1].strip(): line.split("|")[3].strip("* ")
+        for line in text.split("### mse")[1].split("###")[0].splitlines()
+        if line.startswith("| ")
+    }
     assert rows["a-primal-dual − a-erm"] == "-0.09 [-0.16, -0.03]" and rows["b-primal-dual − b-erm"] == "-1.00 [-1.06, -0.93]"
     assert "b-primal-dual − a-erm" not in rows
 
@@ -262,7 +270,11 @@ def reproduction_report(root) -> str:
 def verdict_rows(text: str) -> dict[str, list[str]]:
     """The first table of REPORT.md: row title -> its cells, each cell's verdict alone (the words before its number)."""
     table = text.split("\n## ")[0]
-    return {line.split("|")[1].strip(): [c.strip().split(":")[0] for c in line.split("|")[2:-1]] for line in table.splitlines() if line.startswith("| ")}
+    return {
+        line.split("|")[1].strip(): [c.strip().split(":")[0] for c in line.split("|")[2:-1]]
+        for line in table.splitlines()
+        if line.startswith("| ")
+    }
 
 
 def view_rows(section: str) -> dict[str, list[str]]:
@@ -297,7 +309,9 @@ def regime_bench(tmp_path) -> None:
                 label = f"{solver},train_gamma={regime}"
                 run = tmp_path / "results" / "text_paper" / label / f"seed-{seed}"
                 run.mkdir(parents=True)
-                (run / "config.toml").write_text(f'seed = {seed}\n[task]\nname = "t"\n[solver]\nname = "{solver}"\n[train]\ntrain_gamma = {regime}\n')
+                (run / "config.toml").write_text(
+                    f'seed = {seed}\n[task]\nname = "t"\n[solver]\nname = "{solver}"\n[train]\ntrain_gamma = {regime}\n'
+                )
                 better = gain * (solver == "primal-dual")
                 result = fake_results(label, solver, seed, 0.8 + 0.01 * seed, 0.5 + better + 0.001 * seed * (1 + (solver == "erm")), 0.002)
                 result["domains"] = {"amazon": fake_results(label, solver, seed, 0.8 + 0.01 * seed, 0.5 + 0.001 * seed, 0.002)["gammas"]}
@@ -328,14 +342,22 @@ def test_reproduction_report_names_the_evaluate_command_of_a_re_evaluated_bench(
                 record["metrics"] = {"rmse": record["metrics"]["mse"]}
             (run / "results.json").write_text(json.dumps(result))
     section = reproduction_report(tmp_path).split("## video denoising at the chosen setting, salt-and-pepper noise")[1]
-    assert section.split("\n")[2].startswith("Runs: `layerdescent evaluate benchmarks/results/video_paper --out benchmarks/results/video_paper_saltpepper --set task.perturbation=salt-pepper")
+    assert section.split("\n")[2].startswith(
+        "Runs: `layerdescent evaluate benchmarks/results/video_paper --out benchmarks/results/video_paper_saltpepper --set task.perturbation=salt-pepper"
+    )
 
 
 def test_reproduction_report_shows_each_view_the_paper_figures_of_its_regime_and_domain(tmp_path):
     regime_bench(tmp_path)
     folder = tmp_path / "results" / "text_paper"
     assert "metric_vs_gamma.png" not in reproduction_report(tmp_path)  # no figure drawn yet: none embedded
-    for name in ("metric_vs_gamma.png", "figure1_train_gamma=0.2.png", "figure1_train_gamma=0.8.png", "figure4.png", "figure5_train_gamma=0.8.png"):
+    for name in (
+        "metric_vs_gamma.png",
+        "figure1_train_gamma=0.2.png",
+        "figure1_train_gamma=0.8.png",
+        "figure4.png",
+        "figure5_train_gamma=0.8.png",
+    ):
         (folder / name).write_bytes(b"")
     section = reproduction_report(tmp_path).split("## text classification in the paper's regimes")[1].split("\n## ")[0]
     views = {s.split("\n", 1)[0]: s for s in section.split("\n### ")[1:]}
@@ -398,7 +420,10 @@ def test_runs_evaluated_on_validation_are_named_and_pair_with_no_test_run(bench)
             config = path.parent / "config.toml"
             config.write_text(config.read_text() + '\n[eval]\nsplit = "validation"\n')
     text = write_report(bench).read_text()
-    assert "**Evaluated on another split than test** (their tables' numbers are on that split; they pair with no test run): primal-dual (validation)." in text
+    assert (
+        "**Evaluated on another split than test** (their tables' numbers are on that split; they pair with no test run): primal-dual (validation)."
+        in text
+    )
     assert "primal-dual − erm" not in text
 
 
@@ -409,8 +434,13 @@ def test_plots_name_the_split_of_runs_evaluated_on_validation(bench, monkeypatch
         if '"primal-dual"' in path.read_text():
             path.write_text(json.dumps({**json.loads(path.read_text()), "split": "validation"}))
     shown = {}  # file name -> the legend's entries and the y labels, as each figure is saved
-    monkeypatch.setattr(Figure, "savefig", lambda fig, path, **_: shown.__setitem__(Path(path).name, (
-        [t.get_text() for legend in fig.legends for t in legend.get_texts()], [ax.get_ylabel() for ax in fig.axes])))
+    monkeypatch.setattr(
+        Figure,
+        "savefig",
+        lambda fig, path, **_: shown.__setitem__(
+            Path(path).name, ([t.get_text() for legend in fig.legends for t in legend.get_texts()], [ax.get_ylabel() for ax in fig.axes])
+        ),
+    )
     write_report(bench)
     legend, ylabels = shown["loss_vs_layer.png"]
     assert legend == ["erm", "primal-dual (validation)"] and ylabels[0] == "loss (test unless the legend names a split)"
@@ -420,7 +450,9 @@ def test_plots_name_the_split_of_runs_evaluated_on_validation(bench, monkeypatch
 def test_pairs_compares_two_labels_over_shared_seeds_on_the_test_split_and_each_domain(bench):
     for path in bench.rglob("results.json"):
         data = json.loads(path.read_text())
-        path.write_text(json.dumps({**data, "domains": {"shifted": [{**g, "metrics": {"mse": 2 * g["metrics"]["mse"]}} for g in data["gammas"]]}}))
+        path.write_text(
+            json.dumps({**data, "domains": {"shifted": [{**g, "metrics": {"mse": 2 * g["metrics"]["mse"]}} for g in data["gammas"]]}})
+        )
     text = run_benchmark_script("pairs.py", str(bench), "primal-dual", "erm").stdout
     # the summary's pairing (test_summary_pairs_seeds_against_erm...): mse at gamma 0 is -2 [-14, +11];
     # on the domain every value is doubled, and so is the difference
@@ -440,7 +472,10 @@ def test_pairs_names_the_labels_there_are_when_one_is_missing(bench):
         (b"\x80\x81\xff\x00binary", "is not text"),
         ("[1, 2, 3]", "holds a JSON list"),
         ('{"label": "erm"}', "lacks 'task', 'solver'"),
-        ('{"label": "erm", "task": "lista", "solver": "erm", "seed": 0, "num_layers": 2, "gammas": [{"gamma": 0}]}', "every gamma record needs"),
+        (
+            '{"label": "erm", "task": "lista", "solver": "erm", "seed": 0, "num_layers": 2, "gammas": [{"gamma": 0}]}',
+            "every gamma record needs",
+        ),
     ],
     ids=["truncated", "binary", "list", "missing-keys", "bad-gamma-record"],
 )

@@ -66,7 +66,9 @@ def run(tmp_path, mode, **sections):
 
 
 def test_losses_that_are_nan_only_at_evaluation_are_refused_naming_the_plugin(tmp_path):
-    with pytest.raises(ld.DataError, match=r"task 'quirky' \(plugin 'quirky-plugin'\): layer_losses gave a non-finite evaluation loss .* gamma 0, l0 = nan"):
+    with pytest.raises(
+        ld.DataError, match=r"task 'quirky' \(plugin 'quirky-plugin'\): layer_losses gave a non-finite evaluation loss .* gamma 0, l0 = nan"
+    ):
         run(tmp_path, "nan-at-evaluation")
     assert not (tmp_path / "run" / "results.json").exists()
 
@@ -78,7 +80,10 @@ def test_a_run_whose_every_step_was_skipped_is_refused(tmp_path):
 
 
 def test_negative_losses_under_a_descent_constraint_are_refused(tmp_path):
-    with pytest.raises(ld.PluginError, match=r"plugin 'quirky-plugin'\): layer_losses returned a negative mean loss at step 0, l0 = .*constraint 'descent' \(descent\) needs losses >= 0"):
+    with pytest.raises(
+        ld.PluginError,
+        match=r"plugin 'quirky-plugin'\): layer_losses returned a negative mean loss at step 0, l0 = .*constraint 'descent' \(descent\) needs losses >= 0",
+    ):
         run(tmp_path, "negative")
 
 

@@ -13,13 +13,13 @@ from pathlib import Path
 
 import pytest
 import tomli_w
+from test_one_line_errors import RUN, assert_one_line, cli, config_file, with_
 
 import layerdescent as ld
 import layerdescent.bench as bench_module
 import layerdescent.trainer as trainer_module
 from layerdescent import rundir
 from layerdescent.bench import plan, run_bench
-from test_one_line_errors import RUN, assert_one_line, cli, config_file, with_
 
 ROOT = Path(__file__).resolve().parents[1]
 BENCH = {**RUN, "bench": {"seeds": [0], "variants": {"erm": {"solver": {"name": "erm"}}, "primal-dual": {}}}}
@@ -48,7 +48,9 @@ def test_a_second_process_is_refused_while_the_first_holds_the_run_directory_and
     holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(out)], stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline().strip() == "locked"
-        assert_one_line(*cli("run", config_file(tmp_path, RUN), "--out", out), f"{out} is in use by another layerdescent process (pid {holder.pid})")
+        assert_one_line(
+            *cli("run", config_file(tmp_path, RUN), "--out", out), f"{out} is in use by another layerdescent process (pid {holder.pid})"
+        )
         assert not (out / "metrics.jsonl").exists()
     finally:
         holder.send_signal(signal.SIGKILL)
@@ -90,14 +92,21 @@ def benched(tmp_path_factory):
 def test_a_bench_under_a_changed_config_refuses_the_finished_runs_by_the_first_differing_key(tmp_path, benched):
     path, out = benched
     before = {p: p.stat().st_mtime_ns for p in out.rglob("results.json")}
-    assert_one_line(*cli("bench", path, "--out", out, "--set", "train.lr=0.02"), "finished under another config, first at train.lr (recorded 0.01, asked 0.02)")
+    assert_one_line(
+        *cli("bench", path, "--out", out, "--set", "train.lr=0.02"),
+        "finished under another config, first at train.lr (recorded 0.01, asked 0.02)",
+    )
     assert {p: p.stat().st_mtime_ns for p in out.rglob("results.json")} == before
 
 
 def test_a_bench_with_only_another_thread_count_or_checkpoint_interval_still_counts_its_runs_done(tmp_path, benched, monkeypatch):
     path, out = benched
-    monkeypatch.setattr(trainer_module, "train", lambda *a, **k: pytest.fail("a finished run was trained again"))  # what every executor trains a run with
-    status, lines = cli("bench", path, "--out", out, "--set", "train.threads=2", "--set", "train.progress=true", "--set", "train.checkpoint_every=7")
+    monkeypatch.setattr(
+        trainer_module, "train", lambda *a, **k: pytest.fail("a finished run was trained again")
+    )  # what every executor trains a run with
+    status, lines = cli(
+        "bench", path, "--out", out, "--set", "train.threads=2", "--set", "train.progress=true", "--set", "train.checkpoint_every=7"
+    )
     assert status == 0, lines
 
 
@@ -105,7 +114,9 @@ def test_evaluate_with_a_new_gamma_grid_refuses_an_output_evaluated_under_the_ol
     _, out = benched
     again = tmp_path / "again"
     assert cli("evaluate", out, "--out", again, "--set", "eval.gammas=[0.0, 1.0]")[0] == 0
-    assert_one_line(*cli("evaluate", out, "--out", again, "--set", "eval.gammas=[0.0, 2.0]"), "evaluated under another config, first at eval.gammas")
+    assert_one_line(
+        *cli("evaluate", out, "--out", again, "--set", "eval.gammas=[0.0, 2.0]"), "evaluated under another config, first at eval.gammas"
+    )
     assert cli("evaluate", out, "--out", again, "--set", "eval.gammas=[0.0, 1.0]")[0] == 0  # the same grid: done
 
 
@@ -120,7 +131,9 @@ def test_evaluate_into_its_own_directory_is_refused(benched, where):
 def test_committed_older_lista_results_still_count_as_done_for_their_own_bench_file(tmp_path, monkeypatch):
     copy = tmp_path / "lista"
     shutil.copytree(ROOT / "benchmarks" / "results" / "lista", copy, ignore=shutil.ignore_patterns("*.png", "*.md"))
-    monkeypatch.setattr(trainer_module, "train", lambda *a, **k: pytest.fail("a committed run was trained again"))  # what every executor trains a run with
+    monkeypatch.setattr(
+        trainer_module, "train", lambda *a, **k: pytest.fail("a committed run was trained again")
+    )  # what every executor trains a run with
     monkeypatch.setattr(bench_module, "write_report", lambda out, **k: out / "summary.md")
     statuses = []
     run_bench(ROOT / "benchmarks" / "lista.toml", copy, on_run=lambda run, status: statuses.append(status))
@@ -141,7 +154,10 @@ def test_a_variant_name_that_is_not_one_path_component_is_refused(tmp_path, vari
 
 def test_a_grid_over_the_label_cannot_escape_the_output_directory(tmp_path):
     table = {**RUN, "bench": {"variants": {"erm": {"solver": {"name": "erm"}}}, "grid": {"label": ["/../../../escaped", "fine"]}}}
-    assert_one_line(*cli("bench", config_file(tmp_path, table), "--out", tmp_path / "a" / "b" / "out"), "label = '/../../../escaped' must be a plain name")
+    assert_one_line(
+        *cli("bench", config_file(tmp_path, table), "--out", tmp_path / "a" / "b" / "out"),
+        "label = '/../../../escaped' must be a plain name",
+    )
     assert not (tmp_path / "escaped").exists() and not (tmp_path / "a").exists()
 
 
@@ -246,7 +262,13 @@ def test_run_on_a_bench_file_says_to_use_bench(tmp_path):
 
 def test_a_finished_run_keeps_its_model_and_drops_optimizer_state_unless_asked(tmp_path):
     ld.train(ld.config_from_dict(RUN), tmp_path / "lean")
-    assert sorted(p.name for p in (tmp_path / "lean").iterdir()) == [".layerdescent.lock", "config.toml", "metrics.jsonl", "model.safetensors", "results.json"]
+    assert sorted(p.name for p in (tmp_path / "lean").iterdir()) == [
+        ".layerdescent.lock",
+        "config.toml",
+        "metrics.jsonl",
+        "model.safetensors",
+        "results.json",
+    ]
     ld.train(ld.config_from_dict(with_(RUN, "train.keep_checkpoint", True)), tmp_path / "kept")
     assert (tmp_path / "kept" / "checkpoint.pt").exists()
     again = ld.evaluate_run(tmp_path / "lean", tmp_path / "again")
@@ -256,7 +278,13 @@ def test_a_finished_run_keeps_its_model_and_drops_optimizer_state_unless_asked(t
 def test_a_finished_run_with_early_stopping_drops_its_best_epoch_files_too(tmp_path):
     table = with_(with_(RUN, "train.early_stopping", 1), "train.epochs", 3)
     ld.train(ld.config_from_dict(table), tmp_path / "lean")
-    assert sorted(p.name for p in (tmp_path / "lean").iterdir()) == [".layerdescent.lock", "config.toml", "metrics.jsonl", "model.safetensors", "results.json"]
+    assert sorted(p.name for p in (tmp_path / "lean").iterdir()) == [
+        ".layerdescent.lock",
+        "config.toml",
+        "metrics.jsonl",
+        "model.safetensors",
+        "results.json",
+    ]
 
 
 def test_a_run_from_before_model_files_is_evaluated_from_its_checkpoint(tmp_path):
@@ -268,12 +296,17 @@ def test_a_run_from_before_model_files_is_evaluated_from_its_checkpoint(tmp_path
 def test_resuming_a_finished_run_without_its_checkpoint_is_refused_not_retrained(tmp_path):
     ld.train(ld.config_from_dict(RUN), tmp_path / "run")
     log = (tmp_path / "run" / "metrics.jsonl").read_text()
-    assert_one_line(*cli("run", config_file(tmp_path, RUN), "--out", tmp_path / "run", "--resume"), "holds a finished run and no checkpoint.pt")
+    assert_one_line(
+        *cli("run", config_file(tmp_path, RUN), "--out", tmp_path / "run", "--resume"), "holds a finished run and no checkpoint.pt"
+    )
     assert (tmp_path / "run" / "metrics.jsonl").read_text() == log
 
 
 def test_a_list_option_of_the_wrong_type_reads_well(tmp_path):
-    assert_one_line(*cli("run", config_file(tmp_path, with_(RUN, "constraints.0.layers", ["a"])), "--out", tmp_path / "out"), "must be a list of integers")
+    assert_one_line(
+        *cli("run", config_file(tmp_path, with_(RUN, "constraints.0.layers", ["a"])), "--out", tmp_path / "out"),
+        "must be a list of integers",
+    )
 
 
 # --- the output folder is layerdescent's alone (issue 36) ------------------------------------------

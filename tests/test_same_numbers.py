@@ -24,9 +24,9 @@ import platform
 from pathlib import Path
 
 import pytest
+from conftest import TINY
 
 import layerdescent as ld
-from conftest import TINY
 
 RECORDED = Path(__file__).parent / "data" / "same_numbers"
 TIMING_KEYS = ("step_time_median", "eval_seconds", "layerdescent", "code")

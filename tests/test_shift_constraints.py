@@ -12,13 +12,12 @@ from typing import ClassVar
 
 import pytest
 import torch
+from test_crash_safety import RUNNER
+from test_one_line_errors import assert_one_line, cli, config_file
 
 import layerdescent as ld
 from layerdescent.checkpoint import load_checkpoint
 from layerdescent.config import config_from_dict
-from layerdescent.trainer import Trainer
-from test_crash_safety import RUNNER
-from test_one_line_errors import assert_one_line, cli, config_file
 
 BAND = [0.0, 0.5, 1.0]
 
@@ -65,7 +64,7 @@ def test_a_per_sample_multiplier_moves_only_for_the_rows_in_the_batch():
 
 
 def test_a_per_sample_primal_term_is_the_mean_over_the_rows_of_lambda_times_their_violation():
-    model, update = _loop_update({"per_sample": True}, rows=4)
+    _, update = _loop_update({"per_sample": True}, rows=4)
     table = torch.tensor([[1.0, 2.0], [0.0, 1.0], [3.0, 0.0], [0.5, 0.5]])
     update.problem.constraint(update.problem.specs[0]).multiplier.weight.data = table.reshape(-1, 1).clone()
     losses = torch.tensor([[1.0, 2.0, 2.5], [2.0, 1.0, 1.5]], requires_grad=True)
@@ -183,7 +182,9 @@ def _killed_and_resumed(tmp_path, config: dict, kill_at: int) -> tuple:
     env = {**os.environ, "PYTHONWARNINGS": "ignore"}
 
     def run(out, mode, n=0):
-        return subprocess.run([sys.executable, str(script), json.dumps(config), str(out), mode, str(n)], env=env, capture_output=True, text=True)
+        return subprocess.run(
+            [sys.executable, str(script), json.dumps(config), str(out), mode, str(n)], env=env, capture_output=True, text=True
+        )
 
     whole = run(tmp_path / "whole", "none")
     assert whole.returncode == 0, whole.stderr
@@ -200,7 +201,9 @@ def test_a_shift_robust_run_resumes_bit_identically_after_sigkill(tiny, tmp_path
     # killed mid-epoch, between checkpoints: the resumed run redraws the same levels for the steps it repeats
     config["train"].update(epochs=3, checkpoint_every=3, keep_checkpoint=True, threads=1, log_every=2)
     whole, killed = _killed_and_resumed(tmp_path, config, kill_at=13)
-    assert json.loads((whole / "results.json").read_text()) | {"train": None, "eval_seconds": None} == json.loads((killed / "results.json").read_text()) | {"train": None, "eval_seconds": None}
+    assert json.loads((whole / "results.json").read_text()) | {"train": None, "eval_seconds": None} == json.loads(
+        (killed / "results.json").read_text()
+    ) | {"train": None, "eval_seconds": None}
     a, b = load_checkpoint(whole / "checkpoint.pt", "lista", kind="run"), load_checkpoint(killed / "checkpoint.pt", "lista", kind="run")
     assert torch.equal(_table(a), _table(b))
     assert (whole / "metrics.jsonl").read_text() == (killed / "metrics.jsonl").read_text()
@@ -214,9 +217,18 @@ def _table(state: dict) -> torch.Tensor:
 @pytest.mark.parametrize(
     ("change", "message"),
     [
-        ({"constraints": [{"kind": "descent", "levels": "band"}]}, "constraints[0].levels needs a training band: set train.train_gamma to a list"),
-        ({"train": {"train_gamma": [0.0, 0.5]}, "constraints": [{"kind": "descent", "levels": [0.5, 2.0]}]}, "constraints[0].levels: 2 not in train.train_gamma's band (0, 0.5)"),
-        ({"train": {"train_gamma": [0.0, 0.5]}, "constraints": [{"kind": "descent", "levels": "all"}]}, "constraints[0].levels must be 'band' or a list of numbers, got 'all'"),
+        (
+            {"constraints": [{"kind": "descent", "levels": "band"}]},
+            "constraints[0].levels needs a training band: set train.train_gamma to a list",
+        ),
+        (
+            {"train": {"train_gamma": [0.0, 0.5]}, "constraints": [{"kind": "descent", "levels": [0.5, 2.0]}]},
+            "constraints[0].levels: 2 not in train.train_gamma's band (0, 0.5)",
+        ),
+        (
+            {"train": {"train_gamma": [0.0, 0.5]}, "constraints": [{"kind": "descent", "levels": "all"}]},
+            "constraints[0].levels must be 'band' or a list of numbers, got 'all'",
+        ),
         ({"train": {"gamma_sampling": "all"}}, "train.gamma_sampling = 'all' needs a band"),
         ({"train": {"train_gamma": [0.0, -1.0]}}, "train.train_gamma must be >= 0 (every level of the band)"),
         ({"train": {"train_gamma": [0.5, 0.5]}}, "train.train_gamma names a level twice"),
@@ -254,7 +266,9 @@ def test_shift_robust_constraints_compose_with_every_scheme(tiny, tmp_path, sche
 
 def test_a_recorded_config_without_the_shift_options_is_unchanged(tiny):
     table = config_from_dict(tiny).as_dict()
-    assert "gamma_sampling" not in table["train"] and "per_sample" not in table["constraints"][0] and "levels" not in table["constraints"][0]
+    assert (
+        "gamma_sampling" not in table["train"] and "per_sample" not in table["constraints"][0] and "levels" not in table["constraints"][0]
+    )
 
 
 def test_the_endpoints_script_reproduces_the_committed_lista_shift_endpoints(tmp_path):
@@ -263,6 +277,8 @@ def test_the_endpoints_script_reproduces_the_committed_lista_shift_endpoints(tmp
 
     out = tmp_path / "endpoints.md"
     committed = REPO / "benchmarks/results/lista_shift/endpoints.md"
-    run_benchmark_script("shift_endpoints.py", str(REPO / "benchmarks/results/lista_shift"), "--shifted", "0.5", "--out", str(out)).check_returncode()
+    run_benchmark_script(
+        "shift_endpoints.py", str(REPO / "benchmarks/results/lista_shift"), "--shifted", "0.5", "--out", str(out)
+    ).check_returncode()
     made = out.read_text().splitlines()
     assert made[4:] == committed.read_text().splitlines()[4:]  # the "Made by" line names the --out

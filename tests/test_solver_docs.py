@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from test_docs import _block
 
 import layerdescent as ld
 from layerdescent.registry import Registry
-from test_docs import _block
 
 GUIDE = Path(__file__).resolve().parents[1] / "docs" / "solvers.md"
 
@@ -47,7 +47,14 @@ def test_every_python_block_of_the_guide_runs_in_order():
 
 def _update(registry, **options):
     param = torch.nn.Parameter(torch.zeros(1))
-    return ld.LayerwiseUpdate([ld.Descent(alpha=0.0)], num_layers=2, optimizer=torch.optim.SGD([param], lr=0.1), solver="capped-decay", registry=registry, **options)
+    return ld.LayerwiseUpdate(
+        [ld.Descent(alpha=0.0)],
+        num_layers=2,
+        optimizer=torch.optim.SGD([param], lr=0.1),
+        solver="capped-decay",
+        registry=registry,
+        **options,
+    )
 
 
 def _dual_steps(update, means, steps):
@@ -69,7 +76,9 @@ def test_the_guide_method_ascends_the_decayed_violation_and_projects_onto_the_ca
         lam = min(max(lam + 0.5 * (1.0 - 0.2 * lam), 0.0), 0.8)
         assert got[0] == pytest.approx(lam) and got[1] == 0.0  # a met constraint's lambda stays at 0
     assert history[-1][0] == pytest.approx(0.8)  # capped, where plain ascent would have passed it
-    plain = ld.LayerwiseUpdate([ld.Descent(alpha=0.0)], num_layers=2, optimizer=torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1), dual_lr=0.5)
+    plain = ld.LayerwiseUpdate(
+        [ld.Descent(alpha=0.0)], num_layers=2, optimizer=torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1), dual_lr=0.5
+    )
     assert _dual_steps(plain, [1.0, 2.0, 1.5], 3)[-1][0] == pytest.approx(1.5)
 
 
@@ -88,8 +97,21 @@ def test_the_guide_method_runs_under_every_scheme_with_its_cap(registry, scheme)
     torch.manual_seed(0)
     layers = torch.nn.ModuleList(torch.nn.Linear(4, 4) for _ in range(2))
     params = list(layers.parameters())
-    primal = ld.PrimalDual.primal_optimizer(ld.PrimalDualOptions(scheme=scheme), params, ld.config_from_dict({"task": {"name": "lista"}, "train": {"optimizer": "sgd", "lr": 0.05}}).train)
-    update = ld.LayerwiseUpdate([ld.Descent(alpha=0.5)], num_layers=2, optimizer=primal, solver="capped-decay", registry=registry, scheme=scheme, dual_lr=1.0, cap=0.3)
+    primal = ld.PrimalDual.primal_optimizer(
+        ld.PrimalDualOptions(scheme=scheme),
+        params,
+        ld.config_from_dict({"task": {"name": "lista"}, "train": {"optimizer": "sgd", "lr": 0.05}}).train,
+    )
+    update = ld.LayerwiseUpdate(
+        [ld.Descent(alpha=0.5)],
+        num_layers=2,
+        optimizer=primal,
+        solver="capped-decay",
+        registry=registry,
+        scheme=scheme,
+        dual_lr=1.0,
+        cap=0.3,
+    )
     x = torch.randn(16, 4)
 
     def backward():

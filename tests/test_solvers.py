@@ -81,7 +81,10 @@ def test_a_plugin_solver_runs_in_a_bench_beside_the_built_ins(tiny, tmp_path, ra
 
     from layerdescent.bench import run_bench
 
-    bench = {**copy.deepcopy(tiny), "bench": {"seeds": [0], "variants": {"erm": {"solver": {"name": "erm"}}, "ramp": {"solver": {"name": "ramp"}}}}}
+    bench = {
+        **copy.deepcopy(tiny),
+        "bench": {"seeds": [0], "variants": {"erm": {"solver": {"name": "erm"}}, "ramp": {"solver": {"name": "ramp"}}}},
+    }
     path = tmp_path / "bench.toml"
     path.write_text(tomli_w.dumps(bench))
     run_bench(path, tmp_path / "out", registry=ramp_registry)
@@ -92,7 +95,10 @@ def test_a_plugin_solver_runs_in_a_bench_beside_the_built_ins(tiny, tmp_path, ra
 @pytest.mark.parametrize(
     "solver, message",
     [
-        ({"name": "primal-dual", "dual_lrr": 1.0}, r"^unknown key solver.dual_lrr; did you mean 'dual_lr'\? \(solver 'primal-dual' accepts: .*\)$"),
+        (
+            {"name": "primal-dual", "dual_lrr": 1.0},
+            r"^unknown key solver.dual_lrr; did you mean 'dual_lr'\? \(solver 'primal-dual' accepts: .*\)$",
+        ),
         ({"name": "primal-dual", "scheme": "alternate"}, r"^solver.scheme = 'alternate' is not allowed; did you mean 'alternating'\?"),
         ({"name": "primal-dual", "dual_lr": "fast"}, r"^solver.dual_lr must be a number, got 'fast'$"),
         ({"name": "primal-dual", "penalty_growth": 0.5}, r"^solver.penalty_growth must be >= 1"),
@@ -135,7 +141,7 @@ def test_list_shows_each_solver_with_its_options_and_plugin(capsys, monkeypatch,
     out = capsys.readouterr().out
     section = out[out.index("solvers:") :]
     assert "primal-dual" in section and "[plugin layerdescent.solvers]" in section
-    assert "    scheme = \"simultaneous\"" in section and "    dual_lr = 0.05" in section
+    assert '    scheme = "simultaneous"' in section and "    dual_lr = 0.05" in section
     assert "ramp" in section and "[plugin ramp-plugin]" in section and "    steps = 4" in section
 
 
@@ -228,8 +234,13 @@ def test_extrapolation_with_adamw_is_refused_with_what_to_write(tiny, tmp_path):
 
 def test_augmented_lagrangian_grows_its_penalty_by_the_schedule_while_a_constraint_is_violated():
     update = ld.LayerwiseUpdate(
-        [Descent(alpha=0.0)], num_layers=2, optimizer=torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1),
-        formulation="augmented-lagrangian", penalty_coefficient=2.0, penalty_growth=1.5, dual_lr=1.0,
+        [Descent(alpha=0.0)],
+        num_layers=2,
+        optimizer=torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1),
+        formulation="augmented-lagrangian",
+        penalty_coefficient=2.0,
+        penalty_growth=1.5,
+        dual_lr=1.0,
     )
     for _ in range(3):
         update.zero_grad()
@@ -242,7 +253,9 @@ def test_augmented_lagrangian_grows_its_penalty_by_the_schedule_while_a_constrai
 
 def test_augmented_lagrangian_adds_the_quadratic_term_to_the_primal_loss():
     def loss(**options):
-        update = ld.LayerwiseUpdate([Descent(alpha=0.0)], num_layers=1, optimizer=torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1), **options)
+        update = ld.LayerwiseUpdate(
+            [Descent(alpha=0.0)], num_layers=1, optimizer=torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1), **options
+        )
         return update.loss(torch.tensor([1.0, 3.0])).item()  # violation 2, lambda 0
 
     assert loss() == 3.0  # the Lagrangian at lambda = 0 is the objective
@@ -254,7 +267,9 @@ def test_augmented_lagrangian_adds_the_quadratic_term_to_the_primal_loss():
 def test_the_dual_gradient_is_the_backward_of_cooper_dual_lagrangian(formulation):
     # The update writes it without an autograd pass; Cooper's own dual Lagrangian must agree, entry for entry.
     specs = [Descent(alpha=0.1, layers=(1, 3)), Descent(name="strict", alpha=0.3, reference="live", resilience=2.0), ld.Bound(value=0.5)]
-    update = ld.LayerwiseUpdate(specs, num_layers=3, optimizer=torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1), formulation=formulation, dual_lr=1.0)
+    update = ld.LayerwiseUpdate(
+        specs, num_layers=3, optimizer=torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1), formulation=formulation, dual_lr=1.0
+    )
     means = torch.tensor([1.0, 1.2, 0.7, 0.9])
     with torch.no_grad():
         state = update.problem.cmp.compute_cmp_state(means, primal=False)
@@ -333,7 +348,9 @@ def test_accumulated_micro_batches_give_the_step_of_the_whole_batch():
 def test_the_update_state_round_trips_so_a_loop_resumes_on_the_same_multipliers():
     layers, head = _toy()
     params = [*layers.parameters(), *head.parameters()]
-    make = lambda: ld.LayerwiseUpdate([Descent(alpha=0.3)], num_layers=3, optimizer=torch.optim.Adam(params, lr=0.01), dual_lr=1.0, dual_every=2)  # noqa: E731
+    make = lambda: ld.LayerwiseUpdate(
+        [Descent(alpha=0.3)], num_layers=3, optimizer=torch.optim.Adam(params, lr=0.01), dual_lr=1.0, dual_every=2
+    )
     update = make()
     x, y = torch.randn(16, 4), torch.randn(16, 1)
     for _ in range(3):  # an odd number: the dual window holds one step when saved
@@ -351,7 +368,9 @@ def test_the_update_state_round_trips_so_a_loop_resumes_on_the_same_multipliers(
 
 def test_a_two_step_scheme_without_a_closure_says_what_to_pass():
     layers, head = _toy()
-    update = ld.LayerwiseUpdate([Descent()], num_layers=3, optimizer=torch.optim.SGD(head.parameters(), lr=0.1), scheme="alternating-primal-dual")
+    update = ld.LayerwiseUpdate(
+        [Descent()], num_layers=3, optimizer=torch.optim.SGD(head.parameters(), lr=0.1), scheme="alternating-primal-dual"
+    )
     update.backward(_losses(layers, head, torch.randn(8, 4), torch.randn(8, 1)))
     with pytest.raises(TypeError, match=r"pass step\(closure\)"):
         update.step()
@@ -374,16 +393,27 @@ def test_cooper_roll_steps_the_model_and_lambda_from_the_layerwise_cmp_state():
 @pytest.mark.parametrize("solver", ["erm", "primal-dual"])
 def test_record_returns_the_whole_log_line_means_over_its_steps_under_every_solver(solver):
     layers, head = _toy()
-    update = ld.LayerwiseUpdate([Descent(alpha=0.3)], num_layers=3, optimizer=torch.optim.SGD([*layers.parameters(), *head.parameters()], lr=0.1), solver=solver, dual_lr=1.0)
+    update = ld.LayerwiseUpdate(
+        [Descent(alpha=0.3)],
+        num_layers=3,
+        optimizer=torch.optim.SGD([*layers.parameters(), *head.parameters()], lr=0.1),
+        solver=solver,
+        dual_lr=1.0,
+    )
     steps = []
     for seed in range(3):
-        x, y = torch.randn(16, 4, generator=torch.Generator().manual_seed(seed)), torch.randn(16, 1, generator=torch.Generator().manual_seed(seed + 10))
+        x, y = (
+            torch.randn(16, 4, generator=torch.Generator().manual_seed(seed)),
+            torch.randn(16, 1, generator=torch.Generator().manual_seed(seed + 10)),
+        )
         update.zero_grad()
         means = update.backward(_losses(layers, head, x, y))
         steps.append((means, update.violations(means)["descent"]))
         update.step()
     line = update.record()
-    assert set(line) == ({"loss", "feasible", "violation", "lambda", "relaxation"} if solver == "primal-dual" else {"loss", "feasible", "violation"})
+    assert set(line) == (
+        {"loss", "feasible", "violation", "lambda", "relaxation"} if solver == "primal-dual" else {"loss", "feasible", "violation"}
+    )
     assert line["loss"] == pytest.approx(torch.stack([m for m, _ in steps]).mean(0).tolist())
     assert line["violation"]["descent"] == pytest.approx(torch.stack([v for _, v in steps]).mean(0).tolist())
     assert line["feasible"] == sum(bool((v <= 0).all()) for _, v in steps) / 3

@@ -7,11 +7,20 @@ import torch
 
 pytest.importorskip("transformers", reason="the text plugin needs the 'text' extra: pip install 'layerdescent[text]'")
 
-import layerdescent as ld  # noqa: E402
-from layerdescent import assets  # noqa: E402
-from layerdescent_text import MINILM, TextClassification  # noqa: E402
-from layerdescent_language import ORANGE_TEXT, VADER, gaussian_embeddings, parse_tab, split, substitute_tokens, synthetic_rows, word_tokenizer  # noqa: E402
-from layerdescent_text.model import LayerwiseClassifier, tiny_bert  # noqa: E402
+import layerdescent as ld
+from layerdescent import assets
+from layerdescent_language import (
+    ORANGE_TEXT,
+    VADER,
+    gaussian_embeddings,
+    parse_tab,
+    split,
+    substitute_tokens,
+    synthetic_rows,
+    word_tokenizer,
+)
+from layerdescent_text import MINILM, TextClassification
+from layerdescent_text.model import LayerwiseClassifier, tiny_bert
 
 TINY = {"model_path": "tiny", "dataset": "synthetic", "synthetic_size": 300}
 
@@ -136,8 +145,14 @@ def test_checking_a_config_reads_no_tokenizer_or_model_config(monkeypatch):
 
     for cls in (transformers.AutoTokenizer, transformers.AutoConfig):
         monkeypatch.setattr(cls, "from_pretrained", refuse)
-    for task in ({"name": "text-classification"}, {"name": "text-classification", "model_path": "smollm2", "pooling": "last"}, {"name": "llm-finetuning"}):
-        config = ld.config_from_dict({"task": task, "constraints": [{"kind": "descent", "layers": [1, -1]}], "eval": {"domains": ["tweets"]}})
+    for task in (
+        {"name": "text-classification"},
+        {"name": "text-classification", "model_path": "smollm2", "pooling": "last"},
+        {"name": "llm-finetuning"},
+    ):
+        config = ld.config_from_dict(
+            {"task": task, "constraints": [{"kind": "descent", "layers": [1, -1]}], "eval": {"domains": ["tweets"]}}
+        )
         assert config.constraints[0].layers == (1, -1)
 
 
@@ -175,7 +190,9 @@ def test_a_causal_lm_backbone_reads_every_layer_through_its_final_norm_and_pools
     batch = task.collate({"text": ["the film was great", "dull"], "label": [1, 0]})
     with torch.no_grad():
         logits = model(model.embed(batch["input_ids"]), batch["attention_mask"])
-        out = model.encoder(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], output_hidden_states=True, use_cache=False)
+        out = model.encoder(
+            input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], output_hidden_states=True, use_cache=False
+        )
     assert task.causal and task.num_layers == 2 and logits.shape == (2, 3, 2)
     last = batch["attention_mask"].sum(1) - 1  # "dull" is padded on the right: its last real token is its second
     assert last.tolist() == [5, 2]

@@ -41,7 +41,9 @@ def test_tensorboard_holds_every_logged_value_of_the_run(tiny, tmp_path):
     events = EventAccumulator(str(run_dir / "tensorboard"), size_guidance={"scalars": 0})
     events.Reload()
     want = expected(run_dir)
-    assert {"train/loss/l0", "train/lambda/descent/0", "train/violation/descent/3", "val/loss/l4", trackers.STEP_TIME} <= set(events.Tags()["scalars"])
+    assert {"train/loss/l0", "train/lambda/descent/0", "train/violation/descent/3", "val/loss/l4", trackers.STEP_TIME} <= set(
+        events.Tags()["scalars"]
+    )
     got = {(tag, e.step): e.value for tag in events.Tags()["scalars"] for e in events.Scalars(tag)}
     for key, value in want.items():
         assert got[key] == pytest.approx(value, rel=1e-6, abs=1e-12), key  # TensorBoard stores float32
@@ -89,7 +91,9 @@ def test_mlflow_holds_the_config_the_metrics_and_the_files_of_the_run(tiny, tmp_
     client = MlflowClient(tracking_uri=(run_dir / "mlruns").as_uri())
     (run,) = client.search_runs([client.get_experiment_by_name("layerdescent").experiment_id])
     assert run.info.status == "FINISHED"
-    assert run.data.params["train.lr"] == "0.01" and run.data.params["constraints.0.alpha"] == "0.05" and run.data.params["task.layers"] == "4"
+    assert (
+        run.data.params["train.lr"] == "0.01" and run.data.params["constraints.0.alpha"] == "0.05" and run.data.params["task.layers"] == "4"
+    )
     for (name, step), value in expected(run_dir).items():
         assert [(m.step, m.value) for m in client.get_metric_history(run.info.run_id, name) if m.step == step] == [(step, value)], name
     files = {f.path for f in client.list_artifacts(run.info.run_id)} | {f.path for f in client.list_artifacts(run.info.run_id, "plots")}
@@ -107,7 +111,9 @@ def test_a_config_without_trackers_records_no_trackers_key(tiny, tmp_path):
 def test_an_unknown_tracker_is_one_line_with_the_closest_name(tiny, tmp_path):
     code, lines = cli("run", str(config_file(tmp_path, tracked(tiny, ["tensorbord"]))), "--out", str(tmp_path / "out"))
     assert code == 2 and len(lines) == 1, lines
-    assert "train.trackers[0] = 'tensorbord' is not a registered tracker; did you mean 'tensorboard'? (known: mlflow, tensorboard;" in lines[0]
+    assert (
+        "train.trackers[0] = 'tensorbord' is not a registered tracker; did you mean 'tensorboard'? (known: mlflow, tensorboard;" in lines[0]
+    )
     assert not os.path.exists(tmp_path / "out")
 
 
@@ -116,7 +122,10 @@ def test_a_missing_tracker_package_names_its_extra(tiny, tmp_path, monkeypatch, 
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda module, *a: None if module == name else real(module, *a))
     code, lines = cli("run", str(config_file(tmp_path, tracked(tiny, [name]))), "--out", str(tmp_path / "out"))
-    assert (code, lines) == (2, [f"layerdescent: error: train.trackers: {name!r} needs the {name} package: pip install 'layerdescent[{name}]'"])
+    assert (code, lines) == (
+        2,
+        [f"layerdescent: error: train.trackers: {name!r} needs the {name} package: pip install 'layerdescent[{name}]'"],
+    )
     assert not os.path.exists(tmp_path / "out")
 
 
@@ -145,7 +154,10 @@ def test_a_bench_groups_its_runs_in_one_mlflow_experiment_named_after_it(tiny, t
     assert cli("bench", str(config_file(tmp_path, bench, "sweep.toml")), "--out", str(out))[0] == 0
     client = MlflowClient(tracking_uri=(out / "mlruns").as_uri())
     runs = client.search_runs([client.get_experiment_by_name("sweep").experiment_id])
-    assert sorted((r.data.tags["variant"], r.data.tags["seed"], r.data.tags["bench"]) for r in runs) == [("erm", "0", "sweep"), ("erm", "1", "sweep")]
+    assert sorted((r.data.tags["variant"], r.data.tags["seed"], r.data.tags["bench"]) for r in runs) == [
+        ("erm", "0", "sweep"),
+        ("erm", "1", "sweep"),
+    ]
     assert "2 runs of 1 variant" in (out / "summary.md").read_text()  # not 4: the store's copies of results.json are no runs
     assert "mlruns" not in os.environ.get(trackers.STORE_ENV, "")  # the bench's settings end with it
 
@@ -195,6 +207,8 @@ def test_a_plugin_tracker_is_chosen_by_name_and_gets_every_logged_value_and_the_
 
 def test_a_plugin_tracker_whose_package_is_missing_is_one_line_naming_its_requirement(tiny, tmp_path):
     registry = Registry(extra_plugins=[("memory", MemoryPlugin())])
-    with pytest.raises(ld.ConfigError, match=r"^train.trackers: 'needy' needs the no_such_tracker_package package: pip install 'needy-tracker\[client\]'$"):
+    with pytest.raises(
+        ld.ConfigError, match=r"^train.trackers: 'needy' needs the no_such_tracker_package package: pip install 'needy-tracker\[client\]'$"
+    ):
         train(config_from_dict(tracked(tiny, ["needy"]), registry), tmp_path / "run", registry=registry)
     assert not os.path.exists(tmp_path / "run")

@@ -241,7 +241,9 @@ def test_a_cosine_schedule_anneals_the_learning_rate_to_zero_over_the_run(tiny, 
 
 
 @pytest.mark.parametrize("saved_schedule", [True, False])
-def test_a_cosine_schedule_resumes_exactly_also_from_a_checkpoint_written_before_it_kept_its_state(tiny, tmp_path, monkeypatch, saved_schedule):
+def test_a_cosine_schedule_resumes_exactly_also_from_a_checkpoint_written_before_it_kept_its_state(
+    tiny, tmp_path, monkeypatch, saved_schedule
+):
     from layerdescent.checkpoint import load_checkpoint, save_checkpoint
     from layerdescent.trainer import Trainer
 

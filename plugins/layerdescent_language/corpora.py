@@ -112,7 +112,27 @@ def grimm_tales() -> list[str]:
 
 POSITIVE = ["great", "wonderful", "moving", "brilliant", "funny", "charming", "superb", "delightful"]
 NEGATIVE = ["awful", "boring", "dull", "terrible", "clumsy", "tedious", "bland", "painful"]
-FILLER = ["the", "film", "movie", "story", "acting", "plot", "was", "is", "and", "a", "with", "its", "cast", "script", "ending", "really", "quite", "at", "times"]
+FILLER = [
+    "the",
+    "film",
+    "movie",
+    "story",
+    "acting",
+    "plot",
+    "was",
+    "is",
+    "and",
+    "a",
+    "with",
+    "its",
+    "cast",
+    "script",
+    "ending",
+    "really",
+    "quite",
+    "at",
+    "times",
+]
 
 
 def synthetic_rows(size: int, seed: int) -> dict[str, list]:

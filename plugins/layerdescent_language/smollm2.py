@@ -10,8 +10,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from layerdescent import Asset, require
-from layerdescent.optional import quiet_transformers
 from layerdescent.assets import cache_dir, extract
+from layerdescent.optional import quiet_transformers
 
 if TYPE_CHECKING:
     from torch import nn

@@ -11,7 +11,9 @@ from layerdescent.prox import soft_threshold
 class LISTA(nn.Module):
     """Unrolled ISTA returning the estimate of every layer, B x (L + 1) x code_dim."""
 
-    def __init__(self, A: torch.Tensor, layers: int, tied: bool = False, x0: str = "linear", weights: str = "random", threshold: float = 0.1) -> None:
+    def __init__(
+        self, A: torch.Tensor, layers: int, tied: bool = False, x0: str = "linear", weights: str = "random", threshold: float = 0.1
+    ) -> None:
         super().__init__()
         measure_dim, code_dim = A.shape
         c = torch.linalg.matrix_norm(A, ord=2) ** 2

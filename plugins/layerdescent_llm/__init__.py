@@ -47,7 +47,6 @@ from typing import TYPE_CHECKING, Any
 
 import layerdescent
 from layerdescent import LayerOutput, Task
-
 from layerdescent_language import (
     ORANGE_TEXT,
     RATED_DOMAINS,
@@ -141,9 +140,13 @@ class LLMFinetuning(Task):
     def __init__(self, **options: Any) -> None:
         super().__init__(**options)
         o = self.options
-        self.check_choices(dataset=DATASETS, finetune=("lora", "full"), lens_layers=("all", "every-k", "last-m"), lens_vocab=("auto", "all", "labels"))
+        self.check_choices(
+            dataset=DATASETS, finetune=("lora", "full"), lens_layers=("all", "every-k", "last-m"), lens_vocab=("auto", "all", "labels")
+        )
         if o["lens_vocab"] == "labels" and self.is_lm:
-            raise layerdescent.ConfigError(f"task.lens_vocab = 'labels' needs label words; dataset {o['dataset']!r} is language modelling (use 'all')")
+            raise layerdescent.ConfigError(
+                f"task.lens_vocab = 'labels' needs label words; dataset {o['dataset']!r} is language modelling (use 'all')"
+            )
         lowest = {"max_length": 8, "lora_rank": 1, "lora_alpha": 1, "lens_every": 1, "lens_last": 1, "tiny_layers": 1, "synthetic_size": 20}
         for key, low in lowest.items():
             if o[key] < low:
@@ -252,7 +255,9 @@ class LLMFinetuning(Task):
         room = self.options["max_length"] - len(before) - len(after)
         if room < 1:
             prompt = len(before) + len(after)
-            raise layerdescent.ConfigError(f"task.max_length {self.options['max_length']} leaves no room for a review after the prompt's {prompt} tokens")
+            raise layerdescent.ConfigError(
+                f"task.max_length {self.options['max_length']} leaves no room for a review after the prompt's {prompt} tokens"
+            )
         return before, after, room
 
     @cached_property
@@ -262,7 +267,9 @@ class LLMFinetuning(Task):
 
         ids = [ids[0] for ids in self._encode(list(LABEL_WORDS))]
         if ids[0] == ids[1]:
-            raise layerdescent.DataError(f"the tokenizer starts {LABEL_WORDS[0]!r} and {LABEL_WORDS[1]!r} with the same token; they cannot be told apart")
+            raise layerdescent.DataError(
+                f"the tokenizer starts {LABEL_WORDS[0]!r} and {LABEL_WORDS[1]!r} with the same token; they cannot be told apart"
+            )
         return torch.tensor(ids)
 
     @property
@@ -349,7 +356,9 @@ class LLMFinetuning(Task):
             # The two label words' logits at the answer position, for every read state.
             labels = model.label_logits(read, mask.sum(1) - 1, self.label_ids.to(ids.device))
             if self.lens_vocab == "labels":
-                losses = F.cross_entropy(labels.flatten(0, 1), batch["label"].repeat_interleave(len(read)), reduction="none").view(len(ids), len(read))
+                losses = F.cross_entropy(labels.flatten(0, 1), batch["label"].repeat_interleave(len(read)), reduction="none").view(
+                    len(ids), len(read)
+                )
             else:
                 losses = model.losses(read, targets, o["lens_tokens"], o["lens_chunk"], o["lens_bf16"])
         return LayerOutput(losses, preds=labels[:, -1].detach(), target=batch["label"], layer_preds=None if last_only else labels.detach())

@@ -9,7 +9,9 @@ import torch
 # Liger's and Cut Cross-Entropy's fused kernels do this in Triton, on GPUs only; this runs on any device.
 
 
-def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, bias: torch.Tensor | None = None, chunk: int = 1024) -> torch.Tensor:
+def linear_cross_entropy(
+    hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, bias: torch.Tensor | None = None, chunk: int = 1024
+) -> torch.Tensor:
     """Per-row ``cross_entropy(hidden @ weight.T + bias, target)``, computed ``chunk`` vocabulary entries at a time.
 
     Exact, with memory that grows with ``chunk``, not the vocabulary: a running log-sum-exp over
@@ -36,7 +38,9 @@ def native_bf16(device: torch.device) -> bool:
     return False
 
 
-def _logits(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, start: int, chunk: int) -> tuple[torch.Tensor, torch.Tensor]:
+def _logits(
+    hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, start: int, chunk: int
+) -> tuple[torch.Tensor, torch.Tensor]:
     """One chunk of the head's rows (in the products' dtype) and its float32 logits."""
     rows = weight[start : start + chunk].to(hidden.dtype)
     logits = (hidden @ rows.T).float()
@@ -45,7 +49,9 @@ def _logits(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
     return rows, logits
 
 
-def _chunked(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, target: torch.Tensor, chunk: int, gradient: bool) -> tuple[torch.Tensor, ...]:
+def _chunked(
+    hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, target: torch.Tensor, chunk: int, gradient: bool
+) -> tuple[torch.Tensor, ...]:
     """The loss, the log-sum-exp, and with ``gradient`` the loss's gradient in ``hidden``, over the chunks."""
     top = torch.full((len(hidden),), float("-inf"), device=hidden.device)
     total = torch.zeros_like(top)
@@ -67,7 +73,9 @@ def _chunked(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
 
 class _LinearCrossEntropy(torch.autograd.Function):
     @staticmethod
-    def forward(ctx: Any, hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, target: torch.Tensor, chunk: int) -> torch.Tensor:
+    def forward(
+        ctx: Any, hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, target: torch.Tensor, chunk: int
+    ) -> torch.Tensor:
         # The gradient is formed in this pass only when nothing else needs the chunks again.
         ctx.direction = ctx.needs_input_grad[0] and not any(ctx.needs_input_grad[1:3])
         ctx.chunk, ctx.dtype = chunk, hidden.dtype

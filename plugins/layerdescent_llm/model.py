@@ -57,7 +57,9 @@ class LogitLens(AdaptersOnlyState, nn.Module):
         # hidden_states[-1] is normed too depends on the architecture, so it is never read.
         return [out.last_hidden_state if k == self.num_hidden else out.hidden_states[k] for k in self.read]
 
-    def losses(self, states: list[torch.Tensor], targets: torch.Tensor, tokens: int = 0, chunk: int = 0, inner_bf16: bool = False) -> torch.Tensor:
+    def losses(
+        self, states: list[torch.Tensor], targets: torch.Tensor, tokens: int = 0, chunk: int = 0, inner_bf16: bool = False
+    ) -> torch.Tensor:
         """Per-sample next-token cross-entropy of every read state, B x len(read); ``targets`` B x T, -100 where none.
 
         The head sees only positions with a target. The last state is read at every one (exact);

@@ -36,7 +36,6 @@ from typing import TYPE_CHECKING, Any
 import layerdescent
 from layerdescent import Asset, LayerOutput, Task
 from layerdescent.assets import extract
-
 from layerdescent_language import ORANGE_TEXT, RATED_DOMAINS, VADER, domain_rows, movie_review_rows, newsgroups_rows, split, synthetic_rows
 
 # torch, transformers, datasets and the model module load inside the methods that use them:
@@ -110,7 +109,9 @@ class TextClassification(Task):
             if o[key] < (0 if key == "train_size" else 1):
                 raise layerdescent.ConfigError(f"task.{key} must be >= {0 if key == 'train_size' else 1}, got {o[key]}")
         if o["pooling"] == "cls" and o["model_path"] in ("smollm2", "tiny-llama"):
-            raise layerdescent.ConfigError("task.pooling = 'cls' reads the first token, which a causal LM computes from itself alone; use 'last' or 'mean'")
+            raise layerdescent.ConfigError(
+                "task.pooling = 'cls' reads the first token, which a causal LM computes from itself alone; use 'last' or 'mean'"
+            )
 
     def required_assets(self) -> tuple[str, ...]:
         from layerdescent_language import SMOLLM2
@@ -201,10 +202,14 @@ class TextClassification(Task):
         else:
             encoder = load_encoder(self.model_path)
         if o["pooling"] == "cls" and self.causal:
-            raise layerdescent.ConfigError("task.pooling = 'cls' reads the first token, which a causal LM computes from itself alone; use 'last' or 'mean'")
+            raise layerdescent.ConfigError(
+                "task.pooling = 'cls' reads the first token, which a causal LM computes from itself alone; use 'last' or 'mean'"
+            )
         if o["finetune"] == "lora":  # before the heads exist, so they stay trainable
             encoder = add_lora(encoder, o["lora_rank"], o["lora_alpha"], [t.strip() for t in o["lora_targets"].split(",") if t.strip()])
-        return LayerwiseClassifier(encoder, self.num_labels, o["head"], o["pooling"], causal=self.causal, adapters_only=o["finetune"] == "lora")
+        return LayerwiseClassifier(
+            encoder, self.num_labels, o["head"], o["pooling"], causal=self.causal, adapters_only=o["finetune"] == "lora"
+        )
 
     def build_datasets(self) -> dict[str, datasets.Dataset]:
         from layerdescent_language import subsample
@@ -216,7 +221,9 @@ class TextClassification(Task):
     def collate(self, rows: dict[str, Any]) -> dict[str, torch.Tensor]:
         import torch
 
-        encoded = self.tokenizer(list(rows["text"]), padding=True, truncation=True, max_length=self.options["max_length"], return_tensors="pt")
+        encoded = self.tokenizer(
+            list(rows["text"]), padding=True, truncation=True, max_length=self.options["max_length"], return_tensors="pt"
+        )
         return {"input_ids": encoded["input_ids"], "attention_mask": encoded["attention_mask"], "label": torch.as_tensor(rows["label"])}
 
     def layer_losses(self, model: nn.Module, batch: dict[str, torch.Tensor], gamma: float = 0.0) -> LayerOutput:

@@ -19,7 +19,15 @@ class LayerwiseClassifier(AdaptersOnlyState, nn.Module):
     the last real token, the only one that has seen the whole sentence.
     """
 
-    def __init__(self, encoder: nn.Module, num_labels: int, head: str = "shared", pooling: str = "mean", causal: bool = False, adapters_only: bool = False) -> None:
+    def __init__(
+        self,
+        encoder: nn.Module,
+        num_labels: int,
+        head: str = "shared",
+        pooling: str = "mean",
+        causal: bool = False,
+        adapters_only: bool = False,
+    ) -> None:
         super().__init__()
         self.encoder = encoder
         self.pooling = pooling
@@ -59,6 +67,7 @@ def _transformers():
     """transformers, its loading progress bars silenced."""
     return quiet_transformers(require("transformers", extra="text", purpose="task text-classification"))
 
+
 def load_encoder(path: str) -> nn.Module:
     """The pretrained encoder (a causal LM's base model) of a local Hugging Face directory, in float32, with remote code off."""
     transformers = _transformers()
@@ -75,6 +84,11 @@ def tiny_bert(vocab_size: int, layers: int = 2) -> nn.Module:
     """A small random BERT (hidden 32) for the offline fallback, initialised from the global RNG."""
     transformers = _transformers()
     config = transformers.BertConfig(
-        vocab_size=vocab_size, hidden_size=32, num_hidden_layers=layers, num_attention_heads=2, intermediate_size=64, max_position_embeddings=128
+        vocab_size=vocab_size,
+        hidden_size=32,
+        num_hidden_layers=layers,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=128,
     )
     return transformers.BertModel(config, add_pooling_layer=False)

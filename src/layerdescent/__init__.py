@@ -62,10 +62,10 @@ if TYPE_CHECKING:  # what static tools see; at run time __getattr__ imports them
     from layerdescent.hf import DescentTrainer
     from layerdescent.problem import LayerBatch
     from layerdescent.prox import soft_threshold
-    from layerdescent.registry import Registry, get_registry
-    from layerdescent.task import LayerOutput, Task
     from layerdescent.reevaluate import evaluate_run
+    from layerdescent.registry import Registry, get_registry
     from layerdescent.solvers import Observation, PrimalDual, PrimalDualOptions, Solver
+    from layerdescent.task import LayerOutput, Task
     from layerdescent.trackers import Tracker
     from layerdescent.trainer import train
     from layerdescent.update import LayerwiseUpdate

@@ -30,10 +30,11 @@ import sys
 import tarfile
 import tempfile
 import zipfile
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Optional
+from typing import Optional
 
 import platformdirs
 
@@ -68,7 +69,9 @@ def cache_dir() -> Path:
     except FileExistsError:
         raise AssetError(f"{where} {path} is a file, not a directory: point LAYERDESCENT_CACHE at a directory") from None
     except OSError as exc:
-        raise AssetError(f"{where} {path} cannot be created ({exc.strerror or exc}): point LAYERDESCENT_CACHE at a writable directory") from None
+        raise AssetError(
+            f"{where} {path} cannot be created ({exc.strerror or exc}): point LAYERDESCENT_CACHE at a writable directory"
+        ) from None
     if not path.is_dir():
         raise AssetError(f"{where} {path} is not a directory: point LAYERDESCENT_CACHE at a directory")
     return path
@@ -95,10 +98,7 @@ def locate(asset: Asset) -> Path:
     """The verified downloaded file of this asset."""
     path = _download_path(asset)
     if not path.is_file():
-        raise AssetError(
-            f"asset {asset.name!r} ({asset.requirement}) is not in the cache ({path}); "
-            f"fetch it with: {fetch_command(asset)}"
-        )
+        raise AssetError(f"asset {asset.name!r} ({asset.requirement}) is not in the cache ({path}); fetch it with: {fetch_command(asset)}")
     actual = _sha256(path)
     if actual != asset.sha256.lower():
         raise AssetError(
@@ -129,8 +129,7 @@ def _download(asset: Asset, tmp: Path) -> Path:
     if asset.source == "debian":
         if shutil.which("apt-get") is None:
             raise AssetError(
-                f"asset {asset.name!r} comes from Debian: fetching it needs Debian's package tools "
-                f"(apt-get), which are not on PATH"
+                f"asset {asset.name!r} comes from Debian: fetching it needs Debian's package tools (apt-get), which are not on PATH"
             )
         cmd = ["apt-get", "download", asset.requirement]
     else:
@@ -195,7 +194,9 @@ def _deb_tar(archive: Path) -> Iterator[tarfile.TarFile]:
             try:
                 name, size = header[:16].decode("ascii").strip().rstrip("/"), int(header[48:58])
             except (UnicodeDecodeError, ValueError):
-                raise AssetError(f"{archive} is not a valid Debian package (a malformed ar member header at byte {f.tell() - 60}); fetch it again with --force") from None
+                raise AssetError(
+                    f"{archive} is not a valid Debian package (a malformed ar member header at byte {f.tell() - 60}); fetch it again with --force"
+                ) from None
             if size < 0:
                 raise AssetError(f"{archive} is not a valid Debian package (a negative member size); fetch it again with --force")
             if name.startswith("data.tar"):
@@ -238,7 +239,7 @@ def _entries(archive: Path) -> Iterator[Iterator[tuple]]:
     is_deb = magic == b"!<arch>\n"
     if not is_deb and not tarfile.is_tarfile(archive):
         raise AssetError(f"{archive} is not an archive this module reads (zip/wheel, tar, deb)")
-    with (_deb_tar(archive) if is_deb else tarfile.open(archive, "r|*")) as tar:
+    with _deb_tar(archive) if is_deb else tarfile.open(archive, "r|*") as tar:
         yield ((t.name, _tar_kind(t), t.linkname, lambda t=t: tar.extractfile(t)) for t in tar)
 
 

@@ -38,19 +38,20 @@ import fnmatch
 import itertools
 import json
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from layerdescent import publish, rundir
 from layerdescent.config import RunConfig, apply_overrides, check_depth, check_seed, config_from_dict, read_toml, set_path
 from layerdescent.endpoints import BenchSpec, parse_spec
 from layerdescent.errors import ConfigError
-from layerdescent.guard import build_task
 from layerdescent.executors import ExecutorOptions, executor_class, failure_report, slurm_table
+from layerdescent.guard import build_task
+from layerdescent.reevaluate import evaluate_config, evaluate_run
 from layerdescent.registry import Registry
 from layerdescent.report import write_report
-from layerdescent.reevaluate import evaluate_config, evaluate_run
 from layerdescent.trackers import BENCH_ENV, STORE_ENV, check_trackers
 
 
@@ -104,7 +105,9 @@ def _grid_names(key: str, values: list[Any]) -> list[str]:
             return names
     first = next(n for n in names if names.count(n) > 1)
     clashing = [v for v, n in zip(values, names) if n == first]
-    raise ConfigError(f"bench.grid.{key}: values {clashing[0]!r} and {clashing[1]!r} would share the run name {first!r}; give the grid distinct values")
+    raise ConfigError(
+        f"bench.grid.{key}: values {clashing[0]!r} and {clashing[1]!r} would share the run name {first!r}; give the grid distinct values"
+    )
 
 
 MAX_RUNS = 10_000  # runs in one bench: far above any real sweep, and a typo'd grid or seed list is refused before it is planned
@@ -123,7 +126,9 @@ def _check_seeds(seeds: Any, key: str) -> list[int]:
 def _check_variant_name(name: Any) -> str:
     """A variant's name, refused in one line unless it can name one directory."""
     if not isinstance(name, str) or not name or name in (".", "..") or "/" in name or "\\" in name or "\0" in name:
-        raise ConfigError(f"bench.variants.{name!r} is not a plain name: a variant's name is one directory under --out (no '/', not '.' or '..')")
+        raise ConfigError(
+            f"bench.variants.{name!r} is not a plain name: a variant's name is one directory under --out (no '/', not '.' or '..')"
+        )
     return name
 
 
@@ -134,7 +139,10 @@ def blame(line: str, variant: str, overrides: list[str], own: set[str]) -> str:
     """A config error's line prefixed with what the user typed: the ``--set`` it concerns (unless the variant's ``own`` keys replace it), else the variant."""
     for override in overrides:
         key = override.partition("=")[0].strip()
-        if key not in own and any(line.startswith(f"{start}{key}{end}") for start in ("", "unknown key ") for end in (" ", ";", "[", ":", ".")) or line == f"unknown key {key}":
+        if (
+            key not in own
+            and any(line.startswith(f"{start}{key}{end}") for start in ("", "unknown key ") for end in (" ", ";", "[", ":", "."))
+        ) or line == f"unknown key {key}":
             return f"--set {override}: {line}"
     return f"{variant}: {line}"
 
@@ -156,15 +164,20 @@ def plan(path: str | Path, out: str | Path, overrides: list[str] = (), registry:
     seeds = _check_seeds(bench.get("seeds", [0]), "bench.seeds")
     variants = bench.get("variants", {})
     if not isinstance(variants, dict) or not variants:
-        raise ConfigError("bench.variants must hold at least one table, e.g. [bench.variants.erm] solver.name = \"erm\"")
+        raise ConfigError('bench.variants must hold at least one table, e.g. [bench.variants.erm] solver.name = "erm"')
     grid = _flatten(bench.get("grid", {}))
     if not all(isinstance(v, list) and v for v in grid.values()):
         raise ConfigError('bench.grid must map dotted config keys to non-empty lists, e.g. "solver.dual_lr" = [0.1, 1.0]')
     names = {key: _grid_names(key, values) for key, values in grid.items()}
     points = math.prod(len(values) for values in grid.values())
-    count = sum(len(v.get("seeds", seeds)) if isinstance(v, dict) and isinstance(v.get("seeds", seeds), list) else 1 for v in variants.values()) * points
+    count = (
+        sum(len(v.get("seeds", seeds)) if isinstance(v, dict) and isinstance(v.get("seeds", seeds), list) else 1 for v in variants.values())
+        * points
+    )
     if count > MAX_RUNS:
-        raise ConfigError(f"the bench has {count:,} runs (variants x grid points x seeds); at most {MAX_RUNS:,}: split it into several bench files")
+        raise ConfigError(
+            f"the bench has {count:,} runs (variants x grid points x seeds); at most {MAX_RUNS:,}: split it into several bench files"
+        )
     runs, where, tasks = [], {}, {}
     for variant, override in variants.items():
         _check_variant_name(variant)
@@ -209,10 +222,14 @@ def _check_primary(primary, runs: list[BenchRun], tasks: dict) -> None:
         task = tasks[repr(sorted(run.config.task.options.items())) + run.config.task.name]
         metrics = list(task.metrics().keys())
         if primary.metric not in metrics:
-            raise ConfigError(f"bench.primary.metric: {primary.metric!r} is not a metric of task {run.config.task.name!r} (it reports: {', '.join(metrics) or 'none'})")
+            raise ConfigError(
+                f"bench.primary.metric: {primary.metric!r} is not a metric of task {run.config.task.name!r} (it reports: {', '.join(metrics) or 'none'})"
+            )
         for split in primary.splits:
             if split != "test" and split not in run.config.eval.domains:
-                raise ConfigError(f"bench.primary.splits: variant {run.variant!r} is not evaluated on {split!r} (test, or one of its eval.domains: {', '.join(run.config.eval.domains) or 'none'})")
+                raise ConfigError(
+                    f"bench.primary.splits: variant {run.variant!r} is not evaluated on {split!r} (test, or one of its eval.domains: {', '.join(run.config.eval.domains) or 'none'})"
+                )
 
 
 def bench_spec(path: str | Path, overrides: list[str] = ()) -> BenchSpec:
@@ -323,10 +340,18 @@ def run_bench(
     failures, workers = executor_cls(executor, Path(out), tracker_env(path, out), registry).run(pending, on_run)
     if not executor.wait:
         return None
-    command = command or " ".join(["layerdescent bench", str(path), "--out", str(out), *(f"--set {o}" for o in overrides), *(f"--only '{o}'" for o in only)])
+    command = command or " ".join(
+        ["layerdescent bench", str(path), "--out", str(out), *(f"--set {o}" for o in overrides), *(f"--only '{o}'" for o in only)]
+    )
     if failures and len(failures) == len(runs):
         raise failure_report(failures, len(runs), None)
-    summary = write_report(Path(out), title=title or f"Bench {Path(path).name}", note=f"Made by `{command}`.", workers=workers, spec=bench_spec(path, overrides))
+    summary = write_report(
+        Path(out),
+        title=title or f"Bench {Path(path).name}",
+        note=f"Made by `{command}`.",
+        workers=workers,
+        spec=bench_spec(path, overrides),
+    )
     if failures:
         raise failure_report(failures, len(runs), summary)
     return summary
@@ -357,7 +382,9 @@ def _check_evaluation_out(root: Path, out: Path, runs: list[Path]) -> None:
     for target in sources:
         present = [name for name in RUN_ONLY if (target / name).exists()]
         if present:
-            raise ConfigError(f"--out {out}: {target} holds a run ({present[0]}), which the evaluation would overwrite: --out a new directory")
+            raise ConfigError(
+                f"--out {out}: {target} holds a run ({present[0]}), which the evaluation would overwrite: --out a new directory"
+            )
     for path in rundir.result_files(out):
         evaluation = _json(path)
         if path.parent.resolve() not in sources or "evaluated_from" not in evaluation:
@@ -365,7 +392,9 @@ def _check_evaluation_out(root: Path, out: Path, runs: list[Path]) -> None:
         # An evaluation copies its run's training record (steps, step times, final multipliers), so a path moved since still matches.
         source = _json(sources[path.parent.resolve()] / "results.json")
         if any(evaluation.get(key) != source.get(key) for key in ("label", "seed", "train", "constraints")):
-            raise ConfigError(f"--out {out}: {path} is an evaluation of another run than {sources[path.parent.resolve()]}: --out a new directory")
+            raise ConfigError(
+                f"--out {out}: {path} is an evaluation of another run than {sources[path.parent.resolve()]}: --out a new directory"
+            )
     publish.refuse_foreign(out, "evaluation")
 
 
@@ -385,7 +414,9 @@ def evaluate_bench(
     if not root.is_dir():
         raise ConfigError(f"{root} is not a directory of runs")
     if out.resolve() == root.resolve() or out.resolve().is_relative_to(root.resolve()):
-        raise ConfigError(f"--out {out} lies inside {root}: the new results would mix with the runs they test; --out a directory outside it")
+        raise ConfigError(
+            f"--out {out} lies inside {root}: the new results would mix with the runs they test; --out a directory outside it"
+        )
     runs = [p.parent for p in rundir.result_files(root)]
     if not runs:
         raise ConfigError(f"no finished run (results.json) under {root}")
@@ -395,9 +426,13 @@ def evaluate_bench(
         target = out / run_dir.relative_to(root)
         status[run_dir] = done = (target / "results.json").exists() and (target / "config.toml").exists()
         if done:
-            difference = rundir.config_difference(read_toml(target / "config.toml"), evaluate_config(run_dir, overrides, registry), registry)
+            difference = rundir.config_difference(
+                read_toml(target / "config.toml"), evaluate_config(run_dir, overrides, registry), registry
+            )
             if difference:
-                raise ConfigError(f"{target} was evaluated under another config, first at {difference}: --out a new directory, or remove it to evaluate again")
+                raise ConfigError(
+                    f"{target} was evaluated under another config, first at {difference}: --out a new directory, or remove it to evaluate again"
+                )
     for run_dir in runs:
         target = out / run_dir.relative_to(root)
         if not status[run_dir]:

@@ -102,7 +102,16 @@ def _fsync_dir(directory: Path) -> None:
 
 # What each kind of checkpoint must hold, and the type of each entry.
 SCHEMAS: dict[str, dict[str, type | tuple[type, ...]]] = {
-    "run": {"model": dict, "solver": dict, "problem": dict, "rng": list, "position": dict, "step_times": list, "skipped_steps": int, "metrics_offset": int},
+    "run": {
+        "model": dict,
+        "solver": dict,
+        "problem": dict,
+        "rng": list,
+        "position": dict,
+        "step_times": list,
+        "skipped_steps": int,
+        "metrics_offset": int,
+    },
     "model": {"model": dict},
 }
 POSITION_KEYS = ("epoch", "micro", "step")
@@ -159,7 +168,9 @@ def _check_entries(payload: dict[str, Any], kind: str) -> str | None:
     bad = next((name for name, value in payload["model"].items() if not isinstance(value, torch.Tensor)), None)
     if bad is not None:
         return f"holds {bad!r} in its model as a {type(payload['model'][bad]).__name__}, not a tensor"
-    nonfinite = next((name for name, value in payload["model"].items() if value.is_floating_point() and not bool(torch.isfinite(value).all())), None)
+    nonfinite = next(
+        (name for name, value in payload["model"].items() if value.is_floating_point() and not bool(torch.isfinite(value).all())), None
+    )
     if nonfinite is not None:
         return f"holds non-finite (NaN or infinite) weights in {nonfinite!r}: the run diverged before it was written; resume from an earlier checkpoint or train again"
     if kind != "run":
@@ -204,7 +215,9 @@ def load_model_file(path: Path) -> dict[str, torch.Tensor]:
     except FileNotFoundError:
         raise CheckpointError(f"no model file at {path}") from None
     except Exception as exc:
-        raise CheckpointError(f"model file {path} cannot be read ({type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:160]}): it is truncated or damaged") from None
+        raise CheckpointError(
+            f"model file {path} cannot be read ({type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:160]}): it is truncated or damaged"
+        ) from None
     nonfinite = next((name for name, value in state.items() if value.is_floating_point() and not bool(torch.isfinite(value).all())), None)
     if nonfinite is not None:
         raise CheckpointError(f"model file {path} holds non-finite (NaN or infinite) weights in {nonfinite!r}")
@@ -217,10 +230,22 @@ def load_model_state(path: Path, model: torch.nn.Module, state: dict[str, Any], 
         model.load_state_dict(state)
     except (RuntimeError, KeyError, TypeError, ValueError) as exc:
         first = next((line.strip() for line in str(exc).splitlines()[1:] if line.strip()), str(exc).splitlines()[0] if str(exc) else "")
-        raise CheckpointError(f"{path} does not fit this model ({first[:200]}): it was written by another config of task {task!r}") from None
+        raise CheckpointError(
+            f"{path} does not fit this model ({first[:200]}): it was written by another config of task {task!r}"
+        ) from None
 
 
-def run_payload(task: str, model: torch.nn.Module, update: Any, schedule: Any, rngs: list[Any], position: dict[str, Any], step_times: list[float], skipped_steps: int, metrics_offset: int) -> dict[str, Any]:
+def run_payload(
+    task: str,
+    model: torch.nn.Module,
+    update: Any,
+    schedule: Any,
+    rngs: list[Any],
+    position: dict[str, Any],
+    step_times: list[float],
+    skipped_steps: int,
+    metrics_offset: int,
+) -> dict[str, Any]:
     """What a run checkpoint holds: the model, the update's state (optimizers, multipliers, solver), the schedule, every rank's RNG, the position and the log's length."""
     schedule_state = {"schedule": schedule.state_dict()} if schedule is not None else {}
     payload = {"task": task, "model": model.state_dict(), **update.state_dict(), **schedule_state, "rng": rngs, "position": position}

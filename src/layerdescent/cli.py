@@ -7,9 +7,10 @@ import dataclasses
 import json
 import shlex
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 # Only light modules at the top: `--help`, `--version`, `list` and `plugins` must not import torch
 # (the commands that train import it where they need it).
@@ -56,7 +57,9 @@ def _demo_task(name: str) -> str:
     """A --task value as the task's real name (``text`` is short for ``text-classification``)."""
     name = DEMO_ALIASES.get(name, name)
     if name not in DEMOS:
-        raise argparse.ArgumentTypeError(f"invalid choice: {name!r} (choose from {', '.join(DEMOS)}; text is short for text-classification)")
+        raise argparse.ArgumentTypeError(
+            f"invalid choice: {name!r} (choose from {', '.join(DEMOS)}; text is short for text-classification)"
+        )
     return name
 
 
@@ -74,8 +77,13 @@ def _summary_line(gamma_record: dict[str, Any]) -> str:
 
 def cmd_list(args: argparse.Namespace) -> int:
     registry = get_registry()
-    sections = (("tasks", registry.tasks, "Task"), ("constraint kinds", registry.constraints, "ConstraintSpec"), ("solvers", registry.solvers, "Solver"),
-                ("executors (bench --executor)", registry.executors, "Executor"), ("trackers (train.trackers)", registry.trackers, "Tracker"))
+    sections = (
+        ("tasks", registry.tasks, "Task"),
+        ("constraint kinds", registry.constraints, "ConstraintSpec"),
+        ("solvers", registry.solvers, "Solver"),
+        ("executors (bench --executor)", registry.executors, "Executor"),
+        ("trackers (train.trackers)", registry.trackers, "Tracker"),
+    )
     for title, table, base in sections:
         print(f"{title}:")
         for name, cls in sorted(table.items()):
@@ -121,7 +129,16 @@ def cmd_config(args: argparse.Namespace) -> int:
 def cmd_run(args: argparse.Namespace) -> int:
     config = load_config(args.config, args.set, bench=False)
     out = Path(args.out) if args.out else Path("runs") / (Path(args.config).stem + (f"-{config.label}" if config.label else ""))
-    args.again = " ".join(["`layerdescent run", shlex.quote(str(args.config)), "--out", shlex.quote(str(out)), *(f"--set {shlex.quote(o)}" for o in args.set), "--resume`"])
+    args.again = " ".join(
+        [
+            "`layerdescent run",
+            shlex.quote(str(args.config)),
+            "--out",
+            shlex.quote(str(out)),
+            *(f"--set {shlex.quote(o)}" for o in args.set),
+            "--resume`",
+        ]
+    )
     from layerdescent.trainer import train
 
     results = train(config, out, resume=args.resume)
@@ -137,21 +154,57 @@ def cmd_bench(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else Path("runs") / f"bench-{Path(args.config).stem}"
     workers = 1 if args.workers is None and args.executor == "local" else args.workers
     given = {
-        "workers": workers, "ray_address": args.ray_address, "cpus_per_run": args.cpus_per_run, "gpus_per_run": args.gpus_per_run,
-        "partition": args.partition, "time": args.time, "mem_gb": args.mem_gb, **({"wait": False} if args.no_wait else {}),
+        "workers": workers,
+        "ray_address": args.ray_address,
+        "cpus_per_run": args.cpus_per_run,
+        "gpus_per_run": args.gpus_per_run,
+        "partition": args.partition,
+        "time": args.time,
+        "mem_gb": args.mem_gb,
+        **({"wait": False} if args.no_wait else {}),
     }
-    remote = {"--ray-address": args.ray_address, "--cpus-per-run": args.cpus_per_run, "--gpus-per-run": args.gpus_per_run, "--partition": args.partition, "--time": args.time, "--mem-gb": args.mem_gb}
+    remote = {
+        "--ray-address": args.ray_address,
+        "--cpus-per-run": args.cpus_per_run,
+        "--gpus-per-run": args.gpus_per_run,
+        "--partition": args.partition,
+        "--time": args.time,
+        "--mem-gb": args.mem_gb,
+    }
     for flag, value in remote.items():
         # the per-run resources mean something to every executor but local, whose runs take one thread each
-        wanted = ["ray"] if flag == "--ray-address" else ["slurm"] if flag in ("--partition", "--time", "--mem-gb") else sorted(set(get_registry().executors) - {"local"})
+        wanted = (
+            ["ray"]
+            if flag == "--ray-address"
+            else ["slurm"]
+            if flag in ("--partition", "--time", "--mem-gb")
+            else sorted(set(get_registry().executors) - {"local"})
+        )
         if value is not None and args.executor not in wanted:
             raise ConfigError(f"{flag} needs --executor {' or '.join(wanted)}")
     executor = executor_options(args.config, args.set, args.executor, **given)
-    flags = [*(["--workers", str(workers)] if workers not in (1, None) else []), *(["--executor", args.executor] if args.executor != "local" else [])]
-    command = " ".join(["layerdescent bench", str(args.config), "--out", str(out), *(f"--set {o}" for o in args.set), *(f"--only '{o}'" for o in args.only), *flags])
-    summary = run_bench(args.config, out, args.set, on_run=_status, workers=workers or 1, command=command, executor=executor, only=args.only)
+    flags = [
+        *(["--workers", str(workers)] if workers not in (1, None) else []),
+        *(["--executor", args.executor] if args.executor != "local" else []),
+    ]
+    command = " ".join(
+        [
+            "layerdescent bench",
+            str(args.config),
+            "--out",
+            str(out),
+            *(f"--set {o}" for o in args.set),
+            *(f"--only '{o}'" for o in args.only),
+            *flags,
+        ]
+    )
+    summary = run_bench(
+        args.config, out, args.set, on_run=_status, workers=workers or 1, command=command, executor=executor, only=args.only
+    )
     if summary is None:
-        print(f"submitted; `{command}` again waits for the jobs and writes the summary (`layerdescent report {out}` summarizes what finished)")
+        print(
+            f"submitted; `{command}` again waits for the jobs and writes the summary (`layerdescent report {out}` summarizes what finished)"
+        )
     else:
         print(f"summary: {summary}")
     return 0
@@ -219,7 +272,9 @@ def _fetch_required_assets(config: Path, overrides: Sequence[str]) -> None:
     try:  # the task's options checked as any run's, before the task reads them
         run = config_from_dict(data, registry)
     except ConfigError as exc:
-        raise ConfigError("\n".join(dict.fromkeys(blame(line, "the demo", list(overrides), set()) for line in str(exc).splitlines()))) from None
+        raise ConfigError(
+            "\n".join(dict.fromkeys(blame(line, "the demo", list(overrides), set()) for line in str(exc).splitlines()))
+        ) from None
     task = build_task(registry, run.task.name, run.task.options)
     for name in task.required_assets():
         asset = registry.asset(name)
@@ -250,8 +305,26 @@ def cmd_demo(args: argparse.Namespace) -> int:
         changed = f" As changed by {' '.join(f'--set {o}' for o in args.set)}." if args.set else ""  # the description is the demo file's
         print(f"layerdescent demo --task {args.task}: {demo.what}.{changed}{left} {pace.capitalize()}. Output: {out}", flush=True)
 
-    command = " ".join(["layerdescent demo --task", args.task, "--out", str(out), *(f"--set {o}" for o in args.set), *(["--workers", str(workers)] if workers != demo.workers else [])])
-    summary = run_bench(demo.config, out, args.set, on_run=_status, command=command, workers=workers, title=f"Demo: ERM vs primal-dual descent constraints on {args.task}", before=announce)
+    command = " ".join(
+        [
+            "layerdescent demo --task",
+            args.task,
+            "--out",
+            str(out),
+            *(f"--set {o}" for o in args.set),
+            *(["--workers", str(workers)] if workers != demo.workers else []),
+        ]
+    )
+    summary = run_bench(
+        demo.config,
+        out,
+        args.set,
+        on_run=_status,
+        command=command,
+        workers=workers,
+        title=f"Demo: ERM vs primal-dual descent constraints on {args.task}",
+        before=announce,
+    )
     print(summary.read_text())
     print(f"plots and tables: {summary.parent}")
     return 0
@@ -269,8 +342,16 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("config", help="every config key: a complete TOML at the defaults, or the reference table")
     what = p.add_mutually_exclusive_group(required=True)
-    what.add_argument("--defaults", action="store_true", help="print a run config with every key at its default, each commented; `layerdescent run` takes it as it is")
-    what.add_argument("--reference", action="store_true", help="print the configuration reference (markdown): every key's type, default, range and meaning")
+    what.add_argument(
+        "--defaults",
+        action="store_true",
+        help="print a run config with every key at its default, each commented; `layerdescent run` takes it as it is",
+    )
+    what.add_argument(
+        "--reference",
+        action="store_true",
+        help="print the configuration reference (markdown): every key's type, default, range and meaning",
+    )
     p.add_argument("--task", help="the task whose options --defaults fills in (default: lista, which needs nothing fetched)")
     p.add_argument("--solver", help="the solver whose options --defaults fills in (default: primal-dual)")
     p.set_defaults(func=cmd_config)
@@ -283,9 +364,24 @@ def build_parser() -> argparse.ArgumentParser:
         if name == "run":
             p.add_argument("--resume", action="store_true", help="continue from the run directory's checkpoint")
         else:
-            p.add_argument("--only", action="append", default=[], metavar="PATTERN", help="train only the variants whose label matches, e.g. 'tune-*' (repeatable)")
-            p.add_argument("--workers", type=int, help="runs trained at once (local: processes of one torch thread each, default 1; ray, slurm: default as many as fit)")
-            p.add_argument("--executor", default="local", metavar="NAME", help="where runs train: local (a process pool, the default), ray (Ray tasks), slurm (SLURM jobs via submitit), or one a plugin registers (`layerdescent list`)")
+            p.add_argument(
+                "--only",
+                action="append",
+                default=[],
+                metavar="PATTERN",
+                help="train only the variants whose label matches, e.g. 'tune-*' (repeatable)",
+            )
+            p.add_argument(
+                "--workers",
+                type=int,
+                help="runs trained at once (local: processes of one torch thread each, default 1; ray, slurm: default as many as fit)",
+            )
+            p.add_argument(
+                "--executor",
+                default="local",
+                metavar="NAME",
+                help="where runs train: local (a process pool, the default), ray (Ray tasks), slurm (SLURM jobs via submitit), or one a plugin registers (`layerdescent list`)",
+            )
             p.add_argument("--ray-address", help="join this Ray cluster (default: start a local Ray instance)")
             p.add_argument("--cpus-per-run", type=int, help="CPUs (and torch threads) per run on ray or slurm (default 1)")
             p.add_argument("--gpus-per-run", type=float, help="GPUs per run on ray or slurm (default 0)")
@@ -305,7 +401,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("run_dir", metavar="RUN_DIR", help="a run directory, or any directory above runs (a bench): every results.json under it")
     p.add_argument("--out", help="where to write (default: RUN_DIR)")
     p.add_argument("--print", action="store_true", help="print summary.md")
-    p.add_argument("--bench", metavar="FILE", help="the bench file the runs were made from: its [bench] baselines, primary endpoints and tuning budgets")
+    p.add_argument(
+        "--bench",
+        metavar="FILE",
+        help="the bench file the runs were made from: its [bench] baselines, primary endpoints and tuning budgets",
+    )
     p.set_defaults(func=cmd_report)
 
     p = sub.add_parser("compare", help="paired differences of any two variants, on test and every domain")
@@ -317,18 +417,36 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("assets", help="pinned data and weights")
     p.add_argument("action", choices=["fetch", "list"], help="fetch: download and check; list: what is declared and fetched")
-    p.add_argument("name", nargs="*", metavar="NAME", help="assets to fetch (default: every declared one); `layerdescent assets list` names them")
+    p.add_argument(
+        "name", nargs="*", metavar="NAME", help="assets to fetch (default: every declared one); `layerdescent assets list` names them"
+    )
     p.add_argument("--force", action="store_true", help="fetch again even if cached")
     p.set_defaults(func=cmd_assets)
 
     p = sub.add_parser("demo", help="the main job: ERM vs primal-dual, a table and plots")
     p.add_argument(
-        "--task", type=_demo_task, default="text-classification", metavar="{" + ",".join(DEMOS) + "}",
+        "--task",
+        type=_demo_task,
+        default="text-classification",
+        metavar="{" + ",".join(DEMOS) + "}",
         help="text-classification (or text, the default): MiniLM on movie reviews, ~10 min; lista: synthetic sparse coding, <1 min",
     )
-    p.add_argument("--out", help=f"output directory (default: {DEMOS['text-classification'].out} for text-classification, {DEMOS['lista'].out} for lista)")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a value of the demo's bench file, e.g. train.epochs=2 or bench.seeds=[0]")
-    p.add_argument("--workers", type=int, help="runs trained at once, one torch thread each (default: 2 for text-classification, both solvers together; 1 for lista)")
+    p.add_argument(
+        "--out",
+        help=f"output directory (default: {DEMOS['text-classification'].out} for text-classification, {DEMOS['lista'].out} for lista)",
+    )
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a value of the demo's bench file, e.g. train.epochs=2 or bench.seeds=[0]",
+    )
+    p.add_argument(
+        "--workers",
+        type=int,
+        help="runs trained at once, one torch thread each (default: 2 for text-classification, both solvers together; 1 for lista)",
+    )
     p.set_defaults(func=cmd_demo)
     return parser
 
@@ -344,7 +462,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         again = getattr(args, "again", None) or ("the same command again" if args.command in TRAINING else None)
-        print(f"layerdescent: interrupted; {again} continues from the last checkpoint" if again else "layerdescent: interrupted", file=sys.stderr)
+        print(
+            f"layerdescent: interrupted; {again} continues from the last checkpoint" if again else "layerdescent: interrupted",
+            file=sys.stderr,
+        )
         return 130
 
 

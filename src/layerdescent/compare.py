@@ -26,7 +26,10 @@ def pair_tables(results: list[dict], a: str, b: str) -> list[str]:
     sets = {"test": results, **domain_results(results)}
     value = {
         (r["label"], r["seed"], where, float(g["gamma"]), metric): v
-        for where, subset in sets.items() for r in subset for g in r["gammas"] for metric, v in g["metrics"].items()
+        for where, subset in sets.items()
+        for r in subset
+        for g in r["gammas"]
+        for metric, v in g["metrics"].items()
     }
     gammas = sorted({k[3] for k in value if k[0] in (a, b)})
     metrics = list(dict.fromkeys(k[4] for k in value if k[0] in (a, b)))
@@ -35,7 +38,12 @@ def pair_tables(results: list[dict], a: str, b: str) -> list[str]:
         lines.append(f"**{a} and {b} were made by different code** (their recorded commits, or the keys their files record, differ).")
     lines.append("")
     for metric in metrics:
-        lines += [f"## {metric}: {a} − {b}", "", "| evaluated on | " + " | ".join(f"γ={g:g}" for g in gammas) + " |", "|---|" + "---|" * len(gammas)]
+        lines += [
+            f"## {metric}: {a} − {b}",
+            "",
+            "| evaluated on | " + " | ".join(f"γ={g:g}" for g in gammas) + " |",
+            "|---|" + "---|" * len(gammas),
+        ]
         for where in sets:
             lines.append(f"| {where} | " + " | ".join(paired_cell(value, a, b, seeds, where, gamma, metric) for gamma in gammas) + " |")
         lines.append("")
@@ -44,4 +52,12 @@ def pair_tables(results: list[dict], a: str, b: str) -> list[str]:
 
 def compare_markdown(results: list[dict], a: str, b: str, command: str) -> str:
     """The whole comparison as markdown, saying it was made by ``command``."""
-    return "\n".join([f"# {a} − {b}", "", f"Made by `{command}`; 95% t intervals over paired seeds, **bold** excludes 0.", "", *pair_tables(results, a, b)])
+    return "\n".join(
+        [
+            f"# {a} − {b}",
+            "",
+            f"Made by `{command}`; 95% t intervals over paired seeds, **bold** excludes 0.",
+            "",
+            *pair_tables(results, a, b),
+        ]
+    )

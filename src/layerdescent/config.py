@@ -155,7 +155,9 @@ class TrainConfig:
         for key in ("batch_size", "accumulate", "log_every", "checkpoint_every", "early_stopping"):
             _require(getattr(self, key) <= MAX_COUNT, f"train.{key}", f"must be at most {MAX_COUNT:,}, got {getattr(self, key)}")
         _require(self.early_stopping >= 0, "train.early_stopping", "must be >= 0 (epochs without a better validation loss; 0 is off)")
-        _require(self.validate or not self.early_stopping, "train.early_stopping", "needs train.validate = true: it watches the validation loss")
+        _require(
+            self.validate or not self.early_stopping, "train.early_stopping", "needs train.validate = true: it watches the validation loss"
+        )
         for key in ("lr",):
             _require(getattr(self, key) > 0, f"train.{key}", "must be > 0")
         if self.dropout is not None:
@@ -165,8 +167,16 @@ class TrainConfig:
         _require(len(self.band) > 0, "train.train_gamma", "must hold at least one level")
         _require(all(g >= 0 for g in self.band), "train.train_gamma", "must be >= 0 (every level of the band)")
         _require(len(set(self.band)) == len(self.band), "train.train_gamma", "names a level twice")
-        _require(self.gamma_sampling == "draw" or len(self.band) > 1, "train.gamma_sampling", "= 'all' needs a band: set train.train_gamma to a list of levels")
-        _require(self.threads <= MAX_THREADS, "train.threads", f"must be at most {MAX_THREADS} (this machine has {os.cpu_count()} cores; 0 keeps torch's default), got {self.threads}")
+        _require(
+            self.gamma_sampling == "draw" or len(self.band) > 1,
+            "train.gamma_sampling",
+            "= 'all' needs a band: set train.train_gamma to a list of levels",
+        )
+        _require(
+            self.threads <= MAX_THREADS,
+            "train.threads",
+            f"must be at most {MAX_THREADS} (this machine has {os.cpu_count()} cores; 0 keeps torch's default), got {self.threads}",
+        )
         # whether each tracker is registered and its package installed is checked when a run trains
         # (check_trackers), so that report and evaluate still read a recorded run on a machine without it
         _require(len(set(self.trackers)) == len(self.trackers), "train.trackers", "lists a tracker twice")
@@ -328,7 +338,9 @@ def build_dataclass(cls: type, data: Any, prefix: str) -> Any:
         coerced = problems.attempt(_coerce, value, hints[key], f"{prefix}.{key}")
         if coerced is not None or value is None:
             kwargs[key] = coerced
-    missing = [n for n, f in fields.items() if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING and n not in data]
+    missing = [
+        n for n, f in fields.items() if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING and n not in data
+    ]
     for name in missing:
         problems.add(ConfigError(f"{prefix}.{name} is required"))
     problems.raise_any()  # range checks only make sense on well-typed values
@@ -350,7 +362,7 @@ def _build_task(data: Any, registry: Registry) -> TaskConfig:
     if isinstance(data, str):
         data = {"name": data}
     if not isinstance(data, dict) or not isinstance(data.get("name"), str):
-        raise ConfigError("task.name is required: [task] name = \"...\" (see `layerdescent list`)")
+        raise ConfigError('task.name is required: [task] name = "..." (see `layerdescent list`)')
     task_cls = registry.task(data["name"])
     options = {k: v for k, v in data.items() if k != "name"}
     allowed = {**task_cls.options, "perturbation": task_cls.perturbations[0]}
@@ -358,7 +370,9 @@ def _build_task(data: Any, registry: Registry) -> TaskConfig:
     problems = _Problems()
     for key, value in options.items():
         if key not in allowed:
-            problems.add(ConfigError(f"unknown key task.{key}{closest(key, allowed)} (task {task_cls.name!r} accepts: {', '.join(allowed)})"))
+            problems.add(
+                ConfigError(f"unknown key task.{key}{closest(key, allowed)} (task {task_cls.name!r} accepts: {', '.join(allowed)})")
+            )
             continue
         if key == "perturbation":
             value = problems.attempt(_coerce, value, Literal[task_cls.perturbations], "task.perturbation")  # type: ignore[valid-type]
@@ -408,7 +422,7 @@ def _reserved_names() -> frozenset[str]:
 
 def _build_constraints(items: Any, registry: Registry) -> tuple[ConstraintSpec, ...]:
     if not isinstance(items, list):
-        raise ConfigError("constraints must be an array of tables: [[constraints]] kind = \"descent\"")
+        raise ConfigError('constraints must be an array of tables: [[constraints]] kind = "descent"')
     specs, seen, problems = [], set(), _Problems()
     for i, item in enumerate(items):
         prefix = f"constraints[{i}]"
@@ -416,7 +430,11 @@ def _build_constraints(items: Any, registry: Registry) -> tuple[ConstraintSpec, 
             problems.add(ConfigError(f"{prefix}.kind is required (known kinds: {', '.join(sorted(registry.constraints))})"))
             continue
         if not isinstance(item["kind"], str):
-            problems.add(ConfigError(f"{prefix}.kind must be a string, got {item['kind']!r} (known kinds: {', '.join(sorted(registry.constraints))})"))
+            problems.add(
+                ConfigError(
+                    f"{prefix}.kind must be a string, got {item['kind']!r} (known kinds: {', '.join(sorted(registry.constraints))})"
+                )
+            )
             continue
         spec_cls = problems.attempt(registry.constraint, item["kind"])
         if spec_cls is None:
@@ -427,7 +445,9 @@ def _build_constraints(items: Any, registry: Registry) -> tuple[ConstraintSpec, 
         if spec is None:
             continue
         if spec.name.startswith("_") or spec.name in _reserved_names():
-            problems.add(ConfigError(f"{prefix}.name {spec.name!r} is reserved (an attribute of Cooper's problem object); choose another name"))
+            problems.add(
+                ConfigError(f"{prefix}.name {spec.name!r} is reserved (an attribute of Cooper's problem object); choose another name")
+            )
         elif spec.name in seen:
             problems.add(ConfigError(f"{prefix}.name {spec.name!r} is used twice; give each [[constraints]] a distinct name"))
         seen.add(spec.name)
@@ -459,7 +479,7 @@ def config_from_dict(data: dict[str, Any], registry: Registry | None = None) -> 
             hint = "; a [bench] table belongs to `layerdescent bench`" if key == "bench" else closest(key, sections)
             problems.add(ConfigError(f"unknown key {key}{hint} (allowed: {', '.join(sorted(sections))})"))
     if "task" not in data:
-        problems.add(ConfigError("task is required: [task] name = \"...\" (see `layerdescent list`)"))
+        problems.add(ConfigError('task is required: [task] name = "..." (see `layerdescent list`)'))
         task_config = None
     else:
         task_config = problems.attempt(_build_task, data["task"], registry)
@@ -469,7 +489,10 @@ def config_from_dict(data: dict[str, Any], registry: Registry | None = None) -> 
     label = problems.attempt(_coerce, data.get("label", ""), str, "label")
     if label is not None:
         problems.attempt(check_label, label)
-    parts = {section: problems.attempt(build_dataclass, cls, data.get(section, {}), section) for section, cls in (("train", TrainConfig), ("eval", EvalConfig))}
+    parts = {
+        section: problems.attempt(build_dataclass, cls, data.get(section, {}), section)
+        for section, cls in (("train", TrainConfig), ("eval", EvalConfig))
+    }
     parts["solver"] = problems.attempt(_build_solver, data.get("solver", {}), registry)
     constraints = problems.attempt(_build_constraints, data.get("constraints", []), registry)
     problems.raise_any()
@@ -483,7 +506,9 @@ def config_from_dict(data: dict[str, Any], registry: Registry | None = None) -> 
     for name in config.eval.domains:
         if name not in task.domains:
             offered = f"it offers: {', '.join(task.domains)}" if task.domains else "it offers none with these options"
-            problems.add(ConfigError(f"eval.domains: {name!r} is not a domain of task {task.name!r}{closest(name, task.domains)} ({offered})"))
+            problems.add(
+                ConfigError(f"eval.domains: {name!r} is not a domain of task {task.name!r}{closest(name, task.domains)} ({offered})")
+            )
     problems.raise_any()
     return config
 
@@ -496,13 +521,19 @@ def check_levels(spec: ConstraintSpec, band: tuple[float, ...], prefix: str) -> 
         raise ConfigError(f"{prefix}.levels needs a training band: set train.train_gamma to a list of levels, e.g. [0.0, 0.8, 1.6]")
     missing = [g for g in (band if spec.levels == "band" else spec.levels) if g not in band]
     if missing:
-        raise ConfigError(f"{prefix}.levels: {', '.join(f'{g:g}' for g in missing)} not in train.train_gamma's band ({', '.join(f'{g:g}' for g in band)})")
+        raise ConfigError(
+            f"{prefix}.levels: {', '.join(f'{g:g}' for g in missing)} not in train.train_gamma's band ({', '.join(f'{g:g}' for g in band)})"
+        )
 
 
 def check_steps(train: TrainConfig, steps_per_epoch: int) -> None:
     """Raise ConfigError when ``train.epochs`` epochs of ``steps_per_epoch`` steps pass MAX_STEPS (a run that would never end)."""
     total = train.epochs * steps_per_epoch
-    _require(total <= MAX_STEPS, "train.epochs", f"= {train.epochs} makes {total:,} optimizer steps ({steps_per_epoch:,} an epoch); at most {MAX_STEPS:,}: lower train.epochs")
+    _require(
+        total <= MAX_STEPS,
+        "train.epochs",
+        f"= {train.epochs} makes {total:,} optimizer steps ({steps_per_epoch:,} an epoch); at most {MAX_STEPS:,}: lower train.epochs",
+    )
 
 
 def check_depth(config: RunConfig, num_layers: int, registry: Registry | None = None) -> None:
@@ -590,6 +621,8 @@ def load_config(path: str | Path, overrides: list[str] = (), registry: Registry 
     """Read, override and validate a run file; ``bench=False`` refuses a bench file instead of dropping its [bench] table."""
     data = read_toml(path)
     if "bench" in data and not bench:
-        raise ConfigError(f"{path} is a bench file (it has a [bench] table): run every variant with `layerdescent bench {path}`; `run` would train its base config alone")
+        raise ConfigError(
+            f"{path} is a bench file (it has a [bench] table): run every variant with `layerdescent bench {path}`; `run` would train its base config alone"
+        )
     data.pop("bench", None)
     return config_from_dict(apply_overrides(data, list(overrides)), registry)

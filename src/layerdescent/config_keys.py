@@ -18,8 +18,9 @@ import struct
 import textwrap
 import types
 import typing
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable, Literal, Union
+from typing import Any, Literal, Union
 
 from layerdescent.config import EvalConfig, RunConfig, TrainConfig, _option_type, _type_name, check_seed, config_from_dict
 from layerdescent.errors import ConfigError
@@ -83,10 +84,16 @@ def dataclass_keys(cls: type, prefix: str, skip: tuple[str, ...] = ()) -> list[K
 def task_keys(task_cls: type) -> list[Key]:
     """A task's ``[task]`` keys: ``perturbation`` and its options, with their ``option_help``."""
     choices = ", ".join(f"`{p}`" for p in task_cls.perturbations)
-    keys = [Key("perturbation", "a string", task_cls.perturbations[0], f"one of {choices}", "The shift gamma scales in training and evaluation.")]
+    keys = [
+        Key(
+            "perturbation", "a string", task_cls.perturbations[0], f"one of {choices}", "The shift gamma scales in training and evaluation."
+        )
+    ]
     for name, default in task_cls.options.items():
         option_type = _option_type(default)
-        keys.append(Key(name, "anything" if option_type is None else _type_label(option_type), default, "", task_cls.option_help.get(name, "")))
+        keys.append(
+            Key(name, "anything" if option_type is None else _type_label(option_type), default, "", task_cls.option_help.get(name, ""))
+        )
     return keys
 
 
@@ -129,7 +136,12 @@ def reference_markdown(registry: Registry | None = None) -> str:
         keys = dataclass_keys(solver_cls.Options, "solver")
         out += [f"### solver `{name}`", "", _first_line(solver_cls.__doc__), ""]
         out += _table(keys) if keys else ["No options.", ""]
-    out += ["## [[constraints]]", "", "Any number of tables, none by default; `kind` picks a registered constraint kind, each gets its own multipliers.", ""]
+    out += [
+        "## [[constraints]]",
+        "",
+        "Any number of tables, none by default; `kind` picks a registered constraint kind, each gets its own multipliers.",
+        "",
+    ]
     for kind, spec_cls in sorted(registry.constraints.items()):
         out += [f"### kind `{kind}`", "", _first_line(spec_cls.__doc__), "", *_table(dataclass_keys(spec_cls, "constraints"))]
     out += ["## [eval]", "", _first_line(EvalConfig.__doc__), "", *_table(dataclass_keys(EvalConfig, "eval"))]
@@ -182,7 +194,7 @@ def _toml_value(value: Any) -> str:
 
     if isinstance(value, (list, tuple)):  # on one line, as a person writes a short array
         return "[" + ", ".join(_toml_value(v) for v in value) + "]"
-    return tomli_w.dumps({"v": value}).strip()[len("v = "):]
+    return tomli_w.dumps({"v": value}).strip()[len("v = ") :]
 
 
 def _type_label(tp: Any) -> str:
@@ -194,7 +206,9 @@ def _type_label(tp: Any) -> str:
         return " or ".join(dict.fromkeys(_type_label(a) for a in typing.get_args(tp) if a is not type(None)))
     if origin is tuple:
         item = _type_label(typing.get_args(tp)[0])
-        return "a list of " + {"an integer": "integers", "a number": "numbers", "a string": "strings", "true or false": "booleans"}.get(item, item)
+        return "a list of " + {"an integer": "integers", "a number": "numbers", "a string": "strings", "true or false": "booleans"}.get(
+            item, item
+        )
     return _type_name(tp)
 
 

@@ -51,9 +51,11 @@ class ConstraintSpec(abc.ABC):
         if self.resilience < 0:
             raise ConfigError("resilience must be >= 0 (0 means a hard constraint)")
         if self.per_sample and not self.per_row:
-            raise ConfigError(f"per_sample = true needs a violation taken per row, which constraint kind {self.kind!r} does not declare (ClassVar per_row = True)")
+            raise ConfigError(
+                f"per_sample = true needs a violation taken per row, which constraint kind {self.kind!r} does not declare (ClassVar per_row = True)"
+            )
         if isinstance(self.levels, tuple) and (not self.levels or len(set(self.levels)) != len(self.levels)):
-            raise ConfigError("levels must name each level of the band once (or be \"band\" for all of them)")
+            raise ConfigError('levels must name each level of the band once (or be "band" for all of them)')
 
     @property
     def grouped(self) -> bool:

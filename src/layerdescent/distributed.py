@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import io
 import os
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Any
 
 import torch
 import torch.distributed as dist

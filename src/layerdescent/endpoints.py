@@ -59,7 +59,7 @@ PRIMARY_KEYS = {f.name for f in dataclasses.fields(Primary)}
 
 def _names(value, key: str) -> tuple[str, ...]:
     if not isinstance(value, list) or not value or not all(isinstance(v, str) and v for v in value):
-        raise ConfigError(f"{key} must be a non-empty list of names, e.g. {key} = [\"primal-dual\"]")
+        raise ConfigError(f'{key} must be a non-empty list of names, e.g. {key} = ["primal-dual"]')
     return tuple(value)
 
 
@@ -73,10 +73,12 @@ def parse_spec(bench: dict, variants: list[str] | None = None) -> BenchSpec:
         if name not in solvers:
             raise ConfigError(f"bench.baselines: {name!r} is no registered solver (known: {', '.join(sorted(solvers))})")
         if getattr(solvers[name], "enforces_constraints", False):
-            raise ConfigError(f"bench.baselines: {name!r} enforces the constraints; a baseline is a solver the constrained variants are judged against")
+            raise ConfigError(
+                f"bench.baselines: {name!r} enforces the constraints; a baseline is a solver the constrained variants are judged against"
+            )
     tuning = bench.get("tuning", {})
     if not isinstance(tuning, dict) or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in tuning.values()):
-        raise ConfigError("bench.tuning must map variant labels to the number of runs spent choosing their setting, e.g. \"primal-dual\" = 6")
+        raise ConfigError('bench.tuning must map variant labels to the number of runs spent choosing their setting, e.g. "primal-dual" = 6')
     primary = bench.get("primary")
     if primary is not None:
         primary = _primary(primary)
@@ -101,11 +103,15 @@ def _primary(table) -> Primary:
     if missing:
         raise ConfigError(f"bench.primary lacks {missing[0]!r} (it needs metric, higher_is_better, gammas and variants)")
     if not isinstance(table["metric"], str) or not table["metric"]:
-        raise ConfigError("bench.primary.metric must name a metric the task reports, e.g. metric = \"accuracy\"")
+        raise ConfigError('bench.primary.metric must name a metric the task reports, e.g. metric = "accuracy"')
     if not isinstance(table["higher_is_better"], bool):
         raise ConfigError("bench.primary.higher_is_better must be true or false")
     gammas = table["gammas"]
-    if not isinstance(gammas, list) or not gammas or not all(isinstance(g, (int, float)) and not isinstance(g, bool) and g >= 0 for g in gammas):
+    if (
+        not isinstance(gammas, list)
+        or not gammas
+        or not all(isinstance(g, (int, float)) and not isinstance(g, bool) and g >= 0 for g in gammas)
+    ):
         raise ConfigError("bench.primary.gammas must be a non-empty list of perturbation levels >= 0, e.g. gammas = [0.0, 3.2]")
     return Primary(
         metric=table["metric"],
@@ -142,8 +148,16 @@ def untuned(spec: BenchSpec, variant: str, baseline_label: str, baseline_solver:
     return tunable and spec.tuning.get(variant, 0) > spec.tuning.get(baseline_label, 0)
 
 
-def judge_cells(results: list[dict], spec: BenchSpec, variants: tuple[str, ...], metric: str, higher_is_better: bool,
-                gammas: tuple[float, ...], splits: tuple[str, ...], views: dict | None = None) -> list[dict]:
+def judge_cells(
+    results: list[dict],
+    spec: BenchSpec,
+    variants: tuple[str, ...],
+    metric: str,
+    higher_is_better: bool,
+    gammas: tuple[float, ...],
+    splits: tuple[str, ...],
+    views: dict | None = None,
+) -> list[dict]:
     """Each (variant, split, gamma) against the strongest named baseline there; Holm over the cells given, Bonferroni intervals.
 
     A cell a variant, split or gamma the runs lack is still counted in the family (m) and marked
@@ -177,8 +191,9 @@ def _cell(view, spec: BenchSpec, variant: str, split: str, gamma: float, metric:
     return versus_strongest(*view, spec, variant, gamma, metric, sign, split)
 
 
-def versus_strongest(results: list[dict], groups: dict, spec: BenchSpec, variant: str, gamma: float, metric: str,
-                     sign: float, split: str = "test") -> dict:
+def versus_strongest(
+    results: list[dict], groups: dict, spec: BenchSpec, variant: str, gamma: float, metric: str, sign: float, split: str = "test"
+) -> dict:
     """``variant`` against the named baseline with the best mean at ``gamma`` in its context, over the seeds both have.
 
     The values are signed by ``sign`` (-1 where lower is better) so that a difference > 0 favours the
@@ -203,8 +218,11 @@ def versus_strongest(results: list[dict], groups: dict, spec: BenchSpec, variant
         return cell
     versus = {}
     for label in candidates:
-        seeds = [s for s in sorted(set(groups[variant]["seeds"]) & set(groups[label]["seeds"]))
-                 if value.get((variant, s, gamma)) is not None and value.get((label, s, gamma)) is not None]
+        seeds = [
+            s
+            for s in sorted(set(groups[variant]["seeds"]) & set(groups[label]["seeds"]))
+            if value.get((variant, s, gamma)) is not None and value.get((label, s, gamma)) is not None
+        ]
         a, b = [sign * value[variant, s, gamma] for s in seeds], [sign * value[label, s, gamma] for s in seeds]
         versus[label] = (seeds, a, b, paired_difference(a, b) if seeds else None)
     strongest = max(candidates, key=candidates.get)
@@ -218,11 +236,19 @@ def versus_strongest(results: list[dict], groups: dict, spec: BenchSpec, variant
     for r in results:
         if r["label"] in made and r["seed"] in seeds and "made_by" in r:
             made[r["label"]].append(r["made_by"])
-    return {**cell, "baseline": strongest, "baseline_solver": groups[strongest]["solver"], "baselines": list(candidates),
-            "seeds": seeds, "a": a, "b": b, "difference": difference,
-            "versus": {label: d for label, (_, _, _, d) in versus.items()},
-            "cross_code": differ(made[variant] + made[strongest]),
-            "untuned": untuned(spec, variant, strongest, groups[strongest]["solver"])}
+    return {
+        **cell,
+        "baseline": strongest,
+        "baseline_solver": groups[strongest]["solver"],
+        "baselines": list(candidates),
+        "seeds": seeds,
+        "a": a,
+        "b": b,
+        "difference": difference,
+        "versus": {label: d for label, (_, _, _, d) in versus.items()},
+        "cross_code": differ(made[variant] + made[strongest]),
+        "untuned": untuned(spec, variant, strongest, groups[strongest]["solver"]),
+    }
 
 
 def primary_cells(results: list[dict], spec: BenchSpec, views: dict | None = None) -> list[dict]:

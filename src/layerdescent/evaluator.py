@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Any, Callable, Iterable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 import datasets
 import torch
@@ -72,7 +73,9 @@ def evaluate(
                         metrics.update(out.preds, out.target)
                     except Exception as exc:  # a task's preds and target that its own metrics reject
                         who = getattr(task, "_who", f"task {task.name!r}")
-                        raise PluginError(f"{who}: metrics().update with LayerOutput.preds and .target raised {type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:200]}") from None
+                        raise PluginError(
+                            f"{who}: metrics().update with LayerOutput.preds and .target raised {type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:200]}"
+                        ) from None
                 if out.layer_preds is not None:
                     per_layer = per_layer or [task.metrics().to(device) for _ in range(layers)]
                     for k, layer_metrics in enumerate(per_layer):
@@ -177,7 +180,16 @@ def workload(evaluation: dict[str, Any], config: EvalConfig) -> dict[str, Any]:
 
 
 @torch.no_grad()
-def rows_satisfied(task: Task, model: torch.nn.Module, rows: Rows, band: Iterable[float], update: Any, batch_size: int = 256, seed: int = 1234, world: World | None = None) -> dict[str, float]:
+def rows_satisfied(
+    task: Task,
+    model: torch.nn.Module,
+    rows: Rows,
+    band: Iterable[float],
+    update: Any,
+    batch_size: int = 256,
+    seed: int = 1234,
+    world: World | None = None,
+) -> dict[str, float]:
     """For each per-sample constraint, the share of training rows that meet it at the end: every entry's violation <= 0 at every level it holds.
 
     Each row is taken at every level of the training band (its noise seeded as ``evaluate`` seeds it);
@@ -192,7 +204,9 @@ def rows_satisfied(task: Task, model: torch.nn.Module, rows: Rows, band: Iterabl
     rng_devices = [device] if device.type == "cuda" else []
     # every rank holds every table, batches or not, so that the sums over ranks meet
     groups = {name: problem.groupings[name].size // problem.groupings[name].entries for name in names}
-    tables = {name: (torch.zeros(groups[name], task.num_layers + 1, device=device), torch.zeros(groups[name], device=device)) for name in names}
+    tables = {
+        name: (torch.zeros(groups[name], task.num_layers + 1, device=device), torch.zeros(groups[name], device=device)) for name in names
+    }
     was_training = model.training
     model.eval()
     try:

@@ -37,10 +37,11 @@ import threading
 import time
 import traceback
 import uuid
+from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, ClassVar
+from typing import Any, ClassVar
 from unittest import mock
 
 from layerdescent import progress, rundir
@@ -84,7 +85,9 @@ class ExecutorOptions:
         if self.workers is not None and self.workers > MAX_WORKERS:
             raise ConfigError(f"--workers must be at most {MAX_WORKERS}, got {self.workers}")
         if self.cpus_per_run < 1 or self.gpus_per_run < 0:
-            raise ConfigError(f"--cpus-per-run must be at least 1 and --gpus-per-run at least 0, got {self.cpus_per_run} and {self.gpus_per_run}")
+            raise ConfigError(
+                f"--cpus-per-run must be at least 1 and --gpus-per-run at least 0, got {self.cpus_per_run} and {self.gpus_per_run}"
+            )
         if self.cpus_per_run > MAX_CPUS:
             raise ConfigError(f"--cpus-per-run (bench.slurm.cpus_per_run) must be at most {MAX_CPUS}, got {self.cpus_per_run}")
         if not (math.isfinite(self.gpus_per_run) and self.gpus_per_run <= MAX_GPUS):
@@ -94,7 +97,9 @@ class ExecutorOptions:
         if self.mem_gb is not None and not (math.isfinite(self.mem_gb) and 0 < self.mem_gb <= MAX_MEM_GB):
             raise ConfigError(f"--mem-gb (bench.slurm.mem_gb) must be a number of GB in (0, {MAX_MEM_GB}], got {self.mem_gb}")
         if self.cluster not in ("slurm", "local"):
-            raise ConfigError(f"bench.slurm.cluster = {self.cluster!r} is not allowed (allowed: 'slurm', or 'local' to run the jobs as processes here)")
+            raise ConfigError(
+                f"bench.slurm.cluster = {self.cluster!r} is not allowed (allowed: 'slurm', or 'local' to run the jobs as processes here)"
+            )
         if self.ray_address and self.name != "ray":
             raise ConfigError("--ray-address needs --executor ray")
 
@@ -103,13 +108,21 @@ def slurm_table(bench: dict[str, Any]) -> dict[str, Any]:
     """The ``[bench.slurm]`` table's settings, checked: ExecutorOptions field names and values."""
     table = bench.get("slurm", {})
     if not isinstance(table, dict):
-        raise ConfigError("bench.slurm must be a table, e.g. [bench.slurm] partition = \"gpu\"")
+        raise ConfigError('bench.slurm must be a table, e.g. [bench.slurm] partition = "gpu"')
     unknown = sorted(set(table) - set(SLURM_KEYS))
     if unknown:
         from layerdescent.registry import closest
 
         raise ConfigError(f"unknown key bench.slurm.{unknown[0]}{closest(unknown[0], SLURM_KEYS)} (allowed: {', '.join(SLURM_KEYS)})")
-    kinds = {"partition": str, "account": str, "cluster": str, "time": int, "cpus_per_run": int, "mem_gb": (int, float), "gpus_per_run": (int, float)}
+    kinds = {
+        "partition": str,
+        "account": str,
+        "cluster": str,
+        "time": int,
+        "cpus_per_run": int,
+        "mem_gb": (int, float),
+        "gpus_per_run": (int, float),
+    }
     for key, value in table.items():
         if isinstance(value, bool) or not isinstance(value, kinds[key]):
             raise ConfigError(f"bench.slurm.{key} must be {'a string' if kinds[key] is str else 'a number'}, got {value!r}")
@@ -325,7 +338,7 @@ class Executor:
                 try:
                     status = self.outcome(handle)
                     finished += 1
-                except Exception as exc:  # noqa: BLE001 - any failure of one run is reported, the others go on
+                except Exception as exc:
                     failures.append(run_failure(run, out, exc))
                     status = f"failed: {failures[-1].error}"
                 if on_run:
@@ -369,12 +382,14 @@ def _train_one(run: Any, resume: bool) -> None:
     train(config, run.run_dir, resume=resume)
 
 
-def _settle(run: Any, resume: bool, outcome: Callable[[], Any], out: Path, failures: list, on_run: Callable[[Any, str], None] | None) -> None:
+def _settle(
+    run: Any, resume: bool, outcome: Callable[[], Any], out: Path, failures: list, on_run: Callable[[Any, str], None] | None
+) -> None:
     """Wait for one run's ``outcome`` and tell how it ended; a failed run is recorded and the others go on."""
     try:
         outcome()
         status = "resumed" if resume else "trained"
-    except Exception as exc:  # noqa: BLE001 - as on the other executors: every failure is named at the end
+    except Exception as exc:
         failures.append(run_failure(run, out, exc))
         status = f"failed: {failures[-1].error}"
     if on_run:
@@ -393,9 +408,19 @@ class _Local(Executor):
         if workers == 1:
             with mock.patch.dict(os.environ, self.env):  # for the block and the workers it starts
                 for run, resume in pending:
-                    _settle(run, resume, functools.partial(train, run.config, run.run_dir, resume=resume, registry=self.registry), self.out, failures, on_run)
+                    _settle(
+                        run,
+                        resume,
+                        functools.partial(train, run.config, run.run_dir, resume=resume, registry=self.registry),
+                        self.out,
+                        failures,
+                        on_run,
+                    )
         else:
-            with mock.patch.dict(os.environ, self.env), ProcessPoolExecutor(workers, initializer=_worker_init, initargs=(os.getpid(),)) as pool:
+            with (
+                mock.patch.dict(os.environ, self.env),
+                ProcessPoolExecutor(workers, initializer=_worker_init, initargs=(os.getpid(),)) as pool,
+            ):
                 jobs = {pool.submit(_train_one, run, resume): (run, resume) for run, resume in pending}
                 for job in as_completed(jobs):  # told as each ends
                     _settle(*jobs[job], job.result, self.out, failures, on_run)
@@ -422,7 +447,12 @@ class _Ray(Executor):
                 ray.init(address=options.ray_address, log_to_driver=False)
             else:
                 cpus = (options.workers or 0) * options.cpus_per_run or os.cpu_count() or 1
-                ray.init(num_cpus=cpus, num_gpus=options.gpus_per_run * (options.workers or 0) or None, include_dashboard=False, log_to_driver=False)
+                ray.init(
+                    num_cpus=cpus,
+                    num_gpus=options.gpus_per_run * (options.workers or 0) or None,
+                    include_dashboard=False,
+                    log_to_driver=False,
+                )
             self.started = True
         self.remote = ray.remote(num_cpus=options.cpus_per_run, num_gpus=options.gpus_per_run, max_retries=0)(_call)
         self.slots = max(1, int(ray.cluster_resources().get("CPU", 1) // options.cpus_per_run))
@@ -453,7 +483,9 @@ class _Slurm(Executor):
         self.submitit = submitit = require("submitit", "slurm", "--executor slurm")
         options = self.options
         if options.cluster == "slurm" and shutil.which("sbatch") is None:
-            raise ConfigError("--executor slurm: there is no sbatch here; run the bench on a SLURM login node (or set [bench.slurm] cluster = \"local\" to try it as local jobs)")
+            raise ConfigError(
+                '--executor slurm: there is no sbatch here; run the bench on a SLURM login node (or set [bench.slurm] cluster = "local" to try it as local jobs)'
+            )
         self.folder = self.out / ".submitit"
         self.jobs_file = self.folder / "jobs.json"
         self.executor = submitit.AutoExecutor(folder=str(self.folder), cluster=options.cluster)
@@ -551,9 +583,13 @@ def executor_class(options: ExecutorOptions, registry: Any = None) -> type[Execu
     table = (registry or get_registry()).executors
     cls = table.get(options.name)
     if cls is None:
-        raise ConfigError(f"--executor {options.name!r} is not a registered executor{closest(options.name, table)} (known: {', '.join(sorted(table))}; see `layerdescent list`)")
+        raise ConfigError(
+            f"--executor {options.name!r} is not a registered executor{closest(options.name, table)} (known: {', '.join(sorted(table))}; see `layerdescent list`)"
+        )
     if not options.wait and not cls.detaches:
-        detaching = " or ".join(sorted(name for name, c in table.items() if c.detaches)) or "one whose jobs outlive the bench (none is registered)"
+        detaching = (
+            " or ".join(sorted(name for name, c in table.items() if c.detaches)) or "one whose jobs outlive the bench (none is registered)"
+        )
         raise ConfigError(f"--no-wait is for --executor {detaching}, whose jobs outlive the bench; a {options.name} run ends with it")
     check_installed(cls.requires, f"--executor {options.name}")
     return cls

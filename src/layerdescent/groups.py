@@ -99,15 +99,21 @@ def comparisons(groups: dict, baselines: tuple[str, ...] | list[str] = ()) -> li
 def baseline_group(groups: dict, label: str, solver: str) -> str | None:
     """The group of ``solver`` that ``label`` is judged against: in its context, labelled by the solver's name if one is, the nearest."""
     key = groups[label]["context_key"]
-    candidates = [other for other, g in groups.items() if g["solver"] == solver and g["context_key"] == key and g["split"] == groups[label]["split"]]
+    candidates = [
+        other for other, g in groups.items() if g["solver"] == solver and g["context_key"] == key and g["split"] == groups[label]["split"]
+    ]
     main = [c for c in candidates if c.split(",")[0] == solver]
     return _nearest(groups, label, main or candidates)
 
 
 def ablated_keys(groups: dict) -> dict[str, str]:
     """The numeric config keys some groups differ in alone (seed, label and evaluation aside): key -> its short name."""
-    keys = dict.fromkeys(k for grp in groups.values() for k, v in grp["config"].items()
-                         if isinstance(v, (int, float)) and not isinstance(v, bool) and k not in ("seed", "label") and not k.startswith("eval."))
+    keys = dict.fromkeys(
+        k
+        for grp in groups.values()
+        for k, v in grp["config"].items()
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and k not in ("seed", "label") and not k.startswith("eval.")
+    )
     short = {k: k.rsplit(".", 1)[-1] for k in keys}
     clashing = {name for name in short.values() if list(short.values()).count(name) > 1}
     return {k: k if name in clashing else name for k, name in short.items()}
@@ -121,7 +127,11 @@ def ablations(groups: dict) -> dict[str, list[list[str]]]:
         for label, grp in groups.items():
             if isinstance(grp["config"].get(key), (int, float)):
                 # the evaluation grid may differ within a series, the split (test or validation) may not
-                rest = {k: v for k, v in grp["config"].items() if k not in (key, "label", "seed") and (k == "eval.split" or not k.startswith("eval."))}
+                rest = {
+                    k: v
+                    for k, v in grp["config"].items()
+                    if k not in (key, "label", "seed") and (k == "eval.split" or not k.startswith("eval."))
+                }
                 series.setdefault(json.dumps(rest, sort_keys=True, default=str), []).append(label)
         swept = [sorted(labels, key=lambda label: groups[label]["config"][key]) for labels in series.values()]
         swept = [labels for labels in swept if len({groups[label]["config"][key] for label in labels}) >= 3]
@@ -146,12 +156,18 @@ def _summarize_group(runs: list[dict]) -> dict:
         rows = by_gamma[gamma]
         gammas[gamma] = {
             # a metric some seeds lack (a damaged or older run) is summarized over the seeds that have it
-            "metrics": {m: seed_stats([r["metrics"][m] for r in rows if m in r["metrics"]]) for m in dict.fromkeys(m for r in rows for m in r["metrics"])},
+            "metrics": {
+                m: seed_stats([r["metrics"][m] for r in rows if m in r["metrics"]])
+                for m in dict.fromkeys(m for r in rows for m in r["metrics"])
+            },
             "layer_loss": seed_stats([r["layer_loss"] for r in rows]),
             "descent_rate": seed_stats([r["descent_rate"] for r in rows]),
             # each metric at every layer, where the task reads one per layer (and every seed has it)
-            "layer_metrics": {m: seed_stats([r["layer_metrics"][m] for r in rows]) for m in rows[0].get("layer_metrics", {})
-                              if all(m in r.get("layer_metrics", {}) for r in rows)},
+            "layer_metrics": {
+                m: seed_stats([r["layer_metrics"][m] for r in rows])
+                for m in rows[0].get("layer_metrics", {})
+                if all(m in r.get("layer_metrics", {}) for r in rows)
+            },
         }
     times = [r["train"].get("step_time_median") for r in runs]
     times = [t for t in times if t is not None]
@@ -159,11 +175,19 @@ def _summarize_group(runs: list[dict]) -> dict:
     for name, c in runs[0].get("constraints", {}).items():
         per_seed = [r["constraints"][name]["lambda"] for r in runs if name in r.get("constraints", {})]
         # binding: entries whose multiplier ended positive, summed over seeds (of entries x seeds)
-        lambdas[name] = {"labels": c.get("labels", []), "mean": np.mean(per_seed, axis=0).tolist(),
-                         "binding": int((np.asarray(per_seed) > 0).sum()), "entries": int(np.asarray(per_seed).size)}
+        lambdas[name] = {
+            "labels": c.get("labels", []),
+            "mean": np.mean(per_seed, axis=0).tolist(),
+            "binding": int((np.asarray(per_seed) > 0).sum()),
+            "entries": int(np.asarray(per_seed).size),
+        }
         rows = [r["constraints"][name]["per_sample"] for r in runs if "per_sample" in r.get("constraints", {}).get(name, {})]
         if rows:  # a per-sample constraint: its lambdas are means over rows; what binds and what is met is per row
-            lambdas[name]["per_sample"] = {key: float(np.mean([row[key] for row in rows])) for key in ("binding_rows", "satisfied_rows") if all(row.get(key) is not None for row in rows)}
+            lambdas[name]["per_sample"] = {
+                key: float(np.mean([row[key] for row in rows]))
+                for key in ("binding_rows", "satisfied_rows")
+                if all(row.get(key) is not None for row in rows)
+            }
     return {
         "solver": runs[0]["solver"],
         "task": runs[0]["task"],

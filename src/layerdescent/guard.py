@@ -10,8 +10,9 @@ it raises is reported with the method that raised it.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any, Iterator
+from typing import Any
 
 import datasets
 import torch
@@ -47,7 +48,9 @@ def calling(who: str, method: str) -> Iterator[None]:
         raise
     except Exception as exc:  # a plugin's bug, reported by name instead of as a traceback
         if _out_of_memory(exc):
-            raise PluginError(f"{who}: {method} ran out of memory: the model or data are too large for this machine; lower the task's size options (e.g. task.layers)") from None
+            raise PluginError(
+                f"{who}: {method} ran out of memory: the model or data are too large for this machine; lower the task's size options (e.g. task.layers)"
+            ) from None
         raise PluginError(f"{who}: {method} raised {type(exc).__name__}: {_first_line(exc)}") from None
 
 
@@ -102,7 +105,9 @@ class CheckedTask:
             raise PluginError(f"{self._who}: build_datasets returned {type(splits).__name__}, not a dict of splits {', '.join(SPLITS)}")
         for name in SPLITS:
             if name in splits and not isinstance(splits[name], datasets.Dataset):
-                raise PluginError(f"{self._who}: build_datasets returned split {name!r} as {type(splits[name]).__name__}, not a datasets.Dataset")
+                raise PluginError(
+                    f"{self._who}: build_datasets returned split {name!r} as {type(splits[name]).__name__}, not a datasets.Dataset"
+                )
         return splits
 
     def domain_dataset(self, name: str) -> datasets.Dataset:
@@ -140,8 +145,12 @@ class CheckedTask:
             raise PluginError(f"{self._who}: {method} returned {type(out).__name__}, not a LayerOutput(losses=B x (L+1) tensor)")
         losses = out.losses
         if not losses.is_floating_point():
-            raise PluginError(f"{self._who}: {method} returned losses of dtype {losses.dtype}; they must be floating point (a per-sample loss, not a count)")
+            raise PluginError(
+                f"{self._who}: {method} returned losses of dtype {losses.dtype}; they must be floating point (a per-sample loss, not a count)"
+            )
         if losses.shape[1] != columns:
             what = "one column per layer 0..L" if columns > 1 else "one column, the last layer"
-            raise PluginError(f"{self._who}: {method} returned losses with {losses.shape[1]} columns; it needs {columns} ({what}; num_layers = {self.num_layers})")
+            raise PluginError(
+                f"{self._who}: {method} returned losses with {losses.shape[1]} columns; it needs {columns} ({what}; num_layers = {self.num_layers})"
+            )
         return out

@@ -26,7 +26,8 @@ from __future__ import annotations
 
 import inspect
 import os
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 
@@ -70,7 +71,10 @@ class DescentTrainer(transformers.Trainer):
         self.solver_name = solver
         self.solver_options = options
         self.band = tuple(band)
-        self.columns = {"rows": rows_column if any(spec.per_sample for spec in self.constraints) else None, "levels": levels_column if any(spec.levels is not None for spec in self.constraints) else None}
+        self.columns = {
+            "rows": rows_column if any(spec.per_sample for spec in self.constraints) else None,
+            "levels": levels_column if any(spec.levels is not None for spec in self.constraints) else None,
+        }
         self.update: LayerwiseUpdate | None = None  # built around the Trainer's optimizer, once it exists
         super().__init__(*args, **kwargs)
         self._check_columns()
@@ -83,9 +87,13 @@ class DescentTrainer(transformers.Trainer):
     def _check(self, options: dict[str, Any]) -> None:
         """Refuse what cannot train before anything runs: bad constraints, readout, solver or options."""
         if self.args.label_smoothing_factor:
-            raise ConfigError(f"TrainingArguments.label_smoothing_factor = {self.args.label_smoothing_factor:g} smooths the model's own loss, which DescentTrainer replaces by the readout's: set it to 0 and smooth in the readout (cross_entropy(..., label_smoothing={self.args.label_smoothing_factor:g}))")
+            raise ConfigError(
+                f"TrainingArguments.label_smoothing_factor = {self.args.label_smoothing_factor:g} smooths the model's own loss, which DescentTrainer replaces by the readout's: set it to 0 and smooth in the readout (cross_entropy(..., label_smoothing={self.args.label_smoothing_factor:g}))"
+            )
         if not callable(self.readout):
-            raise ConfigError(f"readout must be a function readout(hidden_state, inputs) -> per-sample losses (B,), got {type(self.readout).__name__}")
+            raise ConfigError(
+                f"readout must be a function readout(hidden_state, inputs) -> per-sample losses (B,), got {type(self.readout).__name__}"
+            )
         for spec in self.constraints:
             if not isinstance(spec, ConstraintSpec):
                 raise ConfigError(f"constraints must be ConstraintSpec objects such as layerdescent.Descent(alpha=0.05), got {spec!r}")
@@ -94,14 +102,18 @@ class DescentTrainer(transformers.Trainer):
         known = {name for cls in self.registry.solvers.values() for name in cls.Options.__dataclass_fields__}
         unknown = sorted(set(options) - known)
         if unknown:
-            raise TypeError(f"DescentTrainer got unexpected keyword arguments {', '.join(unknown)}: neither transformers.Trainer arguments nor solver options (solver {self.solver_name!r} accepts: {', '.join(sorted(solver_cls.Options.__dataclass_fields__)) or 'none'})")
+            raise TypeError(
+                f"DescentTrainer got unexpected keyword arguments {', '.join(unknown)}: neither transformers.Trainer arguments nor solver options (solver {self.solver_name!r} accepts: {', '.join(sorted(solver_cls.Options.__dataclass_fields__)) or 'none'})"
+            )
         settings = build_solver_options(solver_cls, options, self.registry)
         problems = solver_cls.check(settings, self.num_layers, self.constraints)
         if problems:
             raise ConfigError("\n".join(problems))
         problem = solver_cls.outside_primal_step(settings)
         if problem:
-            raise ConfigError(f"DescentTrainer steps the multipliers after the Trainer's own optimizer step, which {problem}; for the other schemes use layerdescent.LayerwiseUpdate in your own loop")
+            raise ConfigError(
+                f"DescentTrainer steps the multipliers after the Trainer's own optimizer step, which {problem}; for the other schemes use layerdescent.LayerwiseUpdate in your own loop"
+            )
 
     def _check_columns(self) -> None:
         """Refuse a per-sample or per-level constraint whose dataset lacks the column that says where each row came from."""
@@ -111,8 +123,14 @@ class DescentTrainer(transformers.Trainer):
             names = getattr(self.train_dataset, "column_names", None)
             if names is not None and column not in names:
                 option = "rows_column" if what == "rows" else "levels_column"
-                example = "dataset.add_column('row_index', list(range(len(dataset))))" if what == "rows" else "a column of band indices set by your perturbing collator"
-                raise ConfigError(f"a constraint held per {'sample' if what == 'rows' else 'level'} needs each training row's {'index' if what == 'rows' else 'level'}: train_dataset has no column {column!r} ({option}=...; e.g. {example})")
+                example = (
+                    "dataset.add_column('row_index', list(range(len(dataset))))"
+                    if what == "rows"
+                    else "a column of band indices set by your perturbing collator"
+                )
+                raise ConfigError(
+                    f"a constraint held per {'sample' if what == 'rows' else 'level'} needs each training row's {'index' if what == 'rows' else 'level'}: train_dataset has no column {column!r} ({option}=...; e.g. {example})"
+                )
         if any(self.columns.values()) and self.args.remove_unused_columns:
             # the Trainer drops columns the model's forward does not take; these are the update's, not the model's
             self._set_signature_columns_if_needed()
@@ -123,7 +141,16 @@ class DescentTrainer(transformers.Trainer):
         optimizer = super().create_optimizer(*args, **kwargs)
         if self.update is None:
             rows = len(self.train_dataset) if self.columns["rows"] else None
-            self.update = LayerwiseUpdate(self.constraints, self.num_layers, optimizer, self.solver_name, registry=self.registry, band=self.band, rows=rows, **self.solver_options).to(self.args.device)
+            self.update = LayerwiseUpdate(
+                self.constraints,
+                self.num_layers,
+                optimizer,
+                self.solver_name,
+                registry=self.registry,
+                band=self.band,
+                rows=rows,
+                **self.solver_options,
+            ).to(self.args.device)
         return optimizer
 
     def compute_loss(self, model: Any, inputs: dict[str, Any], return_outputs: bool = False, num_items_in_batch: Any = None) -> Any:
@@ -135,7 +162,9 @@ class DescentTrainer(transformers.Trainer):
         if model.training and self.update is not None:
             # the Trainer divides the loss by its accumulation steps and backpropagates it; the update counts the means with that share
             weight = 1.0 / getattr(self, "current_gradient_accumulation_steps", self.args.gradient_accumulation_steps)
-            loss = self.update.forward(losses.float(), weight, **where)  # the multipliers and means are float32, whatever the model's precision
+            loss = self.update.forward(
+                losses.float(), weight, **where
+            )  # the multipliers and means are float32, whatever the model's precision
         else:
             loss = losses[:, -1].mean()
         if not return_outputs:
@@ -148,16 +177,22 @@ class DescentTrainer(transformers.Trainer):
         """B x (L+1) per-sample losses: the readout of each hidden state, column 0 the embeddings'."""
         hidden = outputs.get("hidden_states") if isinstance(outputs, dict) else getattr(outputs, "hidden_states", None)
         if hidden is None:
-            raise PluginError(f"{type(self.model).__name__} returned no hidden_states with output_hidden_states=True: DescentTrainer needs a model that returns one hidden state per layer (a transformers model with config.output_hidden_states support)")
+            raise PluginError(
+                f"{type(self.model).__name__} returned no hidden_states with output_hidden_states=True: DescentTrainer needs a model that returns one hidden state per layer (a transformers model with config.output_hidden_states support)"
+            )
         if len(hidden) != self.num_layers + 1:
-            raise PluginError(f"{type(self.model).__name__} returned {len(hidden)} hidden states; its config.num_hidden_layers = {self.num_layers} needs {self.num_layers + 1} (the embeddings and each layer)")
+            raise PluginError(
+                f"{type(self.model).__name__} returned {len(hidden)} hidden states; its config.num_hidden_layers = {self.num_layers} needs {self.num_layers + 1} (the embeddings and each layer)"
+            )
         columns = []
         for k, state in enumerate(hidden):
             loss = self.readout(state, inputs)
             batch = state.shape[0]
             if not isinstance(loss, torch.Tensor) or loss.shape != (batch,) or not loss.is_floating_point():
                 got = f"shape {tuple(loss.shape)} of {loss.dtype}" if isinstance(loss, torch.Tensor) else type(loss).__name__
-                raise PluginError(f"readout returned {got} for hidden state {k}; it must return one floating-point loss per sample, shape ({batch},): use reduction='none'")
+                raise PluginError(
+                    f"readout returned {got} for hidden state {k}; it must return one floating-point loss per sample, shape ({batch},): use reduction='none'"
+                )
             columns.append(loss)
         return torch.stack(columns, dim=1)
 
@@ -201,7 +236,9 @@ class DescentTrainer(transformers.Trainer):
             return
         path = os.path.join(checkpoint, STATE_FILE)
         if not os.path.isfile(path):
-            raise ConfigError(f"{checkpoint} holds no {STATE_FILE}: it was not saved by a DescentTrainer, so its multipliers are unknown: resume from a checkpoint-N this DescentTrainer wrote, or train without resume_from_checkpoint")
+            raise ConfigError(
+                f"{checkpoint} holds no {STATE_FILE}: it was not saved by a DescentTrainer, so its multipliers are unknown: resume from a checkpoint-N this DescentTrainer wrote, or train without resume_from_checkpoint"
+            )
         self.update.load_state_dict(torch.load(path, map_location="cpu", weights_only=True))
 
 
@@ -221,7 +258,9 @@ def _depth(model: Any) -> int:
     """L, the model's layer count, from its config."""
     layers = getattr(getattr(model, "config", None), "num_hidden_layers", None)
     if not isinstance(layers, int) or layers < 1:
-        raise PluginError(f"{type(model).__name__} has no config.num_hidden_layers: DescentTrainer needs a transformers model, whose config says how many hidden states it returns")
+        raise PluginError(
+            f"{type(model).__name__} has no config.num_hidden_layers: DescentTrainer needs a transformers model, whose config says how many hidden states it returns"
+        )
     return layers
 
 
@@ -232,4 +271,6 @@ def _forward(model: Any, inputs: dict[str, Any]) -> Any:
     except TypeError as exc:
         if "output_hidden_states" not in str(exc):
             raise
-        raise PluginError(f"{type(model).__name__}.forward does not take output_hidden_states: DescentTrainer needs a model that returns one hidden state per layer") from None
+        raise PluginError(
+            f"{type(model).__name__}.forward does not take output_hidden_states: DescentTrainer needs a model that returns one hidden state per layer"
+        ) from None

@@ -16,7 +16,9 @@ def require(module: str, extra: str, purpose: str = "") -> ModuleType:
     except ImportError as exc:
         missing = getattr(exc, "name", None) or module
         who = purpose or "this feature"
-        raise PluginError(f"{who} needs the optional dependency {missing!r}; install it with: pip install 'layerdescent[{extra}]'") from None
+        raise PluginError(
+            f"{who} needs the optional dependency {missing!r}; install it with: pip install 'layerdescent[{extra}]'"
+        ) from None
 
 
 def check_installed(requires: dict[str, str], who: str) -> None:

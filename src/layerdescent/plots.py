@@ -11,6 +11,7 @@ import numpy as np
 from layerdescent.errors import LayerdescentError
 from layerdescent.groups import _all_gammas, _shared_gammas, ablated_keys, ablations, context_titles, legend_name, metric_names, role
 
+
 def read_log(path: Path) -> list[dict]:
     """The records of one metrics.jsonl; LayerdescentError naming the file and line if one is damaged."""
     try:
@@ -45,9 +46,13 @@ def _traces(groups: dict) -> dict[tuple[str, str], tuple[np.ndarray, np.ndarray,
             try:
                 steps = np.array([r["step"] for r in records], dtype=float)
                 lam = np.array([r["lambda"][name] for r in records], dtype=float).reshape(len(records), -1)
-                violation = np.array([r.get("violation", {}).get(name, [np.nan] * lam.shape[1]) for r in records], dtype=float).reshape(lam.shape)
+                violation = np.array([r.get("violation", {}).get(name, [np.nan] * lam.shape[1]) for r in records], dtype=float).reshape(
+                    lam.shape
+                )
             except (KeyError, TypeError, ValueError):
-                raise LayerdescentError(f"{log}: the multipliers of constraint {name!r} change shape or go missing between lines; the log is damaged") from None
+                raise LayerdescentError(
+                    f"{log}: the multipliers of constraint {name!r} change shape or go missing between lines; the log is damaged"
+                ) from None
             traces[label, name] = (steps, lam, violation)
     return traces
 
@@ -118,7 +123,15 @@ def _finish(fig, axes, path: Path, title: str = "", note: str = "") -> None:
     if title or note:
         fig.suptitle("\n".join(t for t in (title, note) if t), y=1.0, va="bottom", fontsize="medium")
     if handles:
-        fig.legend(list(handles.values()), list(handles), loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=min(len(handles), 4), fontsize="small", frameon=False)
+        fig.legend(
+            list(handles.values()),
+            list(handles),
+            loc="upper center",
+            bbox_to_anchor=(0.5, 0.0),
+            ncol=min(len(handles), 4),
+            fontsize="small",
+            frameon=False,
+        )
     fig.savefig(path, dpi=120, bbox_inches="tight")
     import matplotlib.pyplot as plt
 
@@ -132,7 +145,14 @@ def _metric_panel(ax, groups: dict, context_key: str, metric: str, colors: dict[
             continue
         pts = [(g, st["metrics"][metric]) for g, st in grp["gammas"].items() if metric in st["metrics"]]
         if pts:
-            _series(ax, [g for g, _ in pts], _point_stats([m for _, m in pts]), legend_name(label, grp), role(grp["solver"], "enforces_constraints"), colors.get(label, "C0"))
+            _series(
+                ax,
+                [g for g, _ in pts],
+                _point_stats([m for _, m in pts]),
+                legend_name(label, grp),
+                role(grp["solver"], "enforces_constraints"),
+                colors.get(label, "C0"),
+            )
 
 
 def plot(groups: dict, out: Path, domains: dict[str, dict] | None = None, spec=None, results: list[dict] | None = None) -> list[str]:
@@ -158,7 +178,15 @@ def plot(groups: dict, out: Path, domains: dict[str, dict] | None = None, spec=N
             if gamma not in grp["gammas"]:
                 continue
             s = grp["gammas"][gamma]["layer_loss"]
-            _series(ax, np.arange(len(s["mean"])), s, legend_name(label, grp), role(grp["solver"], "enforces_constraints"), colors[label], band=True)
+            _series(
+                ax,
+                np.arange(len(s["mean"])),
+                s,
+                legend_name(label, grp),
+                role(grp["solver"], "enforces_constraints"),
+                colors[label],
+                band=True,
+            )
             means.extend(s["mean"])
         if means and min(means) > 0:
             _readable_log_axis(ax)
@@ -196,8 +224,20 @@ def plot(groups: dict, out: Path, domains: dict[str, dict] | None = None, spec=N
     for label, grp in groups.items():
         s = grp["gammas"].get(gammas[0], {}).get("descent_rate")
         if s:
-            _series(ax, np.arange(1, len(s["mean"]) + 1), s, legend_name(label, grp), role(grp["solver"], "enforces_constraints"), colors.get(label, "C0"))
-    ax.set(title=f"descent rate in distribution (γ = {gammas[0]:g})", xlabel="layer k", ylabel="share of samples with l_k < l_(k-1)", ylim=(0, 1.02))
+            _series(
+                ax,
+                np.arange(1, len(s["mean"]) + 1),
+                s,
+                legend_name(label, grp),
+                role(grp["solver"], "enforces_constraints"),
+                colors.get(label, "C0"),
+            )
+    ax.set(
+        title=f"descent rate in distribution (γ = {gammas[0]:g})",
+        xlabel="layer k",
+        ylabel="share of samples with l_k < l_(k-1)",
+        ylim=(0, 1.02),
+    )
     _finish(fig, np.array([ax]), out / "descent_rate.png", title, solid)
     images.append("descent_rate.png")
 
@@ -216,7 +256,7 @@ def plot(groups: dict, out: Path, domains: dict[str, dict] | None = None, spec=N
         images.append("traces.png")
 
     names = ablated_keys(groups)
-    for key, swept in (ablations(groups).items() if metrics else ()):  # a row per metric, a column per end of the shared gamma grid
+    for key, swept in ablations(groups).items() if metrics else ():  # a row per metric, a column per end of the shared gamma grid
         shared = [_shared_gammas(groups, labels) for labels in swept]
         ends = list(dict.fromkeys(g for gammas in shared for g in (gammas[0], gammas[-1])))
         fig, axes = plt.subplots(len(metrics), len(ends), figsize=(5 * len(ends), 3.5 * len(metrics)), squeeze=False)
@@ -229,7 +269,14 @@ def plot(groups: dict, out: Path, domains: dict[str, dict] | None = None, spec=N
                     points = [(groups[label]["config"][key], groups[label]["gammas"][gamma]["metrics"].get(metric)) for label in labels]
                     points = [(x, m) for x, m in points if m is not None]
                     if points:
-                        _series(ax, [x for x, _ in points], _point_stats([m for _, m in points]), grp["solver"], role(grp["solver"], "enforces_constraints"), colors[labels[0]])
+                        _series(
+                            ax,
+                            [x for x, _ in points],
+                            _point_stats([m for _, m in points]),
+                            grp["solver"],
+                            role(grp["solver"], "enforces_constraints"),
+                            colors[labels[0]],
+                        )
                 ax.set(title=f"{metric} at γ = {gamma:g}", xlabel=names[key], ylabel=metric)
         name = f"ablation_{names[key]}.png"
         _finish(fig, axes, out / name, title, gamma_label)
@@ -276,12 +323,16 @@ def tradeoff(groups: dict, domains: dict[str, dict], path: Path, spec=None, titl
     cols = min(3, len(contexts))
     rows = -(-len(contexts) // cols)
     fig, axes = plt.subplots(rows, cols, figsize=(5.5 * cols, 4.5 * rows), squeeze=False)
-    for ax in axes.ravel()[len(contexts):]:
+    for ax in axes.ravel()[len(contexts) :]:
         ax.set_visible(False)
     drawn = False
     # a bench of one variant per solver in each context (a grid of datasets) is told apart by solver, else by label
-    per_solver = all(len([g for g in groups.values() if g["context_key"] == key and g["solver"] == grp["solver"] and g["split"] == "test"]) <= 1
-                     for key in contexts for grp in groups.values() if grp["context_key"] == key)
+    per_solver = all(
+        len([g for g in groups.values() if g["context_key"] == key and g["solver"] == grp["solver"] and g["split"] == "test"]) <= 1
+        for key in contexts
+        for grp in groups.values()
+        if grp["context_key"] == key
+    )
     solvers = list(dict.fromkeys(grp["solver"] for grp in groups.values()))
     for ax, key in zip(axes.ravel(), contexts):
         # the variants run at the context's full seed count: a one- or two-seed sweep's t interval would fill the panel
@@ -304,5 +355,11 @@ def tradeoff(groups: dict, domains: dict[str, dict], path: Path, spec=None, titl
         plt.close(fig)
         return False
     direction = "" if not primary else f"; {'higher' if primary.higher_is_better else 'lower'} is better on both axes"
-    _finish(fig, axes, path, title, f"trade-off: a point per variant (those with the most seeds), 95% t intervals over seeds{direction}; circles: constraints enforced")
+    _finish(
+        fig,
+        axes,
+        path,
+        title,
+        f"trade-off: a point per variant (those with the most seeds), 95% t intervals over seeds{direction}; circles: constraints enforced",
+    )
     return True

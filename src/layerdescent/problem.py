@@ -13,8 +13,9 @@ multiplier moves only when its level was drawn or its row was in the batch.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import cooper
 import torch
@@ -53,10 +54,14 @@ class Grouping:
         if spec.levels is not None:
             wanted = band if spec.levels == "band" else spec.levels
             if len(band) < 2 or any(g not in band for g in wanted):
-                raise ConfigError(f"constraint {spec.name!r}: levels {spec.levels!r} need a training band holding them (train.train_gamma = [...], or LayerwiseUpdate(band=...)); the band is {list(band)}")
+                raise ConfigError(
+                    f"constraint {spec.name!r}: levels {spec.levels!r} need a training band holding them (train.train_gamma = [...], or LayerwiseUpdate(band=...)); the band is {list(band)}"
+                )
             held = tuple(band.index(g) for g in wanted)
         if spec.per_sample and not rows:
-            raise ConfigError(f"constraint {spec.name!r}: per_sample = true needs the training rows' count and each row's index (LayerwiseUpdate(rows=len(train_set)), backward(losses, rows=indices))")
+            raise ConfigError(
+                f"constraint {spec.name!r}: per_sample = true needs the training rows' count and each row's index (LayerwiseUpdate(rows=len(train_set)), backward(losses, rows=indices))"
+            )
         return cls(held, band, (rows or 0) if spec.per_sample else 0, entries)
 
     @property
@@ -93,7 +98,9 @@ class Grouping:
                 raise ConfigError("a per-sample constraint needs each row's index: backward(losses, rows=indices into the training split)")
             rows = batch.rows.to(device)
             if bool(((rows < 0) | (rows >= self.rows)).any()):
-                raise ConfigError(f"a per-sample constraint got a row index outside 0..{self.rows - 1}: rows must index the training split it was built for")
+                raise ConfigError(
+                    f"a per-sample constraint got a row index outside 0..{self.rows - 1}: rows must index the training split it was built for"
+                )
             slot = rows * max(len(self.levels), 1) + slot.clamp(min=0)
         return torch.where(valid, slot, -1)
 
@@ -104,7 +111,9 @@ class Grouping:
         groups = self.size // self.entries
         losses = batch.losses.detach() if detach else batch.losses
         sums = torch.zeros(groups, losses.shape[1], dtype=losses.dtype, device=losses.device).index_add_(0, ids[keep], losses[keep])
-        counts = torch.zeros(groups, dtype=losses.dtype, device=losses.device).index_add_(0, ids[keep], torch.ones_like(ids[keep], dtype=losses.dtype))
+        counts = torch.zeros(groups, dtype=losses.dtype, device=losses.device).index_add_(
+            0, ids[keep], torch.ones_like(ids[keep], dtype=losses.dtype)
+        )
         return sums, counts
 
     def indices(self, groups: torch.Tensor) -> torch.Tensor:
@@ -112,7 +121,9 @@ class Grouping:
         return (groups[:, None] * self.entries + torch.arange(self.entries, device=groups.device)).flatten()
 
 
-def add_tables(total: dict[str, tuple[torch.Tensor, torch.Tensor]], tables: dict[str, tuple[torch.Tensor, torch.Tensor]]) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+def add_tables(
+    total: dict[str, tuple[torch.Tensor, torch.Tensor]], tables: dict[str, tuple[torch.Tensor, torch.Tensor]]
+) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
     """Per-group loss sums and row counts added up, constraint by constraint (new tensors: neither input changes)."""
     out = dict(total)
     for name, (sums, counts) in tables.items():
@@ -139,7 +150,7 @@ class ExtraSGD(cooper.optim.ExtraSGD):
 class _LayerwiseCMP(cooper.ConstrainedMinimizationProblem):
     """The layerwise problem as a Cooper CMP: layer means in, the objective and every spec's violation out."""
 
-    def __init__(self, problem: "LayerwiseProblem") -> None:
+    def __init__(self, problem: LayerwiseProblem) -> None:
         super().__init__()
         self._problem = problem
 
@@ -170,7 +181,9 @@ class LayerwiseProblem:
     ) -> None:
         self.specs = specs
         self.plain = tuple(spec for spec in specs if not spec.grouped)  # one multiplier per entry, observed from the layer means
-        self.needs_nonnegative = tuple(spec for spec in specs if getattr(spec, "needs_nonnegative_losses", False))  # descent's (1 - alpha) margin assumes losses >= 0
+        self.needs_nonnegative = tuple(
+            spec for spec in specs if getattr(spec, "needs_nonnegative_losses", False)
+        )  # descent's (1 - alpha) margin assumes losses >= 0
         self.num_layers = num_layers
         self.cmp = _LayerwiseCMP(self)
         self.labels: dict[str, list[str]] = {}
@@ -180,18 +193,33 @@ class LayerwiseProblem:
             size = len(self.labels[spec.name])
             if spec.grouped:
                 if augmented:
-                    raise ConfigError(f"constraint {spec.name!r} is held per level or per sample, which the augmented Lagrangian's per-entry penalty does not scale to: use solver.formulation = 'lagrangian'")
+                    raise ConfigError(
+                        f"constraint {spec.name!r} is held per level or per sample, which the augmented Lagrangian's per-entry penalty does not scale to: use solver.formulation = 'lagrangian'"
+                    )
                 grouping = self.groupings[spec.name] = Grouping.of(spec, size, tuple(band), rows)
                 self.labels[spec.name] = grouping.labels(self.labels[spec.name])
-                setattr(self.cmp, spec.name, cooper.Constraint(cooper.ConstraintType.INEQUALITY, multiplier=cooper.multipliers.IndexedMultiplier(num_constraints=grouping.size)))
+                setattr(
+                    self.cmp,
+                    spec.name,
+                    cooper.Constraint(
+                        cooper.ConstraintType.INEQUALITY, multiplier=cooper.multipliers.IndexedMultiplier(num_constraints=grouping.size)
+                    ),
+                )
                 continue
             multiplier = cooper.multipliers.DenseMultiplier(num_constraints=size)
             extra: dict[str, Any] = {}
             if augmented:  # Cooper's augmented Lagrangian: a penalty rho per entry beside lambda
-                extra = {"formulation_type": cooper.formulations.AugmentedLagrangian, "penalty_coefficient": cooper.penalty_coefficients.DensePenaltyCoefficient(torch.full((size,), rho))}
+                extra = {
+                    "formulation_type": cooper.formulations.AugmentedLagrangian,
+                    "penalty_coefficient": cooper.penalty_coefficients.DensePenaltyCoefficient(torch.full((size,), rho)),
+                }
             setattr(self.cmp, spec.name, cooper.Constraint(cooper.ConstraintType.INEQUALITY, multiplier=multiplier, **extra))
         self._constraints = {spec.name: getattr(self.cmp, spec.name) for spec in specs}
-        self._growth = cooper.penalty_coefficients.MultiplicativePenaltyCoefficientUpdater(growth, tolerance, has_restart=False) if augmented and growth > 1 else None
+        self._growth = (
+            cooper.penalty_coefficients.MultiplicativePenaltyCoefficientUpdater(growth, tolerance, has_restart=False)
+            if augmented and growth > 1
+            else None
+        )
         self.state: dict[str, dict[str, torch.Tensor]] | None = None
         self.objective: Callable[[torch.Tensor], torch.Tensor] = lambda means: means[-1]  # the solver's, once it has one
 
@@ -199,14 +227,19 @@ class LayerwiseProblem:
         """SGD or nuPI ascent on the multipliers; resilient specs get weight decay 1/c."""
         # A grouped spec's relaxation cost enters its (sparse) dual gradient instead: weight decay would shrink every row's lambda.
         groups = [
-            {"params": [self.constraint(spec).multiplier.weight], "weight_decay": 1.0 / spec.resilience if spec.resilience and not spec.grouped else 0.0}
+            {
+                "params": [self.constraint(spec).multiplier.weight],
+                "weight_decay": 1.0 / spec.resilience if spec.resilience and not spec.grouped else 0.0,
+            }
             for spec in self.specs
         ]
         if kind == "nupi":
             return cooper.optim.nuPI(groups, lr=lr, Kp=kp, Ki=ki, ema_nu=ema, maximize=True)
         if kind == "extra-sgd":
             return ExtraSGD(groups, lr=lr, maximize=True)
-        return torch.optim.SGD(groups, lr=lr, maximize=True, foreach=False)  # a few entries: the single-tensor step, without asking each time
+        return torch.optim.SGD(
+            groups, lr=lr, maximize=True, foreach=False
+        )  # a few entries: the single-tensor step, without asking each time
 
     def dual_gradient(self, state: cooper.CMPState) -> None:
         """Put the gradient of Cooper's dual Lagrangian on each multiplier, replacing any there: the strict violation it observed."""
@@ -216,7 +249,9 @@ class LayerwiseProblem:
         for constraint, observed in state.observed_constraints.items():
             constraint.multiplier.weight.grad = observed.extract_violations()[1].clone()
 
-    def observe(self, batch: torch.Tensor | LayerBatch, primal: bool = True, dual: bool = True) -> tuple[cooper.CMPState, dict[str, torch.Tensor], dict[str, tuple[torch.Tensor, torch.Tensor]]]:
+    def observe(
+        self, batch: torch.Tensor | LayerBatch, primal: bool = True, dual: bool = True
+    ) -> tuple[cooper.CMPState, dict[str, torch.Tensor], dict[str, tuple[torch.Tensor, torch.Tensor]]]:
         """One pass over a micro-batch: its CMPState, each plain spec's violation (detached) and each grouped spec's per-group sums and counts.
 
         ``batch`` is a LayerBatch, B x (L+1) per-row losses or their L+1 means; the violations are
@@ -228,7 +263,9 @@ class LayerwiseProblem:
             means, rows = (batch.mean(dim=0) if batch.dim() == 2 else batch), None
         violations = self.violations(means)
         observed = {
-            self._constraints[spec.name]: cooper.ConstraintState(violation=violations[spec.name], contributes_to_primal_update=primal, contributes_to_dual_update=dual)
+            self._constraints[spec.name]: cooper.ConstraintState(
+                violation=violations[spec.name], contributes_to_primal_update=primal, contributes_to_dual_update=dual
+            )
             for spec in self.plain
         }
         tables: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
@@ -253,10 +290,15 @@ class LayerwiseProblem:
 
     def dual_state(self, violations: dict[str, torch.Tensor]) -> cooper.CMPState:
         """The CMPState of a dual pass whose plain specs' violations are already known (the step's, or its window's)."""
-        observed = {self._constraints[spec.name]: cooper.ConstraintState(violation=violations[spec.name], contributes_to_primal_update=False) for spec in self.plain}
+        observed = {
+            self._constraints[spec.name]: cooper.ConstraintState(violation=violations[spec.name], contributes_to_primal_update=False)
+            for spec in self.plain
+        }
         return cooper.CMPState(loss=None, observed_constraints=observed)
 
-    def _grouped_state(self, spec: ConstraintSpec, batch: LayerBatch, primal: bool, dual: bool) -> tuple[cooper.ConstraintState, tuple[torch.Tensor, torch.Tensor]]:
+    def _grouped_state(
+        self, spec: ConstraintSpec, batch: LayerBatch, primal: bool, dual: bool
+    ) -> tuple[cooper.ConstraintState, tuple[torch.Tensor, torch.Tensor]]:
         """A grouped spec's ConstraintState on one micro-batch (each group present, weighted by its share of the rows) and its per-group sums and counts (detached)."""
         grouping = self.groupings[spec.name]
         sums, counts = grouping.sums(batch, detach=False)
@@ -317,7 +359,11 @@ class LayerwiseProblem:
 
     def penalties(self) -> dict[str, torch.Tensor]:
         """The augmented Lagrangian's current rho of each spec (empty for the plain Lagrangian)."""
-        return {spec.name: self.constraint(spec).penalty_coefficient.value.detach() for spec in self.specs if self.constraint(spec).penalty_coefficient is not None}
+        return {
+            spec.name: self.constraint(spec).penalty_coefficient.value.detach()
+            for spec in self.specs
+            if self.constraint(spec).penalty_coefficient is not None
+        }
 
     def constraint(self, spec: ConstraintSpec) -> cooper.Constraint:
         """The Cooper constraint compiled from ``spec``."""
@@ -357,7 +403,13 @@ class LayerwiseProblem:
         out = {}
         for spec in self.specs:
             weight = self.constraint(spec).multiplier.weight.detach()
-            out[spec.name] = weight.reshape(-1, self.groupings[spec.name].block) if spec.per_sample else weight.flatten() if spec.name in self.groupings else weight
+            out[spec.name] = (
+                weight.reshape(-1, self.groupings[spec.name].block)
+                if spec.per_sample
+                else weight.flatten()
+                if spec.name in self.groupings
+                else weight
+            )
         return out
 
     def relaxations(self) -> dict[str, torch.Tensor]:
@@ -378,4 +430,6 @@ class LayerwiseProblem:
         """Restore what ``state_dict`` saved."""
         self.cmp.load_state_dict(state["cmp"])
         saved = state["state"]
-        self.state = None if saved is None else {name: {k: v.to(self.device) for k, v in tensors.items()} for name, tensors in saved.items()}
+        self.state = (
+            None if saved is None else {name: {k: v.to(self.device) for k, v in tensors.items()} for name, tensors in saved.items()}
+        )

@@ -22,7 +22,7 @@ def share_terminal() -> None:
 
 
 def _clock(seconds: float) -> str:
-    seconds = int(round(seconds))
+    seconds = round(seconds)
     return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m" if seconds >= 3600 else f"{seconds // 60}m{seconds % 60:02d}s"
 
 
@@ -39,7 +39,14 @@ class ProgressLines:
     """
 
     def __init__(
-        self, total: int, initial: int = 0, desc: str = "", interval: float = LINE_INTERVAL, file: TextIO | None = None, unit: str = "step", after: float = 0.0
+        self,
+        total: int,
+        initial: int = 0,
+        desc: str = "",
+        interval: float = LINE_INTERVAL,
+        file: TextIO | None = None,
+        unit: str = "step",
+        after: float = 0.0,
     ) -> None:
         self.total, self.n, self.desc, self.interval, self.unit, self.after = total, initial, desc, interval, unit, after
         self.file = file if file is not None else sys.stderr
@@ -67,7 +74,15 @@ class ProgressLines:
         """Nothing to clear: every line printed stays in the log."""
 
 
-def progress_bar(total: int, initial: int = 0, desc: str = "", enabled: bool = True, interval: float = LINE_INTERVAL, unit: str = "step", after: float = 0.0) -> Any:
+def progress_bar(
+    total: int,
+    initial: int = 0,
+    desc: str = "",
+    enabled: bool = True,
+    interval: float = LINE_INTERVAL,
+    unit: str = "step",
+    after: float = 0.0,
+) -> Any:
     """A tqdm bar when stderr is a terminal of this process alone, ProgressLines otherwise, a silent counter when disabled."""
     from tqdm.auto import tqdm
 

@@ -1,10 +1,10 @@
 """Which code made a run: recorded in results.json as ``code``, and inferred for runs recorded before it was.
 
-    from layerdescent.provenance import code, made_by, differ
+from layerdescent.provenance import code, made_by, differ
 
-    code()           # {"version": "0.1.0", "commit": "fa5b81a...", "dirty": False}  (commit None outside a checkout;
-                     #  a dirty tree adds "diff", a digest of its uncommitted change)
-    made_by(result, config)  # the record above, or what the files of an older run tell
+code()           # {"version": "0.1.0", "commit": "fa5b81a...", "dirty": False}  (commit None outside a checkout;
+                 #  a dirty tree adds "diff", a digest of its uncommitted change)
+made_by(result, config)  # the record above, or what the files of an older run tell
 """
 
 from __future__ import annotations
@@ -28,7 +28,9 @@ def code() -> dict:
         if commit.returncode != 0:  # an installed wheel: no checkout to name
             return record
         # untracked files (run folders, caches) are no code change; modified tracked ones are
-        status = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=here, capture_output=True, text=True, timeout=10)
+        status = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"], cwd=here, capture_output=True, text=True, timeout=10
+        )
     except (OSError, subprocess.SubprocessError):
         return record
     dirty = bool(status.stdout.strip()) if status.returncode == 0 else None

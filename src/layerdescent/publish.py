@@ -33,7 +33,15 @@ MANIFEST = ".layerdescent-report.json"
 STAGE = ".layerdescent-report-"  # + pid: the private folder a report is made in
 # What a report writes at the top of its folder (report._plot's names); a bench checks them before it trains, and
 # whatever a report writes is checked again when it is moved in.
-REPORT_FILES = ("summary.md", "loss_vs_layer.png", "metric_vs_gamma.png", "metric_vs_gamma_domains.png", "descent_rate.png", "traces.png", "ablation_*.png")
+REPORT_FILES = (
+    "summary.md",
+    "loss_vs_layer.png",
+    "metric_vs_gamma.png",
+    "metric_vs_gamma_domains.png",
+    "descent_rate.png",
+    "traces.png",
+    "ablation_*.png",
+)
 # Lines only layerdescent's own summary holds (its Cost section and closing list of plots).
 SUMMARY_MARKS = ("\n## Cost\n\nEach run's median step time.", "\n## Plots\n")
 
@@ -135,7 +143,7 @@ class Publication:
         """Stage file ``name`` with ``text``."""
         (self.stage / name).write_text(text, encoding="utf-8")
 
-    def __enter__(self) -> Publication:  # noqa: PYI034 - a final class in all but name
+    def __enter__(self) -> Publication:
         for stale in self.folder.glob(f"{STAGE}*-*"):  # left by a report that was killed: its pid is in the name
             pid = stale.name.removeprefix(STAGE).split("-", 1)[0]
             if pid.isdigit() and not _alive(int(pid)) and stale.is_dir() and not stale.is_symlink():
@@ -156,7 +164,9 @@ class Publication:
             shutil.rmtree(self.stage, ignore_errors=True)
 
     def _unwritable(self, exc: OSError) -> LayerdescentError:
-        return LayerdescentError(f"cannot write the report into {self.folder}: {exc.strerror or exc}: make it writable, or report --out a directory you can write to")
+        return LayerdescentError(
+            f"cannot write the report into {self.folder}: {exc.strerror or exc}: make it writable, or report --out a directory you can write to"
+        )
 
     def _move_in(self) -> None:
         names = sorted(p.name for p in self.stage.iterdir() if stat.S_ISREG(p.lstat().st_mode))

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import tomli_w
 
@@ -54,7 +55,14 @@ def evaluate_run(run_dir: str | Path, out: str | Path, overrides: Sequence[str] 
             state = load_checkpoint(model_file, trainer.task.name, kind="model")["model"]
         trainer.load_model(model_file, session.model, state)
         shown = config.train.progress and session.world.is_main
-        evaluation = evaluate_all(trainer.task, session.model, session.rows[config.eval.split], config.eval, session.world, lambda total: progress_bar(total, 0, f"{out} evaluation", shown, unit="batch"))
+        evaluation = evaluate_all(
+            trainer.task,
+            session.model,
+            session.rows[config.eval.split],
+            config.eval,
+            session.world,
+            lambda total: progress_bar(total, 0, f"{out} evaluation", shown, unit="batch"),
+        )
         check_finite_results(evaluation, trainer.who)
         results = {
             **{k: v for k, v in recorded.items() if k != "domains"},
@@ -70,4 +78,3 @@ def evaluate_run(run_dir: str | Path, out: str | Path, overrides: Sequence[str] 
             rundir.write_atomic(out / "results.json", json.dumps(results, indent=2) + "\n")
     session.world.close()
     return results
-

@@ -21,9 +21,10 @@ from __future__ import annotations
 import difflib
 import logging
 import os
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from importlib import metadata
-from typing import Any, Callable, Iterable
+from typing import Any
 
 import pluggy
 
@@ -106,7 +107,12 @@ class Registry:
         found = metadata.entry_points(group=GROUP)
         for name in sorted(blocked - {ep.name for ep in found}):
             # A misspelt name would otherwise leave the plugin loaded without a word.
-            logger.warning("layerdescent: %s names %r, but no plugin has that name (plugins: %s)", DISABLE_ENV, name, ", ".join(sorted({ep.name for ep in found})))
+            logger.warning(
+                "layerdescent: %s names %r, but no plugin has that name (plugins: %s)",
+                DISABLE_ENV,
+                name,
+                ", ".join(sorted({ep.name for ep in found})),
+            )
         for ep in found:
             if ep.name in self.plugins:
                 continue  # the same distribution seen twice on sys.path
@@ -167,9 +173,12 @@ class Registry:
                 if key in table and not (base is Asset and table[key] == item):
                     owner = self.owner[(base.__name__, key)]
                     self._unregister(name)
-                    self._fail(info, f"{hook}: {_WHAT[base]} {key!r} is already registered by plugin {owner!r}; plugin {name!r} was skipped, {owner!r} kept")
+                    self._fail(
+                        info,
+                        f"{hook}: {_WHAT[base]} {key!r} is already registered by plugin {owner!r}; plugin {name!r} was skipped, {owner!r} kept",
+                    )
                     return
-        for hook, (base, attr) in self._kinds.items():
+        for base, attr in self._kinds.values():
             for key, item in staged[attr].items():
                 if key not in getattr(self, attr):
                     getattr(self, attr)[key] = item

@@ -22,6 +22,7 @@ from pathlib import Path
 from layerdescent import rundir
 from layerdescent.config import read_toml
 from layerdescent.errors import LayerdescentError
+
 # re-exported: the names scripts and tests have imported from here
 from layerdescent.groups import TRAINING_CHOICES, comparisons, context_titles, domain_results, metric_names, role, summarize  # noqa: F401
 from layerdescent.provenance import made_by
@@ -29,6 +30,7 @@ from layerdescent.publish import Publication
 from layerdescent.results import check as check_results
 from layerdescent.stats import paired_difference  # noqa: F401
 from layerdescent.tables import format_difference, format_stat, paired_cell  # noqa: F401
+
 
 def collect(root: Path) -> list[dict]:
     """Load every results.json under root, each tagged with the run directory and config it came from."""
@@ -64,7 +66,9 @@ def read_results(path: Path) -> dict:
     except UnicodeDecodeError:
         raise LayerdescentError(f"{path} is not text (a binary or damaged file); re-run or re-evaluate that run") from None
     except json.JSONDecodeError as exc:
-        raise LayerdescentError(f"{path} is not valid JSON ({exc.msg} at line {exc.lineno}; truncated?); re-run or re-evaluate that run") from None
+        raise LayerdescentError(
+            f"{path} is not valid JSON ({exc.msg} at line {exc.lineno}; truncated?); re-run or re-evaluate that run"
+        ) from None
     except OSError as exc:
         raise LayerdescentError(f"cannot read {path}: {exc.strerror or exc}") from None
     if not isinstance(data, dict):
@@ -109,7 +113,9 @@ def _config(run_dir: Path) -> dict:
     return config
 
 
-def write_report(root: Path, out: Path | None = None, title: str | None = None, note: str = "", workers: int | None = None, spec=None) -> Path:
+def write_report(
+    root: Path, out: Path | None = None, title: str | None = None, note: str = "", workers: int | None = None, spec=None
+) -> Path:
     """Summarize every run under root into out/summary.md plus plots; return the summary's path.
 
     ``workers`` says how many runs trained at once, which the Cost section reports (None: unknown);
@@ -134,5 +140,7 @@ def write_report(root: Path, out: Path | None = None, title: str | None = None, 
     with Publication(out) as pub:  # made aside, then moved in over nothing but layerdescent's own files
         title, note, workers = pub.remembered(root, title, note, workers)  # `report` on a bench keeps its title and note
         images = plot(groups, pub.stage, {name: domain_groups for name, (_, domain_groups) in domains.items()}, spec=spec, results=results)
-        pub.write("summary.md", markdown(groups, results, title or f"layerdescent report: {root.name}", images, note, workers, domains, spec))
+        pub.write(
+            "summary.md", markdown(groups, results, title or f"layerdescent report: {root.name}", images, note, workers, domains, spec)
+        )
     return out / "summary.md"

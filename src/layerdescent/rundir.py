@@ -1,14 +1,14 @@
 """The run directory: its lock, what it may already hold, its recorded config, its log, and the results.json it ends with.
 
-    with locked(run_dir) as was_run:     # one process at a time; the lock dies with its holder
-        refuse_foreign(run_dir, was_run)  # never overwrite files a person put there
-    with claim(run_dir) as held: ...     # both, on the rank that writes; held.check() before each checkpoint
-    write_atomic(path, text)             # every file is replaced whole, never written through a link
-        ...
-    config_difference(recorded_table, config)   # "train.lr (recorded 0.003, asked 0.01)" or None
-    prepare(run_dir, config, registry, resume)  # record the config; a resume must ask for the recorded one
-    results_table(...)                          # the results.json schema; finish() writes it beside the model
-    partial_evaluation(run_dir, key)            # an interrupted evaluation's records, where ``key`` (model and eval config) matches
+with locked(run_dir) as was_run:     # one process at a time; the lock dies with its holder
+    refuse_foreign(run_dir, was_run)  # never overwrite files a person put there
+with claim(run_dir) as held: ...     # both, on the rank that writes; held.check() before each checkpoint
+write_atomic(path, text)             # every file is replaced whole, never written through a link
+    ...
+config_difference(recorded_table, config)   # "train.lr (recorded 0.003, asked 0.01)" or None
+prepare(run_dir, config, registry, resume)  # record the config; a resume must ask for the recorded one
+results_table(...)                          # the results.json schema; finish() writes it beside the model
+partial_evaluation(run_dir, key)            # an interrupted evaluation's records, where ``key`` (model and eval config) matches
 """
 
 from __future__ import annotations
@@ -18,15 +18,25 @@ import fcntl
 import os
 import stat
 import tempfile
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from layerdescent.errors import ConfigError, LayerdescentError
 
 LOCK = ".layerdescent.lock"  # also marks the directory as a run's, even before its first checkpoint
 EVALUATION_PARTIAL = "evaluation.partial.json"  # the records an evaluation has taken so far, so an interrupted one resumes at the next
-WRITES = ("config.toml", "metrics.jsonl", "checkpoint.pt", "checkpoint.prev.pt", "best.pt", "results.json", "model.safetensors", EVALUATION_PARTIAL)
+WRITES = (
+    "config.toml",
+    "metrics.jsonl",
+    "checkpoint.pt",
+    "checkpoint.prev.pt",
+    "best.pt",
+    "results.json",
+    "model.safetensors",
+    EVALUATION_PARTIAL,
+)
 FINISHED = ("checkpoint.pt", "results.json")  # a directory holding one of these is a run, lock file or not (older runs)
 # How a run executes, not what it computes: a finished run is the same run whatever these say.
 EXECUTION_KEYS = ("train.threads", "train.progress", "train.keep_checkpoint", "train.checkpoint_every", "train.trackers")
@@ -64,7 +74,9 @@ def open_own(path: Path, flags: int, mode: int = 0o644) -> int:
         fd = os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
     except OSError as exc:
         if exc.errno == errno.ELOOP:
-            raise ConfigError(f"{path} is a symbolic link; layerdescent writes only files of its own there: remove the link, or --out another directory") from None
+            raise ConfigError(
+                f"{path} is a symbolic link; layerdescent writes only files of its own there: remove the link, or --out another directory"
+            ) from None
         raise
     info = os.fstat(fd)
     if not stat.S_ISREG(info.st_mode) or info.st_nlink > 1:
@@ -82,9 +94,13 @@ def refuse_links(run_dir: Path, names: tuple[str, ...], folders: tuple[str, ...]
         except FileNotFoundError:
             continue
         if stat.S_ISLNK(mode):
-            raise ConfigError(f"{run_dir / name} is a symbolic link; layerdescent writes only files of its own there: remove the link, or --out another directory")
+            raise ConfigError(
+                f"{run_dir / name} is a symbolic link; layerdescent writes only files of its own there: remove the link, or --out another directory"
+            )
         if not (stat.S_ISREG(mode) or (name in folders and stat.S_ISDIR(mode))):
-            raise ConfigError(f"{run_dir / name} is not a plain file; layerdescent writes only files of its own there: remove it, or --out another directory")
+            raise ConfigError(
+                f"{run_dir / name} is not a plain file; layerdescent writes only files of its own there: remove it, or --out another directory"
+            )
 
 
 def refuse_linked_path(root: Path, path: Path) -> None:
@@ -92,7 +108,9 @@ def refuse_linked_path(root: Path, path: Path) -> None:
     for depth in range(1, len(path.relative_to(root).parts) + 1):
         step = root.joinpath(*path.relative_to(root).parts[:depth])
         if step.is_symlink():
-            raise ConfigError(f"{step} is a symbolic link, so what layerdescent writes under it would land outside {root}: remove the link, or --out another directory")
+            raise ConfigError(
+                f"{step} is a symbolic link, so what layerdescent writes under it would land outside {root}: remove the link, or --out another directory"
+            )
 
 
 def _lock_directory(run_dir: Path) -> int | None:
@@ -103,7 +121,9 @@ def _lock_directory(run_dir: Path) -> int | None:
     except OSError as exc:
         os.close(fd)
         if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-            raise ConfigError(f"{run_dir} is in use by another layerdescent process (pid {_holder(run_dir)}): wait for it to finish, or --out another directory") from None
+            raise ConfigError(
+                f"{run_dir} is in use by another layerdescent process (pid {_holder(run_dir)}): wait for it to finish, or --out another directory"
+            ) from None
         return None  # e.g. NFS, where only the lock file below can be locked
     return fd
 
@@ -182,7 +202,9 @@ def holding(run_dir: Path) -> Iterator[Held]:
             holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
             os.close(fd)
             if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-                raise ConfigError(f"{run_dir} is in use by another layerdescent process (pid {holder}): wait for it to finish, or --out another directory") from None
+                raise ConfigError(
+                    f"{run_dir} is in use by another layerdescent process (pid {holder}): wait for it to finish, or --out another directory"
+                ) from None
             raise ConfigError(f"cannot lock {path}: {exc.strerror or exc}") from None
         try:
             os.ftruncate(fd, 0)
@@ -212,7 +234,9 @@ def refuse_foreign(run_dir: Path, was_run: bool) -> None:
         return
     present = [name for name in WRITES if (run_dir / name).exists()]
     if present:
-        raise ConfigError(f"{run_dir} is not a run directory but holds {present[0]}, which the run would overwrite: --out an empty or new directory")
+        raise ConfigError(
+            f"{run_dir} is not a run directory but holds {present[0]}, which the run would overwrite: --out an empty or new directory"
+        )
 
 
 class _NotHeld:
@@ -264,7 +288,7 @@ def config_difference(recorded: dict[str, Any], wanted: Any, registry: Any = Non
             continue
         a, b = have.get(key, missing), want.get(key, missing)
         if a != b:
-            show = lambda v: "unset" if v is missing else repr(v)  # noqa: E731
+            show = lambda v: "unset" if v is missing else repr(v)
             return f"{key} (recorded {show(a)}, asked {show(b)})"
     return None
 
@@ -279,7 +303,12 @@ def write_failure(run_dir: Path, exc: OSError) -> Exception:
     """The one-line DiskError for a write to ``run_dir`` that failed with ``exc``: what failed, and what to do before --resume."""
     from layerdescent.errors import DiskError
 
-    fix = {errno.EACCES: "make it writable", errno.EPERM: "make it writable", errno.EROFS: "make it writable", errno.EFBIG: "raise the file size limit (ulimit -f)"}.get(exc.errno, "free space")
+    fix = {
+        errno.EACCES: "make it writable",
+        errno.EPERM: "make it writable",
+        errno.EROFS: "make it writable",
+        errno.EFBIG: "raise the file size limit (ulimit -f)",
+    }.get(exc.errno, "free space")
     return DiskError(
         f"cannot write to {run_dir}: {exc.strerror or exc} ({getattr(exc, 'filename', None) or 'a run file'}); "
         f"the last checkpoint is intact: {fix} and continue with --resume"
@@ -315,9 +344,13 @@ def prepare(run_dir: Path, config: Any, registry: Any, resume: bool, write: bool
         if config_file.exists():
             difference = config_difference(read_toml(config_file), config, registry)
             if difference:
-                raise ConfigError(f"--resume: the config differs from the one recorded in {config_file} at {difference}; resume with the same config")
+                raise ConfigError(
+                    f"--resume: the config differs from the one recorded in {config_file} at {difference}; resume with the same config"
+                )
         if finished and not checkpoint.exists():
-            raise ConfigError(f"{run_dir} holds a finished run and no checkpoint.pt: nothing to resume (train.keep_checkpoint = true keeps it); --out a new directory")
+            raise ConfigError(
+                f"{run_dir} holds a finished run and no checkpoint.pt: nothing to resume (train.keep_checkpoint = true keeps it); --out a new directory"
+            )
     elif checkpoint.exists() or finished:
         raise ConfigError(f"{run_dir} already holds a run; pass --resume to continue it or --out a new directory")
     if not write:
@@ -335,7 +368,9 @@ def rewind_log(metrics_file: Path, checkpoint: Path, offset: int) -> None:
     from layerdescent.errors import CheckpointError
 
     if not metrics_file.exists():
-        raise CheckpointError(f"{metrics_file} is missing, so the run's log cannot continue: restore it, or start the run again in a new --out")
+        raise CheckpointError(
+            f"{metrics_file} is missing, so the run's log cannot continue: restore it, or start the run again in a new --out"
+        )
     fd = open_own(metrics_file, os.O_RDWR)
     with os.fdopen(fd, "r+b") as handle:
         size = os.fstat(fd).st_size
@@ -346,7 +381,9 @@ def rewind_log(metrics_file: Path, checkpoint: Path, offset: int) -> None:
             )
         problem = _log_problem(handle.read(offset))
         if problem:
-            raise CheckpointError(f"{metrics_file}{problem}, before the point checkpoint {checkpoint} continues from: the log was damaged; restore it, or start the run again in a new --out")
+            raise CheckpointError(
+                f"{metrics_file}{problem}, before the point checkpoint {checkpoint} continues from: the log was damaged; restore it, or start the run again in a new --out"
+            )
         handle.truncate(offset)  # drop what was logged after the checkpoint
 
 
@@ -366,7 +403,16 @@ def _log_problem(kept: bytes) -> str | None:
     return None
 
 
-def results_table(config: Any, task: Any, position: Any, step_times: list[float], skipped: int, update: Any, evaluation: dict[str, Any], satisfied: dict[str, float] | None = None) -> dict[str, Any]:
+def results_table(
+    config: Any,
+    task: Any,
+    position: Any,
+    step_times: list[float],
+    skipped: int,
+    update: Any,
+    evaluation: dict[str, Any],
+    satisfied: dict[str, float] | None = None,
+) -> dict[str, Any]:
     """What results.json holds (schema ``RESULTS_SCHEMA``): the run, how it trained, its multipliers and its evaluation.
 
     A per-sample constraint records each entry's mean lambda over the training rows, with its
@@ -396,7 +442,10 @@ def results_table(config: Any, task: Any, position: Any, step_times: list[float]
             "step_time_median": statistics.median(step_times) if step_times else None,
             "skipped_steps": skipped,
         },
-        "constraints": {name: _constraint_record(update.labels[name], value, relaxations.get(name), (satisfied or {}).get(name)) for name, value in update.multipliers().items()},
+        "constraints": {
+            name: _constraint_record(update.labels[name], value, relaxations.get(name), (satisfied or {}).get(name))
+            for name, value in update.multipliers().items()
+        },
         **evaluation,
     }
 
@@ -448,7 +497,9 @@ def finish(run_dir: Path, model_state: dict[str, Any], results: dict[str, Any], 
     from layerdescent.errors import DivergenceError
 
     # A parameter the loss never reads escapes every check of the loss; the saved model must still load.
-    nonfinite = next((name for name, value in model_state.items() if value.is_floating_point() and not bool(torch.isfinite(value).all())), None)
+    nonfinite = next(
+        (name for name, value in model_state.items() if value.is_floating_point() and not bool(torch.isfinite(value).all())), None
+    )
     if nonfinite is not None:
         raise DivergenceError(
             f"{who}: parameter {nonfinite!r} holds non-finite (NaN or infinite) values after training, though the losses stayed finite (no loss reads it): "

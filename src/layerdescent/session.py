@@ -6,7 +6,7 @@ import contextlib
 import math
 import random
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -76,8 +76,8 @@ class Session:
     model: torch.nn.Module
     update: LayerwiseUpdate
     labels: list[str]
-    world: World = World()
-    device: torch.device = torch.device("cpu")
+    world: World = field(default_factory=World)
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
     schedule: CosineSchedule | None = None
 
     @property
@@ -85,7 +85,9 @@ class Session:
         """The constraints' Cooper problem (multipliers, labels)."""
         return self.update.problem
 
-    def read_shard(self, task: Any, shard: torch.Tensor, full: bool, level: int, band: tuple[float, ...], precision: str, who: str) -> tuple[torch.Tensor, bool, LayerBatch | None]:
+    def read_shard(
+        self, task: Any, shard: torch.Tensor, full: bool, level: int, band: tuple[float, ...], precision: str, who: str
+    ) -> tuple[torch.Tensor, bool, LayerBatch | None]:
         """This rank's layer means on its shard of a micro-batch (differentiable; NaN for the layers a last-layer-only read skipped), whether every layer was read, and the rows' LayerBatch where per-level or per-sample constraints need it.
 
         ``level`` indexes the training band; -1 takes the shard at every level of it. Under
@@ -121,7 +123,9 @@ class Session:
                 means = torch.cat([torch.full((width - 1,), float("nan"), device=self.device), _float32(last.losses).mean(dim=0)])
             if not means.requires_grad and torch.is_grad_enabled():  # the alternating dual pass reads under no_grad
                 method = "last_layer_losses" if last_only else "layer_losses"
-                raise PluginError(f"{who}: {method} returned losses without gradients (computed under torch.no_grad() or detached): nothing would train")
+                raise PluginError(
+                    f"{who}: {method} returned losses without gradients (computed under torch.no_grad() or detached): nothing would train"
+                )
         else:  # every rank takes the same branch: the task answers the same on every rank
             last_only = last_only and task.overrides("last_layer_losses")
             means = torch.zeros(width, device=self.device)
@@ -152,7 +156,9 @@ def build_session(config: RunConfig, task: Any, registry: Registry) -> Session:
     """Join the data-parallel world (if any), seed, build splits, model and the constrained update of ``config``."""
     train = config.train
     if train.device == "cuda" and not torch.cuda.is_available():
-        raise ConfigError("train.device = 'cuda', but this torch has no usable GPU (a CPU build, or no device visible): use 'auto' or 'cpu'")
+        raise ConfigError(
+            "train.device = 'cuda', but this torch has no usable GPU (a CPU build, or no device visible): use 'auto' or 'cpu'"
+        )
     world, device = init_world(train.device)
     if train.threads:
         torch.set_num_threads(train.threads)
@@ -170,7 +176,18 @@ def build_session(config: RunConfig, task: Any, registry: Registry) -> Session:
     if world.rank:  # the same initial model everywhere, independent perturbations per rank
         seed_everything(config.seed + 1_000_003 * world.rank)
     solver = config.solver
-    primal = registry.solver(solver.name).primal_optimizer(solver.options, [p for p in model.parameters() if p.requires_grad], train)  # the scheme's, e.g. extragradient
-    update = LayerwiseUpdate(config.constraints, task.num_layers, primal, solver.name, registry=registry, band=train.band, rows=len(rows["train"]), **vars(solver.options)).to(device)
+    primal = registry.solver(solver.name).primal_optimizer(
+        solver.options, [p for p in model.parameters() if p.requires_grad], train
+    )  # the scheme's, e.g. extragradient
+    update = LayerwiseUpdate(
+        config.constraints,
+        task.num_layers,
+        primal,
+        solver.name,
+        registry=registry,
+        band=train.band,
+        rows=len(rows["train"]),
+        **vars(solver.options),
+    ).to(device)
     schedule = CosineSchedule(primal, train.epochs * epoch_steps(len(rows["train"]), train)[1]) if train.lr_schedule == "cosine" else None
     return Session(rows, model, update, [f"l{k}" for k in range(task.num_layers + 1)], world, device, schedule)

@@ -16,8 +16,9 @@ through the ``register_solvers`` hook.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, ClassVar, Literal, Union
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, Union
 
 from layerdescent.errors import ConfigError
 from layerdescent.hookspecs import hookimpl
@@ -43,7 +44,9 @@ class Observation:
     """What one optimizer step saw, over its micro-batches and every rank: the layer means, each constraint's violation there, and per-group sums."""
 
     means: Any = None  # L+1 weighted means (NaN where a step read the last layer alone); None before any micro-batch
-    violations: dict[str, Any] | None = None  # each plain constraint's violation at ``means`` (constrained solvers); None until known, empty when ``means`` is not finite
+    violations: dict[str, Any] | None = (
+        None  # each plain constraint's violation at ``means`` (constrained solvers); None until known, empty when ``means`` is not finite
+    )
     tables: Tables = field(default_factory=dict)  # each grouped constraint's per-group loss sums and row counts
     micro: int = 0  # micro-batches counted
     reduced: bool = False  # means averaged and tables summed over ranks (done once, by ``Solver.observed``)
@@ -93,7 +96,9 @@ class Solver:
         return None
 
     @classmethod
-    def build_problem(cls, options: Any, constraints: tuple[ConstraintSpec, ...], num_layers: int, band: tuple[float, ...] = (), rows: int | None = None) -> LayerwiseProblem:
+    def build_problem(
+        cls, options: Any, constraints: tuple[ConstraintSpec, ...], num_layers: int, band: tuple[float, ...] = (), rows: int | None = None
+    ) -> LayerwiseProblem:
         """The Cooper problem of these constraints in this solver's formulation (a plain Lagrangian here)."""
         from layerdescent.problem import LayerwiseProblem
 
@@ -133,9 +138,9 @@ class Solver:
 
     def forward(self, batch: Any, weight: float = 1.0) -> torch.Tensor | None:
         """Count one micro-batch (L+1 means or a LayerBatch) toward this step with ``weight``; its primal loss, unweighted (None under ``torch.no_grad()``: a pass that only counts)."""
-        from layerdescent.problem import LayerBatch
-
         import torch
+
+        from layerdescent.problem import LayerBatch
 
         means = _means(batch)
         self._start(means, weight)
@@ -149,7 +154,9 @@ class Solver:
         if self.problem.state is None:
             self.problem.start(_over_ranks(means.detach(), weight))
 
-    def count(self, means: torch.Tensor, weight: float = 1.0, violations: dict[str, torch.Tensor] | None = None, tables: Tables | None = None) -> None:
+    def count(
+        self, means: torch.Tensor, weight: float = 1.0, violations: dict[str, torch.Tensor] | None = None, tables: Tables | None = None
+    ) -> None:
         """Add detached layer means (times ``weight``), and per-group tables, to this step's observation: the one accumulation path."""
         from layerdescent.problem import add_tables
 
@@ -380,9 +387,13 @@ class PrimalDualOptions:
             if not ok:
                 raise ConfigError(f"{key} {message}")
         if self.scheme == "extrapolation" and (self.dual_optimizer != "sgd" or self.dual_every != 1):
-            raise ConfigError("solver.scheme = 'extrapolation' steps the multipliers by extragradient every step: set dual_optimizer = 'sgd' and dual_every = 1")
+            raise ConfigError(
+                "solver.scheme = 'extrapolation' steps the multipliers by extragradient every step: set dual_optimizer = 'sgd' and dual_every = 1"
+            )
         if self.scheme == "alternating" and self.dual_every == "epoch":
-            raise ConfigError("solver.scheme = 'alternating' updates lambda before each primal step: use dual_every = 1 (or a step count), or scheme = 'simultaneous'")
+            raise ConfigError(
+                "solver.scheme = 'alternating' updates lambda before each primal step: use dual_every = 1 (or a step count), or scheme = 'simultaneous'"
+            )
 
 
 class PrimalDual(Solver):
@@ -425,13 +436,24 @@ class PrimalDual(Solver):
         return None
 
     @classmethod
-    def build_problem(cls, options: PrimalDualOptions, constraints: tuple, num_layers: int, band: tuple[float, ...] = (), rows: int | None = None) -> LayerwiseProblem:
+    def build_problem(
+        cls, options: PrimalDualOptions, constraints: tuple, num_layers: int, band: tuple[float, ...] = (), rows: int | None = None
+    ) -> LayerwiseProblem:
         """The Lagrangian, or Cooper's augmented Lagrangian with a penalty rho per entry."""
         from layerdescent.problem import LayerwiseProblem
 
         if options.formulation != "augmented-lagrangian":
             return LayerwiseProblem(constraints, num_layers, band=band, rows=rows)
-        return LayerwiseProblem(constraints, num_layers, augmented=True, rho=options.penalty_coefficient, growth=options.penalty_growth, tolerance=options.penalty_tolerance, band=band, rows=rows)
+        return LayerwiseProblem(
+            constraints,
+            num_layers,
+            augmented=True,
+            rho=options.penalty_coefficient,
+            growth=options.penalty_growth,
+            tolerance=options.penalty_tolerance,
+            band=band,
+            rows=rows,
+        )
 
     @classmethod
     def primal_optimizer(cls, options: PrimalDualOptions, params: list, train: TrainConfig) -> torch.optim.Optimizer:
@@ -443,7 +465,9 @@ class PrimalDual(Solver):
         from layerdescent.problem import ExtraSGD
 
         if train.optimizer == "adamw":
-            raise ConfigError("solver.scheme = 'extrapolation' has no extragradient AdamW: set train.optimizer = 'adam' (or 'sgd') and train.weight_decay as L2")
+            raise ConfigError(
+                "solver.scheme = 'extrapolation' has no extragradient AdamW: set train.optimizer = 'adam' (or 'sgd') and train.weight_decay as L2"
+            )
         if train.optimizer == "sgd":
             return ExtraSGD(params, lr=train.lr, momentum=train.momentum, weight_decay=train.weight_decay)
         return cooper.optim.ExtraAdam(params, lr=train.lr, weight_decay=train.weight_decay)
@@ -458,7 +482,9 @@ class PrimalDual(Solver):
                     f"solver.scheme = 'extrapolation' needs an extragradient primal optimizer (cooper.optim.ExtraAdam or ExtraSGD), "
                     f"got {type(primal).__name__}: set train.optimizer = 'adam' or 'sgd'"
                 )
-            return cooper.optim.ExtrapolationConstrainedOptimizer(self.problem.cmp, primal, self.problem.dual_optimizer("extra-sgd", o.dual_lr))
+            return cooper.optim.ExtrapolationConstrainedOptimizer(
+                self.problem.cmp, primal, self.problem.dual_optimizer("extra-sgd", o.dual_lr)
+            )
         dual = self.problem.dual_optimizer(o.dual_optimizer, o.dual_lr, o.nupi_kp, o.nupi_ki, o.nupi_ema)
         scheme = {
             "simultaneous": cooper.optim.SimultaneousOptimizer,
@@ -485,9 +511,13 @@ class PrimalDual(Solver):
         if self.options.scheme == "alternating":
             # Cooper's dual-then-primal: lambda steps first, from this whole batch (over every rank), then the primal Lagrangian reads it
             if self._seen.micro > 1:
-                raise ConfigError("solver.scheme = 'alternating' steps lambda from the whole batch before its primal step: accumulate no micro-batches (train.accumulate = 1)")
+                raise ConfigError(
+                    "solver.scheme = 'alternating' steps lambda from the whole batch before its primal step: accumulate no micro-batches (train.accumulate = 1)"
+                )
             seen = self.observed()
-            if bool(torch.isfinite(seen.means).all()) and self.observe_step(seen):  # a non-finite batch is the trainer's to skip, before lambda reads it
+            if bool(torch.isfinite(seen.means).all()) and self.observe_step(
+                seen
+            ):  # a non-finite batch is the trainer's to skip, before lambda reads it
                 self.dual_step()
         return state.compute_primal_lagrangian().lagrangian
 
@@ -597,7 +627,9 @@ class PrimalDual(Solver):
 
 def _require(closure: Callable[[], Any] | None, scheme: str) -> None:
     if closure is None:
-        raise TypeError(f"solver.scheme = {scheme!r} evaluates each batch twice: pass step(closure), a function that calls backward() on the batch again")
+        raise TypeError(
+            f"solver.scheme = {scheme!r} evaluates each batch twice: pass step(closure), a function that calls backward() on the batch again"
+        )
 
 
 @hookimpl

@@ -1,9 +1,9 @@
 """The statistics of a report: mean and spread over seeds, paired t differences, and Holm's adjustment.
 
-    from layerdescent.stats import paired_difference, holm
+from layerdescent.stats import paired_difference, holm
 
-    d = paired_difference([0.61, 0.58, 0.60], [0.57, 0.56, 0.59])   # mean, 95% t interval, p
-    holm([0.01, 0.04, 0.03])                                         # -> [0.03, 0.06, 0.06]
+d = paired_difference([0.61, 0.58, 0.60], [0.57, 0.56, 0.59])   # mean, 95% t interval, p
+holm([0.01, 0.04, 0.03])                                         # -> [0.03, 0.06, 0.06]
 """
 
 from __future__ import annotations

@@ -30,7 +30,15 @@ def diverged(reason: str) -> DivergenceError:
     return DivergenceError(f"{reason}; the last checkpoint is intact (lower train.lr or solver.dual_lr, or set train.grad_clip)")
 
 
-def step_problem(who: str, step: int, means: torch.Tensor, violations: dict[str, torch.Tensor] | None, every_layer: bool, update: LayerwiseUpdate, labels: list[str]) -> str | None:
+def step_problem(
+    who: str,
+    step: int,
+    means: torch.Tensor,
+    violations: dict[str, torch.Tensor] | None,
+    every_layer: bool,
+    update: LayerwiseUpdate,
+    labels: list[str],
+) -> str | None:
     """Why a step's layer means (the last layer's alone, where it read only that) or violations cannot be trained on, or None.
 
     A PluginError when a constraint that assumes losses >= 0 sees a negative one: no setting fixes that.

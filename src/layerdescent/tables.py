@@ -5,8 +5,19 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from layerdescent.groups import _all_gammas, _baseline_name, _shared_gammas, ablated_keys, ablations, comparisons, legend_name, metric_names, role
+from layerdescent.groups import (
+    _all_gammas,
+    _baseline_name,
+    _shared_gammas,
+    ablated_keys,
+    ablations,
+    comparisons,
+    legend_name,
+    metric_names,
+    role,
+)
 from layerdescent.stats import paired_difference
+
 
 def _last_digit(spread: float, mean: float = 0.0, max_digits: int = 4) -> int:
     """The decimal exponent of the last digit worth printing: two significant digits of the spread
@@ -83,8 +94,16 @@ def cross_code(made: dict, label: str, ref: str, seeds: list[int]) -> bool:
     return differ(records)
 
 
-def _paired_tables(results: list[dict], groups: dict, metrics: list[str], gammas: list[float], where: str = "",
-                   spec=None, tally: list | None = None, primary: set | None = None) -> list[str]:
+def _paired_tables(
+    results: list[dict],
+    groups: dict,
+    metrics: list[str],
+    gammas: list[float],
+    where: str = "",
+    spec=None,
+    tally: list | None = None,
+    primary: set | None = None,
+) -> list[str]:
     """Markdown: per metric, label - reference at every gamma over the seeds both have.
 
     Each difference with an interval lands in ``tally`` unless its (label, ref, split, gamma, metric)
@@ -102,7 +121,11 @@ def _paired_tables(results: list[dict], groups: dict, metrics: list[str], gammas
             seeds = sorted(set(groups[label]["seeds"]) & set(groups[ref]["seeds"]))
             cells = [paired(value, label, ref, seeds, gamma, metric) for gamma in gammas]
             if tally is not None:
-                tally += [d for d, g in zip(cells, gammas) if d and d["low"] is not None and (label, ref, split, g, metric) not in (primary or set())]
+                tally += [
+                    d
+                    for d, g in zip(cells, gammas)
+                    if d and d["low"] is not None and (label, ref, split, g, metric) not in (primary or set())
+                ]
             mark = " ‡" if cross_code(made, label, ref, seeds) else ""
             mark += " §" if spec and untuned(spec, label, ref, groups[ref]["solver"]) else ""
             flagged, short = flagged or "‡" in mark, short or "§" in mark
@@ -168,12 +191,21 @@ def _layer_table(groups: dict, key: str | tuple[str, str], gamma: float) -> list
     return _table(["label"] + names, rows)
 
 
-def _metric_tables(groups: dict, results: list[dict], metrics: list[str], gammas: list[float], where: str = "", **paired_options) -> list[str]:
+def _metric_tables(
+    groups: dict, results: list[dict], metrics: list[str], gammas: list[float], where: str = "", **paired_options
+) -> list[str]:
     """Markdown: every label's metrics at every gamma, then the paired differences, on the test split or ``where``."""
     header = ["label"] + [f"{m} γ={g:g}" for m in metrics for g in gammas]
-    rows = [[label] + [_cell(grp["gammas"].get(g, {}).get("metrics", {}).get(m)) for m in metrics for g in gammas]
-            for label, grp in groups.items()]
-    return [f"## Metric at each gamma{where}", "", *_table(header, rows), *_paired_tables(results, groups, metrics, gammas, where, **paired_options)]
+    rows = [
+        [label] + [_cell(grp["gammas"].get(g, {}).get("metrics", {}).get(m)) for m in metrics for g in gammas]
+        for label, grp in groups.items()
+    ]
+    return [
+        f"## Metric at each gamma{where}",
+        "",
+        *_table(header, rows),
+        *_paired_tables(results, groups, metrics, gammas, where, **paired_options),
+    ]
 
 
 def format_p(p: float | None) -> str:
@@ -190,10 +222,23 @@ def family_rows(cells: list[dict], adjusted: bool = True) -> list[list[str]]:
             rows.append([c["variant"], c["split"], f"{c['gamma']:g}", "–", "not run", "–", "–", "missing", ""])
             continue
         shown = format_difference({**d, "distinct": c["verdict"] in ("better", "worse")} if adjusted else d)
-        flags = ", ".join(filter(None, ["different code" if c.get("cross_code") else "", f"{c['baseline']} untuned" if c.get("untuned") else ""]))
+        flags = ", ".join(
+            filter(None, ["different code" if c.get("cross_code") else "", f"{c['baseline']} untuned" if c.get("untuned") else ""])
+        )
         verdict = c["verdict"] if adjusted else "exploratory"
-        rows.append([c["variant"], c["split"], f"{c['gamma']:g}", c["baseline"], shown, format_p(c["difference"]["p"]),
-                     format_p(c.get("p_holm")) if adjusted else "–", verdict, flags])
+        rows.append(
+            [
+                c["variant"],
+                c["split"],
+                f"{c['gamma']:g}",
+                c["baseline"],
+                shown,
+                format_p(c["difference"]["p"]),
+                format_p(c.get("p_holm")) if adjusted else "–",
+                verdict,
+                flags,
+            ]
+        )
     return rows
 
 
@@ -207,25 +252,38 @@ def primary_section(results: list[dict], spec, views: dict, tally: list[dict]) -
 
     distinct = sum(d["distinct"] for d in tally)
     chance = excluding_zero_by_chance(len(tally))
-    count = (f"Exploratory cells: {distinct} of the {len(tally)} paired differences with an interval below exclude 0, "
-             f"where chance alone predicts about {chance:.1f} (5% of them); none of them is corrected for the others.")
+    count = (
+        f"Exploratory cells: {distinct} of the {len(tally)} paired differences with an interval below exclude 0, "
+        f"where chance alone predicts about {chance:.1f} (5% of them); none of them is corrected for the others."
+    )
     p = spec.primary
     if p is None:
-        return ["## Primary endpoints", "", "None pre-registered (no `[bench.primary]` in the bench file, or none given: `layerdescent report RUNS --bench FILE` reads it): "
-                "every verdict on these runs is exploratory. "
-                + count, ""]
+        return [
+            "## Primary endpoints",
+            "",
+            "None pre-registered (no `[bench.primary]` in the bench file, or none given: `layerdescent report RUNS --bench FILE` reads it): "
+            "every verdict on these runs is exploratory. " + count,
+            "",
+        ]
     cells = primary_cells(results, spec, views)
-    lines = ["## Primary endpoints (pre-registered)", "",
-             f"{p.metric} ({'higher' if p.higher_is_better else 'lower'} is better) of {', '.join(p.variants)} against the strongest of "
-             f"{', '.join(spec.baselines)} at each cell (the baseline with the best mean there; better only where better than each), at γ {', '.join(f'{g:g}' for g in p.gammas)} "
-             f"on {', '.join(p.splits)}: a family of {len(cells)}. p is the paired t test's over seeds; Holm p is adjusted over the family, "
-             f"and a cell is better or worse only where it is at most {FAMILY_ALPHA:g}; the interval is Bonferroni's "
-             f"({100 * (1 - FAMILY_ALPHA / max(len(cells), 1)):.3g}%, simultaneous over the family), **bold** where Holm decides.", ""]
+    lines = [
+        "## Primary endpoints (pre-registered)",
+        "",
+        f"{p.metric} ({'higher' if p.higher_is_better else 'lower'} is better) of {', '.join(p.variants)} against the strongest of "
+        f"{', '.join(spec.baselines)} at each cell (the baseline with the best mean there; better only where better than each), at γ {', '.join(f'{g:g}' for g in p.gammas)} "
+        f"on {', '.join(p.splits)}: a family of {len(cells)}. p is the paired t test's over seeds; Holm p is adjusted over the family, "
+        f"and a cell is better or worse only where it is at most {FAMILY_ALPHA:g}; the interval is Bonferroni's "
+        f"({100 * (1 - FAMILY_ALPHA / max(len(cells), 1)):.3g}%, simultaneous over the family), **bold** where Holm decides.",
+        "",
+    ]
     lines += _table(FAMILY_HEADER, family_rows(cells))
     if p.adopted:
         tuned = judge_cells(results, spec, p.adopted, p.metric, p.higher_is_better, p.gammas, p.splits, views)
-        lines += [f"Adopted afterwards (tuned), beside the pre-registered setting, never instead: {', '.join(p.adopted)}; "
-                  "95% t intervals, not corrected, exploratory.", ""]
+        lines += [
+            f"Adopted afterwards (tuned), beside the pre-registered setting, never instead: {', '.join(p.adopted)}; "
+            "95% t intervals, not corrected, exploratory.",
+            "",
+        ]
         lines += _table(FAMILY_HEADER, family_rows(tuned, adjusted=False))
     return lines + [count, ""]
 
@@ -233,12 +291,22 @@ def primary_section(results: list[dict], spec, views: dict, tally: list[dict]) -
 def tuning_section(groups: dict, spec) -> list[str]:
     """Markdown: the runs spent choosing each variant's setting, as the bench file states them."""
     if spec is None or not spec.tuning:
-        return ["## Tuning budgets", "", "The bench file states no tuning budget (`[bench.tuning]`): read every variant as run at settings "
-                "fixed in advance, and a verdict against a baseline as one between settings nobody tuned here.", ""]
+        return [
+            "## Tuning budgets",
+            "",
+            "The bench file states no tuning budget (`[bench.tuning]`): read every variant as run at settings "
+            "fixed in advance, and a verdict against a baseline as one between settings nobody tuned here.",
+            "",
+        ]
     rows = [[label, str(spec.tuning.get(label, 0))] for label in groups]
-    return ["## Tuning budgets", "", "Runs spent choosing each variant's setting (`[bench.tuning]`; 0: none). A verdict of a tuned "
-            "variant against a baseline with settings of its own and a smaller budget is flagged \"untuned\".", "",
-            *_table(["variant", "tuning runs"], rows)]
+    return [
+        "## Tuning budgets",
+        "",
+        "Runs spent choosing each variant's setting (`[bench.tuning]`; 0: none). A verdict of a tuned "
+        'variant against a baseline with settings of its own and a smaller budget is flagged "untuned".',
+        "",
+        *_table(["variant", "tuning runs"], rows),
+    ]
 
 
 def provenance_section(results: list[dict]) -> list[str]:
@@ -254,9 +322,13 @@ def provenance_section(results: list[dict]) -> list[str]:
     if len(versions) < 2:
         return []
     inferred = any(r.get("made_by", {}).get("inferred") for r in results)
-    note = ("The runs were made by different code. Runs recorded before results.json named its commit are told apart by "
-            "their version and the keys their files record (a change of options or results): different keys mean different code, "
-            "equal keys do not prove the same code." if inferred else "The runs were made by different code (commits as recorded).")
+    note = (
+        "The runs were made by different code. Runs recorded before results.json named its commit are told apart by "
+        "their version and the keys their files record (a change of options or results): different keys mean different code, "
+        "equal keys do not prove the same code."
+        if inferred
+        else "The runs were made by different code (commits as recorded)."
+    )
     return ["## Provenance", "", note, "", *_table(["code", "variants"], [[v, ", ".join(labels)] for v, labels in versions.items()])]
 
 
@@ -275,11 +347,15 @@ def _overview(groups: dict, results: list[dict]) -> list[str]:
     off_test = [legend_name(label, g) for label, g in groups.items() if g["split"] != "test"]
     if off_test:
         named = ", ".join(off_test)
-        lines.append(f"**Evaluated on another split than test** (their tables' numbers are on that split; they pair with no test run): {named}.")
+        lines.append(
+            f"**Evaluated on another split than test** (their tables' numbers are on that split; they pair with no test run): {named}."
+        )
     tasks = list(dict.fromkeys(r["task"] for r in results))
     if len(tasks) > 1:
         counts = ", ".join(f"{t} ({_plural(sum(r['task'] == t for r in results), 'run')})" for t in tasks)
-        lines.append(f"**These runs come from {len(tasks)} tasks**: {counts}. Each label names its task, and runs are compared only within a task.")
+        lines.append(
+            f"**These runs come from {len(tasks)} tasks**: {counts}. Each label names its task, and runs are compared only within a task."
+        )
     return [*lines, ""]
 
 
@@ -308,13 +384,28 @@ def _ablation_tables(groups: dict, metrics: list[str]) -> list[str]:
                 cells = [_cell(grp["gammas"][g]["metrics"].get(m)) for m in metrics for g in gammas]
                 first, last = _cell(stats["layer_loss"], 0), _cell(stats["layer_loss"], len(stats["layer_loss"]["mean"]) - 1)
                 rows.append([f"{grp['config'][key]:g}", label, str(grp["n"]), *cells, first, last])
-            header = [names[key], "label", "seeds", *(f"{m} γ={g:g}" for m in metrics for g in gammas), f"l_0 γ={gammas[0]:g}", f"l_L γ={gammas[0]:g}"]
+            header = [
+                names[key],
+                "label",
+                "seeds",
+                *(f"{m} γ={g:g}" for m in metrics for g in gammas),
+                f"l_0 γ={gammas[0]:g}",
+                f"l_L γ={gammas[0]:g}",
+            ]
             lines += [f"## Ablation: {names[key]} ({groups[labels[0]]['solver']})", ""] + _table(header, rows)
     return lines
 
 
-def markdown(groups: dict, results: list[dict], title: str, images: list[str], note: str = "", workers: int | None = None,
-             domains: dict[str, tuple[list[dict], dict]] | None = None, spec=None) -> str:
+def markdown(
+    groups: dict,
+    results: list[dict],
+    title: str,
+    images: list[str],
+    note: str = "",
+    workers: int | None = None,
+    domains: dict[str, tuple[list[dict], dict]] | None = None,
+    spec=None,
+) -> str:
     """The summary; ``domains`` maps each evaluation domain to its results view and their groups, ``spec`` the bench's judging keys."""
     from layerdescent.endpoints import BenchSpec
 
@@ -347,15 +438,32 @@ def markdown(groups: dict, results: list[dict], title: str, images: list[str], n
 
     constrained = {label: grp for label, grp in groups.items() if role(grp["solver"], "enforces_constraints")}
     if constrained:
-        rows = [[label, name, _multipliers(lam), _binding(lam)] for label, grp in constrained.items() for name, lam in grp["lambda"].items()]
-        grouped = any("per_sample" in lam or any("@" in label for label in lam["labels"]) for grp in constrained.values() for lam in grp["lambda"].values())
-        body += ["## Final multipliers (mean over seeds)", "", "Still binding: the multipliers (entries x seeds) that ended above 0."
-                 + (" A constraint held per level shows each level's;\none held per sample shows each entry's mean over the training rows, the share of rows"
-                    " whose multiplier ended above 0,\nand the share of rows that meet the constraint at the end." if grouped else ""), ""]
+        rows = [
+            [label, name, _multipliers(lam), _binding(lam)] for label, grp in constrained.items() for name, lam in grp["lambda"].items()
+        ]
+        grouped = any(
+            "per_sample" in lam or any("@" in label for label in lam["labels"])
+            for grp in constrained.values()
+            for lam in grp["lambda"].values()
+        )
+        body += [
+            "## Final multipliers (mean over seeds)",
+            "",
+            "Still binding: the multipliers (entries x seeds) that ended above 0."
+            + (
+                " A constraint held per level shows each level's;\none held per sample shows each entry's mean over the training rows, the share of rows"
+                " whose multiplier ended above 0,\nand the share of rows that meet the constraint at the end."
+                if grouped
+                else ""
+            ),
+            "",
+        ]
         body += _table(["label", "constraint", "λ", "still binding"], rows)
 
-    rows = [[label, grp["solver"], _fmt(grp["step_time"] and grp["step_time"] * 1e3), _fmt(grp["step_time_ratio"])]
-            for label, grp in groups.items()]
+    rows = [
+        [label, grp["solver"], _fmt(grp["step_time"] and grp["step_time"] * 1e3), _fmt(grp["step_time_ratio"])]
+        for label, grp in groups.items()
+    ]
     body += ["## Cost", "", "Each run's median step time. " + _cost_note(workers), ""]
     body += _table(["label", "solver", "median step (ms)", f"× {_baseline_name()}"], rows)
     body += tuning_section(groups, spec) + provenance_section(results)

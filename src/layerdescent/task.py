@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import abc
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar, Iterable
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from layerdescent.errors import ConfigError
 
@@ -33,9 +34,7 @@ class LayerOutput:
         if not isinstance(self.losses, torch.Tensor):
             raise TypeError(f"LayerOutput.losses must be a B x (L+1) tensor, got {type(self.losses).__name__}")
         if self.losses.dim() != 2:
-            raise ValueError(
-                f"LayerOutput.losses must be B x (L+1), got shape {tuple(self.losses.shape)}"
-            )
+            raise ValueError(f"LayerOutput.losses must be B x (L+1), got shape {tuple(self.losses.shape)}")
 
     @property
     def layer_means(self) -> torch.Tensor:

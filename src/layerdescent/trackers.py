@@ -26,8 +26,9 @@ import re
 import shutil
 import tempfile
 import time
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, ClassVar, Iterable
+from typing import Any, ClassVar
 
 from layerdescent.errors import ConfigError
 from layerdescent.hookspecs import hookimpl
@@ -71,7 +72,9 @@ def check_trackers(names: Iterable[str], registry: Any = None) -> None:
     for i, name in enumerate(names):
         cls = table.get(name)
         if cls is None:
-            raise ConfigError(f"train.trackers[{i}] = {name!r} is not a registered tracker{closest(name, table)} (known: {', '.join(sorted(table))}; see `layerdescent list`)")
+            raise ConfigError(
+                f"train.trackers[{i}] = {name!r} is not a registered tracker{closest(name, table)} (known: {', '.join(sorted(table))}; see `layerdescent list`)"
+            )
         check_installed(cls.requires, f"train.trackers: {name!r}")
 
 
@@ -150,7 +153,13 @@ class _MLflow(Tracker):
             self.run_id = found[0].info.run_id
             client.update_run(self.run_id, status="RUNNING")
         else:
-            tags = {RUN_DIR_TAG: key, "variant": config.name, "seed": str(config.seed), "task": config.task.name, "solver": config.solver.name}
+            tags = {
+                RUN_DIR_TAG: key,
+                "variant": config.name,
+                "seed": str(config.seed),
+                "task": config.task.name,
+                "solver": config.solver.name,
+            }
             if bench:
                 tags["bench"] = bench
             self.run_id = client.create_run(experiment, tags=tags, run_name=f"{config.name}/seed-{config.seed}").info.run_id

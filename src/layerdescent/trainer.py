@@ -16,9 +16,10 @@ import math
 import os
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 
@@ -135,12 +136,21 @@ class Trainer:
             log.flush()
             rngs = world.gather(rng_state())
             if world.is_main:
-                save_checkpoint(self.checkpoint_path, run_payload(self.task.name, model, update, session.schedule, rngs, position.saved(), step_times, skipped_steps, log.tell()))
+                save_checkpoint(
+                    self.checkpoint_path,
+                    run_payload(
+                        self.task.name, model, update, session.schedule, rngs, position.saved(), step_times, skipped_steps, log.tell()
+                    ),
+                )
 
         # a bar on a terminal, a timed line every 30 s when stderr is a pipe (a demo or bench log)
         name, shown = f"{config.name} seed {config.seed}", train.progress and world.is_main
-        after = evaluation_in_steps(len(rows[config.eval.split]), len(config.eval.gammas) * (1 + len(config.eval.domains)), train.batch_size * train.accumulate)
-        bar = progress_bar(train.epochs * steps_per_epoch, position.step, name, enabled=shown, after=after)  # the time left covers the evaluation
+        after = evaluation_in_steps(
+            len(rows[config.eval.split]), len(config.eval.gammas) * (1 + len(config.eval.domains)), train.batch_size * train.accumulate
+        )
+        bar = progress_bar(
+            train.epochs * steps_per_epoch, position.step, name, enabled=shown, after=after
+        )  # the time left covers the evaluation
         try:
             while position.epoch < train.epochs and not stopping.patience_spent(train, position):
                 order = torch.randperm(len(train_set), generator=torch.Generator().manual_seed(config.seed * 100_003 + position.epoch))
@@ -153,7 +163,9 @@ class Trainer:
                     # a last-layer solver reads every layer on a log line's first step only, where the task can read the last alone
                     done = self.step(session, group, position.step, full=update.window_steps == 0, levels=group_levels)
                     if done.skipped:
-                        log.write(json.dumps({"event": "skipped", "epoch": position.epoch, "step": position.step, "reason": done.skipped}) + "\n")
+                        log.write(
+                            json.dumps({"event": "skipped", "epoch": position.epoch, "step": position.step, "reason": done.skipped}) + "\n"
+                        )
                         skipped_steps += 1
                     else:
                         step_times.append(time.perf_counter() - start)
@@ -169,8 +181,16 @@ class Trainer:
                 update.end_epoch()
                 self._log(log, position, update)
                 if train.validate:
-                    val = evaluate(self.task, model, rows["validation"], [train.validation_gamma], config.eval.batch_size, config.eval.seed, world)[0]
-                    record = {"event": "epoch", "epoch": position.epoch, "step": position.step, "val_loss": val["layer_loss"], "val_metrics": val["metrics"]}
+                    val = evaluate(
+                        self.task, model, rows["validation"], [train.validation_gamma], config.eval.batch_size, config.eval.seed, world
+                    )[0]
+                    record = {
+                        "event": "epoch",
+                        "epoch": position.epoch,
+                        "step": position.step,
+                        "val_loss": val["layer_loss"],
+                        "val_metrics": val["metrics"],
+                    }
                     log.write(json.dumps(record) + "\n")
                     self._trackers.log(record)
                     if stopping.improved(train, position, val["layer_loss"]) and world.is_main:
@@ -209,14 +229,27 @@ class Trainer:
         done = rundir.partial_evaluation(self.run_dir, key)
         if done and shown:
             taken = len(done.get("gammas", [])) + sum(len(r) for r in done.get("domains", {}).values())
-            print(f"{name} evaluation: resumed after {taken} of {len(config.eval.gammas) * (1 + len(config.eval.domains))} records", file=sys.stderr, flush=True)
+            print(
+                f"{name} evaluation: resumed after {taken} of {len(config.eval.gammas) * (1 + len(config.eval.domains))} records",
+                file=sys.stderr,
+                flush=True,
+            )
 
         def save(partial: dict[str, Any]) -> None:
             if world.is_main:
                 self._claim.check()
                 rundir.save_partial_evaluation(self.run_dir, key, partial)
 
-        return evaluate_all(self.task, session.model, session.rows[config.eval.split], config.eval, world, lambda total: progress_bar(total, 0, f"{name} evaluation", shown, unit="batch"), done, save)
+        return evaluate_all(
+            self.task,
+            session.model,
+            session.rows[config.eval.split],
+            config.eval,
+            world,
+            lambda total: progress_bar(total, 0, f"{name} evaluation", shown, unit="batch"),
+            done,
+            save,
+        )
 
     def load_model(self, path: Path, model: torch.nn.Module, state: dict[str, Any]) -> None:
         """Load ``state`` into ``model``, or CheckpointError naming ``path`` when it belongs to another model."""
@@ -243,7 +276,9 @@ class Trainer:
         generator = torch.Generator().manual_seed(self.config.seed * 100_003 + epoch + 7_919_000)
         return torch.randint(len(train.band), (micro_batches,), generator=generator).tolist()
 
-    def step(self, session: Session, group: Sequence[torch.Tensor], step: int, full: bool = True, levels: Sequence[int] | None = None) -> Step:
+    def step(
+        self, session: Session, group: Sequence[torch.Tensor], step: int, full: bool = True, levels: Sequence[int] | None = None
+    ) -> Step:
         """One optimizer step over micro-batches of training-row indices: its layer means and violations, or why it was skipped.
 
         Each micro-batch is global: this rank trains on its shard, and the update averages the
@@ -281,7 +316,9 @@ class Trainer:
             every_layer = every_layer and read_all
             # this rank's share of the step, times the ranks: the update averages means and gradients over ranks, as under DDP
             weight = len(shard) / total * world.size
-            with calling(self.who, "the backward pass through layer_losses"):  # e.g. a plugin that changed its parameters in place after the forward pass
+            with calling(
+                self.who, "the backward pass through layer_losses"
+            ):  # e.g. a plugin that changed its parameters in place after the forward pass
                 if batch is None:
                     update.backward(losses, weight)  # a rank whose shard is empty adds no gradient
                 else:  # per-level or per-sample constraints read each row's losses, index and level

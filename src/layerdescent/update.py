@@ -21,7 +21,8 @@ A constraint held per level or per sample needs to know where each row came from
 
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 
@@ -55,8 +56,15 @@ class LayerwiseUpdate:
             raise ConfigError("\n".join(problems))
         problem = solver_cls.build_problem(settings, tuple(constraints), num_layers, tuple(band), rows)
         self.solver: Solver = solver_cls(settings, problem)
-        if problem.groupings and solver_cls.enforces_constraints and solver_cls.observe_groups is Solver.observe_groups and solver_cls.observe_step is Solver.observe_step:
-            raise ConfigError(f"solver {solver_cls.name!r} does not update multipliers held per level or per sample (it does not override Solver.observe_groups); drop levels and per_sample")
+        if (
+            problem.groupings
+            and solver_cls.enforces_constraints
+            and solver_cls.observe_groups is Solver.observe_groups
+            and solver_cls.observe_step is Solver.observe_step
+        ):
+            raise ConfigError(
+                f"solver {solver_cls.name!r} does not update multipliers held per level or per sample (it does not override Solver.observe_groups); drop levels and per_sample"
+            )
         self.solver.attach(optimizer)
         self.problem: LayerwiseProblem = problem  # the constraints' Cooper problem (multipliers, labels, groupings)
         self.optimizer = self.solver.optimizer  # the solver's Cooper optimizer (the model's optimizer is its primal_optimizers[0])
@@ -79,11 +87,15 @@ class LayerwiseUpdate:
         """
         return self.solver.primal_loss(self._batch(losses, rows, levels, enforced_only=True))
 
-    def forward(self, losses: torch.Tensor, weight: float = 1.0, rows: torch.Tensor | None = None, levels: torch.Tensor | None = None) -> torch.Tensor | None:
+    def forward(
+        self, losses: torch.Tensor, weight: float = 1.0, rows: torch.Tensor | None = None, levels: torch.Tensor | None = None
+    ) -> torch.Tensor | None:
         """Count one micro-batch's losses toward this step (``weight``: its share) and return its primal loss, for a loop that runs ``backward`` itself (a Hugging Face ``Trainer``, a loss scaler); under ``torch.no_grad()`` it only counts and returns None."""
         return self.solver.forward(self._batch(losses, rows, levels), weight)
 
-    def backward(self, losses: torch.Tensor, weight: float = 1.0, rows: torch.Tensor | None = None, levels: torch.Tensor | None = None) -> torch.Tensor:
+    def backward(
+        self, losses: torch.Tensor, weight: float = 1.0, rows: torch.Tensor | None = None, levels: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """Backpropagate ``weight`` x the primal loss of these layer losses and count them toward this step; return their means.
 
         ``rows`` (each row's index in the training split) and ``levels`` (its level's index in the
@@ -165,7 +177,9 @@ class LayerwiseUpdate:
         self.solver.load_state_dict(state["solver"])
         self.problem.load_state_dict(state["problem"])
 
-    def _batch(self, losses: torch.Tensor, rows: torch.Tensor | None, levels: torch.Tensor | None, enforced_only: bool = False) -> torch.Tensor | LayerBatch:
+    def _batch(
+        self, losses: torch.Tensor, rows: torch.Tensor | None, levels: torch.Tensor | None, enforced_only: bool = False
+    ) -> torch.Tensor | LayerBatch:
         """What the solver reads of one micro-batch: a LayerBatch where grouped constraints need each row, else the losses."""
         if not self.problem.groupings or (enforced_only and not self.solver.enforces_constraints):
             return losses
