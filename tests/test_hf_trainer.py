@@ -159,6 +159,17 @@ def test_label_smoothing_in_the_training_arguments_is_refused_pointing_at_the_re
 
 
 @needs_hf
+def test_an_optimizer_built_outside_create_optimizer_is_refused_instead_of_dropping_the_constraints(tmp_path):
+    import transformers
+
+    trainer = _trainer(tmp_path)
+    # DeepSpeed's own optimizer (a config with an "optimizer" section) is built without create_optimizer, like this.
+    trainer.create_optimizer = lambda *args, **kwargs: transformers.Trainer.create_optimizer(trainer)
+    with pytest.raises(ld.ConfigError, match=r'DeepSpeed config with an "optimizer" section'):
+        trainer.train()
+
+
+@needs_hf
 def test_erm_trains_with_its_multipliers_logged_at_zero(tmp_path):
     trainer = _trainer(tmp_path, solver="erm", constraints=[ld.Descent(alpha=0.5)])
     trainer.train()

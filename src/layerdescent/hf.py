@@ -159,7 +159,14 @@ class DescentTrainer(transformers.Trainer):
         inputs = {k: v for k, v in inputs.items() if k not in self.columns.values()}
         outputs = _forward(model, inputs)
         losses = self.layer_losses(outputs, inputs)
-        if model.training and self.update is not None:
+        if model.training and self.update is None:
+            # Training on without the update would drop every constraint and train the last layer alone, silently.
+            raise ConfigError(
+                "DescentTrainer puts the constraints in the optimizer it builds in create_optimizer, which this run skipped "
+                '(a DeepSpeed config with an "optimizer" section builds DeepSpeed\'s own): remove that section so the Trainer '
+                "builds the optimizer, or build yours inside create_optimizer and call super().create_optimizer()"
+            )
+        if model.training:
             # the Trainer divides the loss by its accumulation steps and backpropagates it; the update counts the means with that share
             weight = 1.0 / getattr(self, "current_gradient_accumulation_steps", self.args.gradient_accumulation_steps)
             loss = self.update.forward(
