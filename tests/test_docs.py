@@ -21,6 +21,32 @@ def _block(marker: str, page: Path = PLUGINS, lang: str = "python") -> str:
     return re.search(rf"<!-- {marker} -->\n```{lang}\n(.*?)```", page.read_text(), re.S).group(1)
 
 
+# A lista small enough to train one epoch in a test, for the plugin examples that must train.
+SMALL_LISTA = {
+    "task": {
+        "name": "lista",
+        "layers": 3,
+        "code_dim": 8,
+        "measure_dim": 6,
+        "sparsity": 2,
+        "train_size": 64,
+        "validation_size": 16,
+        "test_size": 16,
+    },
+    "train": {"epochs": 1, "progress": False},
+}
+
+
+def _plugin_module(name: str, marker: str, monkeypatch) -> types.ModuleType:
+    """The plugins page's block after ``<!-- marker -->``, executed as module ``name`` (dataclasses look their module up)."""
+    import sys
+
+    module = types.ModuleType(name)
+    monkeypatch.setitem(sys.modules, name, module)
+    exec(compile(_block(marker), f"docs/plugins.md:{name}.py", "exec"), module.__dict__)
+    return module
+
+
 def _plugin_example() -> types.ModuleType:
     module = types.ModuleType("my_plugin")
     exec(compile(_block("plugin-example"), "docs/plugins.md:my_plugin.py", "exec"), module.__dict__)
@@ -52,25 +78,9 @@ def test_docs_annotated_config_is_a_valid_config_with_every_section():
 
 
 def test_docs_constraint_example_registers_checks_its_options_and_trains(tmp_path, monkeypatch):
-    import sys
-
-    module = types.ModuleType("my_constraint")
-    monkeypatch.setitem(sys.modules, "my_constraint", module)  # dataclasses look their module up
-    exec(compile(_block("constraint-example"), "docs/plugins.md:my_constraint.py", "exec"), module.__dict__)
+    module = _plugin_module("my_constraint", "constraint-example", monkeypatch)
     registry = Registry(extra_plugins=[("gap", module)])
-    table = {
-        "task": {
-            "name": "lista",
-            "layers": 3,
-            "code_dim": 8,
-            "measure_dim": 6,
-            "sparsity": 2,
-            "train_size": 64,
-            "validation_size": 16,
-            "test_size": 16,
-        },
-        "train": {"epochs": 1, "progress": False},
-    }
+    table = SMALL_LISTA
     with pytest.raises(ld.ConfigError, match=r"^constraints\[0\]: ratio must be in \(0, 1\], got 2.0$"):
         ld.config_from_dict({**table, "constraints": [{"kind": "gap", "ratio": 2.0}]}, registry)
     with pytest.raises(ld.ConfigError, match=r"constraints\[0\].ratio must be a number"):
@@ -91,26 +101,9 @@ def test_docs_loop_example_trains_under_descent_constraints_exactly_as_written()
 
 
 def test_docs_solver_example_registers_and_runs_from_toml_alone(tmp_path, monkeypatch):
-    import sys
-
-    module = types.ModuleType("my_solver")
-    monkeypatch.setitem(sys.modules, "my_solver", module)  # dataclasses look their module up
-    exec(compile(_block("solver-example"), "docs/plugins.md:my_solver.py", "exec"), module.__dict__)
+    module = _plugin_module("my_solver", "solver-example", monkeypatch)
     registry = Registry(extra_plugins=[("ramp", module)])
-    table = {
-        "task": {
-            "name": "lista",
-            "layers": 3,
-            "code_dim": 8,
-            "measure_dim": 6,
-            "sparsity": 2,
-            "train_size": 64,
-            "validation_size": 16,
-            "test_size": 16,
-        },
-        "train": {"epochs": 1, "progress": False},
-        "solver": {"name": "ramp", "steps": 2},
-    }
+    table = {**SMALL_LISTA, "solver": {"name": "ramp", "steps": 2}}
     results = ld.train(ld.config_from_dict(table, registry), tmp_path / "run", registry=registry)
     assert results["solver"] == "ramp"
     table["solver"]["steps"] = 0
