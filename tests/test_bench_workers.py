@@ -94,6 +94,6 @@ def test_a_failed_run_is_reported_as_it_ends_and_the_others_finish_with_a_summar
         run_bench(path, out, workers=workers, on_run=lambda run, status: told.append((run.variant, status)))
     assert str(failed.value).startswith(
         "1 of 2 runs failed; "
-    ) and "diverges seed 0: DivergenceError: multiplier of constraint 'descent' exploded" in str(failed.value)
+    ) and "diverges seed 0: DivergenceError: step 0: multiplier of constraint 'descent' exploded" in str(failed.value)
     assert ("erm", "trained") in told and any(v == "diverges" and s.startswith("failed: DivergenceError") for v, s in told)
     assert (out / "erm" / "seed-0" / "results.json").exists() and (out / "summary.md").exists()

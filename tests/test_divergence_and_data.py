@@ -32,7 +32,7 @@ def poison(monkeypatch, steps, layer=2):
 def test_non_finite_loss_stops_and_leaves_the_last_checkpoint_intact(tiny, tmp_path, monkeypatch):
     tiny["train"]["checkpoint_every"] = 2
     poison(monkeypatch, steps={5})
-    with pytest.raises(ld.DivergenceError, match=r"non-finite loss at step 5, l2 = nan; the last checkpoint is intact"):
+    with pytest.raises(ld.DivergenceError, match=r"step 5: non-finite loss, l2 = nan; the last checkpoint is intact"):
         ld.train(ld.config_from_dict(tiny), tmp_path / "run")
     assert load_checkpoint(tmp_path / "run" / "checkpoint.pt", "lista")["position"]["step"] == 4
 
@@ -51,7 +51,7 @@ def test_exploding_multiplier_stops_the_run_naming_constraint_and_layer(tiny, tm
     tiny["solver"].update(dual_lr=1000.0, max_multiplier=5.0)
     tiny["constraints"] = [{"kind": "bound", "name": "tight", "value": 0.0}]
     with pytest.raises(
-        ld.DivergenceError, match=r"multiplier of constraint 'tight' exploded at step 0, l4<=0 = .* > solver.max_multiplier = 5"
+        ld.DivergenceError, match=r"step 0: multiplier of constraint 'tight' exploded, l4<=0 = .* > solver.max_multiplier = 5"
     ):
         ld.train(ld.config_from_dict(tiny), tmp_path / "run")
 

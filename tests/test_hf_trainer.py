@@ -113,6 +113,15 @@ def test_a_violated_constraint_raises_its_multipliers_in_the_trainer_logs(tmp_pa
 
 
 @needs_hf
+def test_a_multiplier_past_max_multiplier_stops_the_trainer_naming_the_step_and_entry(tmp_path):
+    trainer = _trainer(tmp_path, constraints=[ld.Descent(alpha=0.5)], dual_lr=1000.0, max_multiplier=1.0)
+    with pytest.raises(
+        ld.DivergenceError, match=r"step 1: multiplier of constraint 'descent' exploded, l\d<=l\d = .* > solver.max_multiplier = 1"
+    ):
+        trainer.train()
+
+
+@needs_hf
 def test_lambda_steps_once_per_optimizer_step_from_the_mean_of_its_micro_batches(tmp_path, monkeypatch):
     from layerdescent.hf import DescentTrainer
     from layerdescent.update import LayerwiseUpdate

@@ -345,6 +345,53 @@ def test_accumulated_micro_batches_give_the_step_of_the_whole_batch():
     assert torch.allclose(results[0][1], results[1][1], atol=1e-6)
 
 
+@pytest.mark.parametrize("solver", ["erm", "penalty", "primal-dual"])
+def test_a_step_with_a_non_finite_loss_is_not_taken_and_says_which_value(solver):
+    layers, head = _toy()
+    params = [*layers.parameters(), *head.parameters()]
+    update = ld.LayerwiseUpdate([Descent(alpha=0.3)], num_layers=3, optimizer=torch.optim.SGD(params, lr=0.1), solver=solver, dual_lr=1.0)
+    x, y = torch.randn(16, 4), torch.randn(16, 1)
+    losses = _losses(layers, head, x, y)
+    update.zero_grad()
+    update.backward(torch.cat([losses[:, :3], losses[:, 3:] * float("nan")], dim=1))  # the last layer's loss is NaN
+    before = [p.detach().clone() for p in params]
+    seen = update.step()
+    assert seen.skipped == "non-finite loss, l3 = nan" and seen.stop is None
+    assert all(torch.equal(a, b) for a, b in zip(before, params)) and all(p.grad is None for p in params)
+    assert update.window_steps == 0 and torch.equal(update.multipliers()["descent"], torch.zeros(3))
+    update.zero_grad()
+    update.backward(_losses(layers, head, x, y))
+    assert update.step().skipped is None and update.window_steps == 1  # the next step is taken as usual
+
+
+def test_a_last_layer_read_alone_is_checked_on_that_layer_and_logged_as_it():
+    layers, head = _toy()
+    params = [*layers.parameters(), *head.parameters()]
+    update = ld.LayerwiseUpdate([Descent(alpha=0.3)], num_layers=3, optimizer=torch.optim.SGD(params, lr=0.1), solver="erm")
+    x, y = torch.randn(16, 4), torch.randn(16, 1)
+    update.zero_grad()
+    update.backward(_losses(layers, head, x, y)[:, 3:])  # B x 1: the last layer's losses alone
+    seen = update.step()
+    assert seen.skipped is None and not seen.every_layer and bool(seen.means[:3].isnan().all())
+    assert update.record()["loss"][:3] == [None, None, None]  # no step read them: null, not a mean of nothing
+    update.zero_grad()
+    update.backward(_losses(layers, head, x, y)[:, 3:] * float("nan"))
+    assert update.step().skipped == "non-finite loss, l3 = nan"
+
+
+def test_a_multiplier_past_max_multiplier_is_reported_as_a_stop_naming_the_entry():
+    layers, head = _toy()
+    params = [*layers.parameters(), *head.parameters()]
+    update = ld.LayerwiseUpdate(
+        [Descent(alpha=0.9)], num_layers=3, optimizer=torch.optim.SGD(params, lr=0.1), dual_lr=100.0, max_multiplier=1.0
+    )
+    update.zero_grad()
+    update.backward(_losses(layers, head, torch.randn(16, 4), torch.randn(16, 1)))
+    seen = update.step()
+    assert seen.skipped is None and seen.stop.startswith("multiplier of constraint 'descent' exploded, l")
+    assert "> solver.max_multiplier = 1" in seen.stop
+
+
 def test_the_update_state_round_trips_so_a_loop_resumes_on_the_same_multipliers():
     layers, head = _toy()
     params = [*layers.parameters(), *head.parameters()]

@@ -127,7 +127,7 @@ def test_non_finite_loss_stops_with_the_step_and_layer(tiny, tmp_path, monkeypat
         return out
 
     monkeypatch.setattr(task_cls, "layer_losses", poisoned)
-    with pytest.raises(ld.DivergenceError, match=r"step 0, l2 = nan"):
+    with pytest.raises(ld.DivergenceError, match=r"step 0: non-finite loss, l2 = nan"):
         _train(tiny, tmp_path)
 
 

@@ -36,6 +36,7 @@ from layerdescent.constraints import ConstraintSpec
 from layerdescent.errors import ConfigError, PluginError
 from layerdescent.optional import require
 from layerdescent.registry import Registry, get_registry
+from layerdescent.stopping import diverged
 from layerdescent.update import LayerwiseUpdate
 
 transformers = require("transformers", extra="hf", purpose="layerdescent.DescentTrainer")
@@ -208,7 +209,9 @@ class DescentTrainer(transformers.Trainer):
         if self.accelerator.optimizer_step_was_skipped:
             self.update.discard()  # fp16's scaler found inf gradients and left the model as it was: lambda waits too
             return
-        self.update.dual_step()
+        seen = self.update.dual_step()  # a step whose means are not finite moves no multiplier (seen.skipped)
+        if seen.stop:
+            raise diverged(f"step {self.state.global_step}: {seen.stop}")
 
     def _log_record(self) -> dict[str, float]:
         """What a training log line adds: each entry's lambda, its violation and each layer's loss, means over the steps since the last line."""

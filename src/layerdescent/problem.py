@@ -221,7 +221,9 @@ class LayerwiseProblem:
             else None
         )
         self.state: dict[str, dict[str, torch.Tensor]] | None = None
-        self.objective: Callable[[torch.Tensor], torch.Tensor] = lambda means: means[-1]  # the solver's, once it has one
+        self.objective: Callable[[torch.Tensor], torch.Tensor] = lambda means: means[
+            -1
+        ]  # the last layer's mean, or a solver's own objective
 
     def dual_optimizer(self, kind: str, lr: float, kp: float = 1.0, ki: float = 1.0, ema: float = 0.0) -> torch.optim.Optimizer:
         """SGD or nuPI ascent on the multipliers; resilient specs get weight decay 1/c."""
@@ -275,6 +277,13 @@ class LayerwiseProblem:
                     observed[self.constraint(spec)], tables[spec.name] = self._grouped_state(spec, rows, primal, dual)
         state = cooper.CMPState(loss=self.objective(means) if primal else None, observed_constraints=observed)
         return state, {name: value.detach() for name, value in violations.items()}, tables
+
+    def primal_lagrangian(
+        self, batch: torch.Tensor | LayerBatch
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor], dict[str, tuple[torch.Tensor, torch.Tensor]]]:
+        """One micro-batch's primal Lagrangian at the current multipliers (Cooper's), with what ``observe`` gives beside it; lambda moves from a later dual pass."""
+        state, violations, tables = self.observe(batch, dual=False)
+        return state.compute_primal_lagrangian().lagrangian, violations, tables
 
     def put_dual_gradient(self, violations: dict[str, torch.Tensor], tables: dict[str, tuple[torch.Tensor, torch.Tensor]]) -> None:
         """The dual pass from known violations: each multiplier's gradient (plain specs' from ``violations``, grouped ones' from ``tables``) and the penalties' growth."""

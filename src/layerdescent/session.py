@@ -6,6 +6,7 @@ import contextlib
 import math
 import random
 import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -16,8 +17,10 @@ from layerdescent.config import RunConfig, TrainConfig
 from layerdescent.data import Rows
 from layerdescent.distributed import World, init_world, to_device
 from layerdescent.errors import ConfigError, DataError, PluginError
+from layerdescent.guard import calling
 from layerdescent.problem import LayerBatch, LayerwiseProblem
 from layerdescent.registry import Registry
+from layerdescent.stopping import check_nonnegative
 from layerdescent.update import LayerwiseUpdate
 
 
@@ -87,8 +90,8 @@ class Session:
 
     def read_shard(
         self, task: Any, shard: torch.Tensor, full: bool, level: int, band: tuple[float, ...], precision: str, who: str
-    ) -> tuple[torch.Tensor, bool, LayerBatch | None]:
-        """This rank's layer means on its shard of a micro-batch (differentiable; NaN for the layers a last-layer-only read skipped), whether every layer was read, and the rows' LayerBatch where per-level or per-sample constraints need it.
+    ) -> tuple[torch.Tensor, LayerBatch | None]:
+        """This rank's layer means on its shard of a micro-batch (differentiable; the last layer's alone where a last-layer-only read sufficed), and the rows' LayerBatch where per-level or per-sample constraints need it.
 
         ``level`` indexes the training band; -1 takes the shard at every level of it. Under
         ``precision = "bf16"`` the forward pass runs in autocast and the losses leave it in float32.
@@ -120,24 +123,55 @@ class Session:
                 if grouped:
                     rows = LayerBatch(losses, shard, torch.full((len(shard),), level))
             else:
-                means = torch.cat([torch.full((width - 1,), float("nan"), device=self.device), _float32(last.losses).mean(dim=0)])
+                means = _float32(last.losses).mean(dim=0)
             if not means.requires_grad and torch.is_grad_enabled():  # the alternating dual pass reads under no_grad
                 method = "last_layer_losses" if last_only else "layer_losses"
                 raise PluginError(
                     f"{who}: {method} returned losses without gradients (computed under torch.no_grad() or detached): nothing would train"
                 )
+            if self.problem.needs_nonnegative and bool(((means < 0) & torch.isfinite(means)).any()):
+                check_nonnegative(who, means, self.problem)  # a plugin's bug, which no setting fixes: raised before any step reads it
         else:  # every rank takes the same branch: the task answers the same on every rank
             last_only = last_only and task.overrides("last_layer_losses")
-            means = torch.zeros(width, device=self.device)
+            means = torch.zeros(1 if last_only else width, device=self.device)
             if grouped:  # no rows, but the per-group sums still meet the other ranks' at the step
                 rows = LayerBatch(torch.zeros(0, width, device=self.device), shard, torch.zeros(0, dtype=torch.long))
-        return means, not last_only, rows
+        return means, rows
 
-    def reduce_gradients(self, clip: float = 0.0) -> None:
-        """Average the model's gradients over ranks (their losses were weighted as DDP's are), then clip their norm to ``clip`` (0: no clipping)."""
-        self.world.average_gradients(self.model.parameters())
-        if clip:
-            torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip)
+    def backward(
+        self,
+        task: Any,
+        group: Sequence[torch.Tensor],
+        levels: Sequence[int],
+        full: bool,
+        band: tuple[float, ...],
+        train: TrainConfig,
+        who: str,
+    ) -> None:
+        """Backpropagate the primal loss of a step's micro-batches (this rank's shard of each) through the update, then average the gradients over ranks and clip them.
+
+        ``levels`` gives each micro-batch's level in ``band`` (-1: every level); ``full`` as ``read_shard``.
+        """
+        total = sum(len(idx) for idx in group)
+        world = self.world
+        for idx, level in zip(group, levels):
+            shard = idx.tensor_split(world.size)[world.rank] if world.size > 1 else idx
+            means, batch = self.read_shard(task, shard, full, level, band, train.precision, who)
+            # this rank's share of the step, times the ranks: the update averages means and gradients over ranks, as under DDP
+            weight = len(shard) / total * world.size
+            with calling(
+                who, "the backward pass through layer_losses"
+            ):  # e.g. a plugin that changed its parameters in place after the forward pass
+                if batch is None:
+                    self.update.backward(means, weight)  # a rank whose shard is empty adds no gradient
+                else:  # per-level or per-sample constraints read each row's losses, index and level
+                    self.update.backward(batch.losses, weight, rows=batch.rows, levels=batch.levels)
+        if not torch.is_grad_enabled():  # a pass that only counts (a dual pass under no_grad)
+            return
+        if world.size > 1:  # their losses were weighted as DDP's are
+            world.average_gradients(self.model.parameters())
+        if train.grad_clip:
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), train.grad_clip)
 
 
 def _autocast(device: torch.device, precision: str) -> Any:

@@ -51,6 +51,9 @@ class Observation:
     micro: int = 0  # micro-batches counted
     reduced: bool = False  # means averaged and tables summed over ranks (done once, by ``Solver.observed``)
     reusable: bool = True  # the one micro-batch's violations are those of ``means`` (weight 1, one rank)
+    every_layer: bool = True  # False: a micro-batch read the last layer alone (the other means are NaN and unchecked)
+    skipped: str | None = None  # why the step was dropped, not taken: a mean or violation it would train on was not finite
+    stop: str | None = None  # why the run must stop after the step: a multiplier not finite or above max_multiplier (set by the front)
 
 
 class Solver:
@@ -137,12 +140,15 @@ class Solver:
     # -- one micro-batch -------------------------------------------------------------------------
 
     def forward(self, batch: Any, weight: float = 1.0) -> torch.Tensor | None:
-        """Count one micro-batch (L+1 means or a LayerBatch) toward this step with ``weight``; its primal loss, unweighted (None under ``torch.no_grad()``: a pass that only counts)."""
+        """Count one micro-batch (L+1 means, the last layer's alone, or a LayerBatch) toward this step with ``weight``; its primal loss, unweighted (None under ``torch.no_grad()``: a pass that only counts)."""
         import torch
 
         from layerdescent.problem import LayerBatch
 
         means = _means(batch)
+        if len(means) == 1 < self.problem.num_layers + 1:  # the last layer read alone: the others are NaN, left out of checks and means
+            means = batch = torch.cat([means.new_full((self.problem.num_layers,), float("nan")), means])
+            self._seen.every_layer = False
         self._start(means, weight)
         loss = self.primal_loss(batch) if torch.is_grad_enabled() else None
         tables = self.problem.group_tables(batch) if self.problem.groupings and isinstance(batch, LayerBatch) else {}
@@ -203,11 +209,33 @@ class Solver:
         self._seen = Observation()
         return seen
 
+    def skip(self, seen: Observation) -> bool:
+        """Whether the step must be dropped: a mean or violation it would train on is not finite; if so, say why in ``seen.skipped`` and clear the gradients.
+
+        Every ``step`` calls it on the observation it takes first, before any primal or dual step.
+        """
+        import torch
+
+        if seen.means is None:
+            return False
+        values = seen.means if seen.every_layer else seen.means[-1:]
+        if seen.every_layer and seen.violations:
+            values = torch.cat([values, *seen.violations.values()])
+        if bool(torch.isfinite(values).all()):  # the usual case: one test
+            return False
+        from layerdescent.stopping import why_not_finite
+
+        seen.skipped = why_not_finite(seen, self.problem.labels)
+        self.zero_grad()
+        return True
+
     # -- the step --------------------------------------------------------------------------------
 
     def step(self, closure: Callable[[], Any] | None = None) -> Observation:
-        """The primal step, then whatever the solver keeps from the step's observation; the observation (for the log line)."""
+        """The primal step, then whatever the solver keeps from the step's observation; the observation (for the log line), with ``skipped`` set where it was dropped."""
         seen = self.take()
+        if self.skip(seen):
+            return seen
         self.optimizer.primal_step()
         if seen.means is not None and self.observe_step(seen):  # erm and penalty never say so; a schedule may still count steps there
             self.dual_step()
@@ -216,6 +244,8 @@ class Solver:
     def step_after_primal(self) -> Observation:
         """The step's dual side alone, after a primal step another loop took; the observation."""
         seen = self.take()
+        if self.skip(seen):
+            return seen
         if seen.means is not None and self.observe_step(seen):
             self.dual_step()
         return seen
@@ -414,7 +444,8 @@ class PrimalDual(Solver):
         import torch
 
         super().__init__(options, problem)
-        problem.objective = self.objective  # the CMP's loss, for Cooper's roll() too
+        if type(self).objective is not Solver.objective:  # a subclass's objective is the CMP's loss, for Cooper's roll() too
+            problem.objective = self.objective
         self.max_multiplier = options.max_multiplier
         self._window = torch.zeros(problem.num_layers + 1)  # the sum of the steps' layer means since the last dual step
         self._count = 0
@@ -496,7 +527,7 @@ class PrimalDual(Solver):
     # -- one micro-batch: one pass of the CMP ----------------------------------------------------
 
     def primal_loss(self, means: Any) -> torch.Tensor:
-        return self.problem.observe(means, dual=False)[0].compute_primal_lagrangian().lagrangian
+        return self.problem.primal_lagrangian(means)[0]
 
     def forward(self, batch: Any, weight: float = 1.0) -> torch.Tensor:
         import torch
@@ -505,20 +536,28 @@ class PrimalDual(Solver):
         self._start(means, weight)
         if not torch.is_grad_enabled():  # a pass that only counts (the dual pass of alternating-primal-dual): no Lagrangian
             return super().forward(batch, weight)
-        # one pass: dual=False, the multipliers step from the window of dual_every, not from this pass
+        if self.options.scheme == "alternating":
+            return self._dual_then_primal(batch, means, weight)
+        # one pass, whose violations serve the Lagrangian, the checks, the dual step and the log; lambda steps from the window of dual_every
+        lagrangian, violations, tables = self.problem.primal_lagrangian(batch)
+        self.count(means.detach(), weight, violations, tables)
+        return lagrangian
+
+    def _dual_then_primal(self, batch: Any, means: torch.Tensor, weight: float) -> torch.Tensor:
+        """The alternating scheme's pass (Cooper's dual-then-primal): lambda steps first, from this whole batch over every rank, then the primal Lagrangian reads it."""
+        import torch
+
         state, violations, tables = self.problem.observe(batch, dual=False)
         self.count(means.detach(), weight, violations, tables)
-        if self.options.scheme == "alternating":
-            # Cooper's dual-then-primal: lambda steps first, from this whole batch (over every rank), then the primal Lagrangian reads it
-            if self._seen.micro > 1:
-                raise ConfigError(
-                    "solver.scheme = 'alternating' steps lambda from the whole batch before its primal step: accumulate no micro-batches (train.accumulate = 1)"
-                )
-            seen = self.observed()
-            if bool(torch.isfinite(seen.means).all()) and self.observe_step(
-                seen
-            ):  # a non-finite batch is the trainer's to skip, before lambda reads it
-                self.dual_step()
+        if self._seen.micro > 1:
+            raise ConfigError(
+                "solver.scheme = 'alternating' steps lambda from the whole batch before its primal step: accumulate no micro-batches (train.accumulate = 1)"
+            )
+        seen = self.observed()
+        if bool(torch.isfinite(seen.means).all()) and self.observe_step(
+            seen
+        ):  # a non-finite batch is skipped in step(), before lambda reads it
+            self.dual_step()
         return state.compute_primal_lagrangian().lagrangian
 
     # -- the step, per scheme --------------------------------------------------------------------
@@ -529,6 +568,8 @@ class PrimalDual(Solver):
         if scheme == "extrapolation":  # step to the midpoint, re-evaluate there, step from the start
             _require(closure, scheme)
             seen = self.take()
+            if self.skip(seen):
+                return seen
             self.observe_step(seen)  # dual_every = 1: always a dual gradient
             self.optimizer.primal_extrapolation_step()
             self.optimizer.dual_extrapolation_step()
@@ -539,6 +580,8 @@ class PrimalDual(Solver):
             self.dual_step()
             return seen
         seen = self.take()
+        if self.skip(seen):
+            return seen
         self.optimizer.primal_step()
         if scheme == "alternating":
             return seen  # its dual step came before the primal one, in forward()

@@ -11,18 +11,19 @@ if TYPE_CHECKING:
     import torch
 
     from layerdescent.config import TrainConfig
+    from layerdescent.problem import LayerwiseProblem
+    from layerdescent.solvers import Observation
     from layerdescent.trainer import Position
-    from layerdescent.update import LayerwiseUpdate
 
 
-def nonfinite(step: int, what: str, values: torch.Tensor, labels: list[str]) -> str | None:
-    """Why ``values`` cannot be trained on (naming the step, the entry and the quantity), or None."""
+def nonfinite(what: str, values: torch.Tensor, labels: list[str]) -> str | None:
+    """Why ``values`` cannot be trained on (naming the entry and the quantity), or None."""
     import torch
 
     if bool(torch.isfinite(values).all()):
         return None
     bad = int((~torch.isfinite(values)).nonzero().flatten()[0])
-    return f"non-finite {what} at step {step}, {labels[bad]} = {values.flatten()[bad].item()}"
+    return f"non-finite {what}, {labels[bad]} = {values.flatten()[bad].item()}"
 
 
 def diverged(reason: str) -> DivergenceError:
@@ -30,67 +31,43 @@ def diverged(reason: str) -> DivergenceError:
     return DivergenceError(f"{reason}; the last checkpoint is intact (lower train.lr or solver.dual_lr, or set train.grad_clip)")
 
 
-def step_problem(
-    who: str,
-    step: int,
-    means: torch.Tensor,
-    violations: dict[str, torch.Tensor] | None,
-    every_layer: bool,
-    update: LayerwiseUpdate,
-    labels: list[str],
-) -> str | None:
-    """Why a step's layer means (the last layer's alone, where it read only that) or violations cannot be trained on, or None.
-
-    A PluginError when a constraint that assumes losses >= 0 sees a negative one: no setting fixes that.
-    """
-    import torch
-
-    if every_layer:  # the usual case, in one test: every value finite and, where a constraint needs it, every mean >= 0
-        fine = torch.isfinite(torch.cat([means, *violations.values()]) if violations else means).all()
-        if update.problem.needs_nonnegative:
-            fine = fine & (means >= 0).all()
-        if bool(fine):
-            return None
-    reason = nonfinite(step, "loss", means if every_layer else means[-1:], labels if every_layer else labels[-1:])
-    if not every_layer:
-        return reason
-    for name, value in (violations or {}).items():
-        reason = reason or nonfinite(step, f"violation of constraint {name!r}", value, update.labels[name])
-    if reason is None:
-        check_nonnegative(who, step, means, update, labels)
+def why_not_finite(seen: Observation, constraint_labels: dict[str, list[str]]) -> str | None:
+    """The first non-finite value a step would train on: a layer mean (the last layer's alone, where the step read only that), then a violation."""
+    labels = [f"l{k}" for k in range(len(seen.means))]
+    if not seen.every_layer:
+        return nonfinite("loss", seen.means[-1:], labels[-1:])
+    reason = nonfinite("loss", seen.means, labels)
+    for name, value in (seen.violations or {}).items():
+        reason = reason or nonfinite(f"violation of constraint {name!r}", value, constraint_labels[name])
     return reason
 
 
-def multiplier_problem(update: LayerwiseUpdate, step: int) -> str | None:
-    """Why the run must stop for its multipliers (one not finite, or past the solver's ``max_multiplier``), or None."""
-    if not update.solver.enforces_constraints:
-        return None  # its multipliers never move
-    bound = update.solver.max_multiplier
-    if bound is not None:  # the usual case, in one test: every multiplier at most the bound (NaN fails it too)
-        import torch
-
-        if bool(torch.stack([weight.detach().max() for weight in update.problem.multiplier_weights()]).le(bound).all()):
-            return None
-    for name, value in update.problem.multipliers().items():
-        if bound is not None and bool((value <= bound).all()):  # one test per step: NaN fails it too, and is told apart below
+def multiplier_problem(problem: LayerwiseProblem, bound: float | None) -> str | None:
+    """Why the run must stop for its multipliers (one not finite, or above ``bound``, the solver's ``max_multiplier``), or None."""
+    for name, value in problem.multipliers().items():
+        if bound is not None and bool((value <= bound).all()):  # NaN fails it too, and is told apart below
             continue
-        reason = nonfinite(step, f"multiplier of constraint {name!r}", value, update.labels[name])
+        reason = nonfinite(f"multiplier of constraint {name!r}", value, problem.labels[name])
         if reason is None and bound is not None and bool((value > bound).any()):
             entry = int((value > bound).nonzero()[0])
-            reason = f"multiplier of constraint {name!r} exploded at step {step}, {update.labels[name][entry]} = {value[entry].item():.4g} > solver.max_multiplier = {bound:g}"
+            reason = f"multiplier of constraint {name!r} exploded, {problem.labels[name][entry]} = {value[entry].item():.4g} > solver.max_multiplier = {bound:g}"
         if reason:
             return reason
     return None
 
 
-def check_nonnegative(who: str, step: int, means: torch.Tensor, update: LayerwiseUpdate, labels: list[str]) -> None:
-    """Raise PluginError when a constraint that assumes losses >= 0 (descent's (1 - alpha) margin) sees a negative one."""
-    needing = update.problem.needs_nonnegative
-    if needing and bool((means < 0).any()):
-        k = int((means < 0).nonzero()[0])
+def check_nonnegative(who: str, means: torch.Tensor, problem: LayerwiseProblem) -> None:
+    """Raise PluginError when a constraint that assumes losses >= 0 (descent's (1 - alpha) margin) sees a negative mean loss."""
+    import torch
+
+    needing = problem.needs_nonnegative
+    negative = (means < 0) & torch.isfinite(means)  # a non-finite mean is the step's to skip, not the plugin's fault
+    if needing and bool(negative.any()):
+        k = int(negative.nonzero()[0])
+        label = f"l{k}" if len(means) > 1 else f"l{problem.num_layers}"  # a last-layer-only read
         spec = needing[0]
         raise PluginError(
-            f"{who}: layer_losses returned a negative mean loss at step {step}, {labels[k]} = {means[k].item():.4g}; "
+            f"{who}: layer_losses returned a negative mean loss, {label} = {means[k].item():.4g}; "
             f"constraint {spec.name!r} ({spec.kind}) needs losses >= 0 (its margin scales the previous layer's loss): shift the loss, or use a bound"
         )
 

@@ -28,10 +28,11 @@ from layerdescent.checkpoint import load_checkpoint, load_model_state, restore_r
 from layerdescent.config import RunConfig, check_depth, check_steps
 from layerdescent.errors import DivergenceError
 from layerdescent.evaluator import evaluate, evaluate_all, rows_satisfied
-from layerdescent.guard import build_task, calling, describe
+from layerdescent.guard import build_task, describe
 from layerdescent.progress import evaluation_in_steps, progress_bar
 from layerdescent.registry import Registry, get_registry
 from layerdescent.session import Session, build_session, epoch_steps
+from layerdescent.solvers import Observation
 from layerdescent.trackers import check_trackers, open_trackers
 from layerdescent.update import LayerwiseUpdate
 
@@ -59,15 +60,6 @@ class Position:
         if out["best_val_loss"] is None:
             del out["best_val_loss"]
         return out
-
-
-@dataclass
-class Step:
-    """What one training step did: its layer means and violations over every rank, or why it was skipped."""
-
-    means: torch.Tensor
-    violations: dict[str, torch.Tensor]
-    skipped: str | None = None  # train.on_nonfinite = 'skip': the non-finite value it dropped the step for
 
 
 class Trainer:
@@ -278,8 +270,8 @@ class Trainer:
 
     def step(
         self, session: Session, group: Sequence[torch.Tensor], step: int, full: bool = True, levels: Sequence[int] | None = None
-    ) -> Step:
-        """One optimizer step over micro-batches of training-row indices: its layer means and violations, or why it was skipped.
+    ) -> Observation:
+        """One optimizer step over micro-batches of training-row indices: what it observed over every rank, or why it was skipped.
 
         Each micro-batch is global: this rank trains on its shard, and the update averages the
         layer means over ranks once per step, before anything reads them, so every rank sees the
@@ -290,42 +282,14 @@ class Trainer:
         update, train = session.update, self.config.train
         levels = list(levels) if levels is not None else [0] * len(group)
         update.zero_grad()
-        every_layer = self._gradients(session, group, full, levels)
-        seen = update.observed()
-        reason = stopping.step_problem(self.who, step, seen.means, seen.violations, every_layer, update, session.labels)
-        if reason is not None:
-            if train.on_nonfinite != "skip":
-                raise stopping.diverged(reason)
-            update.discard()
-            return Step(seen.means, seen.violations or {}, skipped=reason)
+        session.backward(self.task, group, levels, full, self.band, train, self.who)
         # a scheme that evaluates the batch again (extragradient, or a dual pass after the primal step) re-runs the same micro-batches
-        update.step(closure=lambda: self._gradients(session, group, True, levels))
-        reason = stopping.multiplier_problem(update, step)
-        if reason is not None:
-            raise stopping.diverged(reason)
-        return Step(seen.means, seen.violations or {})
-
-    def _gradients(self, session: Session, group: Sequence[torch.Tensor], full: bool, levels: Sequence[int]) -> bool:
-        """Backpropagate the primal loss of every micro-batch in ``group`` through the update, then average the gradients over ranks and clip them; whether every layer was read."""
-        update, world, train = session.update, session.world, self.config.train
-        total = sum(len(idx) for idx in group)
-        every_layer = True
-        for idx, level in zip(group, levels):
-            shard = idx.tensor_split(world.size)[world.rank] if world.size > 1 else idx
-            losses, read_all, batch = session.read_shard(self.task, shard, full, level, self.band, train.precision, self.who)
-            every_layer = every_layer and read_all
-            # this rank's share of the step, times the ranks: the update averages means and gradients over ranks, as under DDP
-            weight = len(shard) / total * world.size
-            with calling(
-                self.who, "the backward pass through layer_losses"
-            ):  # e.g. a plugin that changed its parameters in place after the forward pass
-                if batch is None:
-                    update.backward(losses, weight)  # a rank whose shard is empty adds no gradient
-                else:  # per-level or per-sample constraints read each row's losses, index and level
-                    update.backward(batch.losses, weight, rows=batch.rows, levels=batch.levels)
-        if torch.is_grad_enabled():
-            session.reduce_gradients(train.grad_clip)
-        return every_layer
+        seen = update.step(closure=lambda: session.backward(self.task, group, levels, True, self.band, train, self.who))
+        if seen.skipped and train.on_nonfinite != "skip":
+            raise stopping.diverged(f"step {step}: {seen.skipped}")
+        if seen.stop:
+            raise stopping.diverged(f"step {step}: {seen.stop}")
+        return seen
 
 
 def train(config: RunConfig, run_dir: str | Path, resume: bool = False, registry: Registry | None = None) -> dict[str, Any]:

@@ -21,11 +21,13 @@ A constraint held per level or per sample needs to know where each row came from
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 
+from layerdescent import stopping
 from layerdescent.constraints import ConstraintSpec
 from layerdescent.errors import ConfigError
 from layerdescent.problem import LayerBatch, LayerwiseProblem
@@ -70,6 +72,9 @@ class LayerwiseUpdate:
         self.optimizer = self.solver.optimizer  # the solver's Cooper optimizer (the model's optimizer is its primal_optimizers[0])
         self.labels: dict[str, list[str]] = problem.labels  # each constraint's entry labels (l1<=l0, ...)
         self._window = LogWindow(problem)
+        # the tensors the dual optimizer steps in place, checked after each step against the solver's bound (none: finiteness alone)
+        self._multipliers = problem.multiplier_weights() if self.solver.enforces_constraints else []
+        self._bound = self.solver.max_multiplier if self.solver.max_multiplier is not None else sys.float_info.max
 
     def to(self, device: torch.device | str) -> LayerwiseUpdate:
         """Move the multipliers (and penalties) to ``device``, where the losses are; returns self."""
@@ -77,8 +82,9 @@ class LayerwiseUpdate:
         return self
 
     def zero_grad(self) -> None:
-        """Clear the model's gradients (each dual pass clears the multipliers' own before it writes them)."""
-        self.solver.zero_grad()
+        """Clear the model's gradients (each dual pass writes the multipliers' own afresh)."""
+        for optimizer in self.optimizer.primal_optimizers:
+            optimizer.zero_grad()
 
     def loss(self, losses: torch.Tensor, rows: torch.Tensor | None = None, levels: torch.Tensor | None = None) -> torch.Tensor:
         """The primal loss (objective plus multiplier-weighted violations) of B x (L+1) per-sample losses or L+1 means; counts nothing.
@@ -118,13 +124,18 @@ class LayerwiseUpdate:
         """Drop this step: its counted losses and the model's gradients (a step skipped for a non-finite loss)."""
         self.solver.discard()
 
-    def step(self, closure: Callable[[], Any] | None = None) -> None:
-        """The primal step and the multipliers' step of the solver's scheme; ``closure`` re-runs the batch's ``backward`` calls."""
-        self._log(self.solver.step(closure))
+    def step(self, closure: Callable[[], Any] | None = None) -> Observation:
+        """The primal step and the multipliers' step of the solver's scheme; ``closure`` re-runs the batch's ``backward`` calls.
 
-    def dual_step(self) -> None:
-        """The multipliers' step alone, for a loop whose own code took the primal step (a Hugging Face ``Trainer``)."""
-        self._log(self.solver.step_after_primal())
+        Returns what the step observed. A step whose layer means or violations are not finite is
+        dropped, not taken (``skipped`` says why; the gradients are cleared); ``stop`` says when a
+        multiplier left the finite range or passed ``max_multiplier`` (a loop should stop there).
+        """
+        return self._log(self.solver.step(closure))
+
+    def dual_step(self) -> Observation:
+        """The multipliers' step alone, for a loop whose own code took the primal step (a Hugging Face ``Trainer``); what it observed, as ``step`` returns it."""
+        return self._log(self.solver.step_after_primal())
 
     def end_epoch(self) -> None:
         """Epoch boundary: the dual step of ``dual_every = "epoch"``."""
@@ -187,15 +198,18 @@ class LayerwiseUpdate:
             raise ConfigError("constraints held per level or per sample need the B x (L+1) per-row losses, not their means")
         return LayerBatch(losses, rows, levels)
 
-    def _log(self, seen: Observation) -> None:
-        """Count a taken step in the log line: its means, its violations where it brought them, and its grouped constraints' per entry."""
-        if seen.means is None:
-            return
+    def _log(self, seen: Observation) -> Observation:
+        """Count a taken step in the log line (its means, its violations where it brought them, its grouped constraints' per entry) and say whether a multiplier must stop the run."""
+        if seen.means is None or seen.skipped:
+            return seen
+        if self._multipliers and not bool(torch.stack([w.detach().max() for w in self._multipliers]).le(self._bound).all()):
+            seen.stop = stopping.multiplier_problem(self.problem, self.solver.max_multiplier)  # one test per step; NaN fails it too
         grouped = {}
         if seen.tables and bool(torch.isfinite(seen.means).all()):  # from the step's tables, summed over ranks
             with torch.no_grad():
                 grouped = {name: _per_entry(v, nan_safe=True) for name, v in self.problem.group_violations(seen.tables).items()}
         self._window.add(seen.means, seen.violations, grouped)
+        return seen
 
 
 def _per_entry(value: torch.Tensor, nan_safe: bool = False) -> torch.Tensor:
@@ -269,7 +283,7 @@ class LogWindow:
         self._fold()
         full = max(self.full, 1)
         record: dict[str, Any] = {
-            "loss": (self.loss / self.counts.clamp(min=1)).tolist(),
+            "loss": _seen_mean(self.loss, self.counts),  # null for a layer no step read (the last layer read alone)
             "feasible": self.feasible / full,
             # an entry no step of the window observed (a level not drawn) logs null; the others their mean over the steps that saw them
             "violation": {k: _seen_mean(v, self.seen[k]) for k, v in self.violation.items()},
