@@ -2,6 +2,7 @@
 
     python benchmarks/step_path.py                       # primal-dual (simultaneous) on a small lista
     python benchmarks/step_path.py --solver erm --show   # and print the whole path
+    python benchmarks/step_path.py --all --show          # every built-in solver and scheme (benchmarks/results/lista/step_path.md)
 
 A profiler follows one ``Trainer.step`` after a warm-up step. Each moment is placed in the
 innermost frame that belongs to the project's core (``src/layerdescent``) or to Cooper; torch,
@@ -68,14 +69,20 @@ def trace(call) -> list[str]:
     return path
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--solver", default="primal-dual")
-    parser.add_argument("--scheme", default="")
-    parser.add_argument("--show", action="store_true", help="print the whole path")
-    args = parser.parse_args()
+VARIANTS = {  # --all: every built-in solver, and each scheme of primal-dual
+    "erm": ("erm", ""),
+    "penalty": ("penalty", ""),
+    "primal-dual": ("primal-dual", ""),
+    "primal-dual alternating": ("primal-dual", "alternating"),
+    "primal-dual alternating-primal-dual": ("primal-dual", "alternating-primal-dual"),
+    "primal-dual extrapolation": ("primal-dual", "extrapolation"),
+}
+
+
+def step_path(solver_name: str, scheme: str) -> list[str]:
+    """The collapsed path of one ``Trainer.step`` of ``solver_name`` (and ``scheme``) on a small lista, after a warm-up step."""
     torch.set_num_threads(1)
-    solver = {"name": args.solver, **({"scheme": args.scheme} if args.scheme else {})}
+    solver = {"name": solver_name, **({"scheme": scheme} if scheme else {})}
     table = {
         "task": {
             "name": "lista",
@@ -87,7 +94,7 @@ def main() -> None:
             "validation_size": 64,
             "test_size": 64,
         },
-        "train": {"epochs": 1, "batch_size": 64, "progress": False},
+        "train": {"epochs": 1, "batch_size": 64, "progress": False, **({"optimizer": "adam"} if scheme == "extrapolation" else {})},
         "solver": solver,
         "constraints": [{"kind": "descent", "alpha": 0.05}],
     }
@@ -99,14 +106,26 @@ def main() -> None:
         path = trace(lambda: trainer.step(session, [batches[1]], 1))
     if path and path[0] != "trainer.py":
         path.insert(0, "trainer.py")
-    title = f"{args.solver}{' ' + args.scheme if args.scheme else ''}"
-    report(title, path, args.show)
-    solver_side = [name for name in path if name not in TASK_SIDE]
-    report(
-        f"{title}, without the task's forward pass",
-        [name for i, name in enumerate(solver_side) if i == 0 or solver_side[i - 1] != name],
-        args.show,
-    )
+    return path
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--solver", default="primal-dual")
+    parser.add_argument("--scheme", default="")
+    parser.add_argument("--all", action="store_true", help="every built-in solver and scheme, one after another")
+    parser.add_argument("--show", action="store_true", help="print the whole path")
+    args = parser.parse_args()
+    variants = VARIANTS if args.all else {f"{args.solver}{' ' + args.scheme if args.scheme else ''}": (args.solver, args.scheme)}
+    for title, (solver_name, scheme) in variants.items():
+        path = step_path(solver_name, scheme)
+        report(title, path, args.show)
+        solver_side = [name for name in path if name not in TASK_SIDE]
+        report(
+            f"{title}, without the task's forward pass",
+            [name for i, name in enumerate(solver_side) if i == 0 or solver_side[i - 1] != name],
+            args.show,
+        )
 
 
 def report(title: str, path: list[str], show: bool) -> None:

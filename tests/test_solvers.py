@@ -284,6 +284,24 @@ def test_the_dual_gradient_is_the_backward_of_cooper_dual_lagrangian(formulation
 
 
 @pytest.mark.parametrize("formulation", ["lagrangian", "augmented-lagrangian"])
+def test_the_primal_lagrangian_is_cooper_primal_lagrangian_bit_for_bit(formulation):
+    # The plain Lagrangian is summed without Cooper's stores; its value and gradient must be Cooper's, to the bit.
+    specs = [Descent(alpha=0.1, layers=(1, 3)), Descent(name="strict", alpha=0.3, reference="live", resilience=2.0), ld.Bound(value=0.5)]
+    update = ld.LayerwiseUpdate(
+        specs, num_layers=3, optimizer=torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1), formulation=formulation, dual_lr=1.0
+    )
+    for spec, values in zip(specs, ([0.3, 1.7], [0.2, 0.0, 2.5], [0.9, 0.1, 0.4, 1.1])):
+        update.problem.constraint(spec).multiplier.weight.data = torch.tensor(values)
+    losses = torch.rand(8, 4, generator=torch.Generator().manual_seed(0)).requires_grad_()
+    ours = update.problem.primal_lagrangian(losses)[0]
+    (ours_grad,) = torch.autograd.grad(ours, losses)
+    cooper_ = update.problem.observe(losses, dual=False)[0].compute_primal_lagrangian().lagrangian
+    (cooper_grad,) = torch.autograd.grad(cooper_, losses)
+    assert torch.equal(ours, cooper_) and torch.equal(ours_grad, cooper_grad)
+    assert not torch.equal(ours, losses.mean(0)[-1])  # the multipliers weigh in
+
+
+@pytest.mark.parametrize("formulation", ["lagrangian", "augmented-lagrangian"])
 @pytest.mark.parametrize("scheme", ["simultaneous", "alternating", "alternating-primal-dual", "extrapolation"])
 def test_every_formulation_and_scheme_trains_and_resumes_on_the_same_trajectory(tiny, tmp_path, monkeypatch, formulation, scheme):
     tiny["solver"].update(formulation=formulation, scheme=scheme, penalty_growth=1.01)

@@ -1,4 +1,4 @@
-"""What one run trains, built from its config: seeds, the splits in memory, the model, its optimizer and the constrained update."""
+"""What one run trains, built from its config (seeds, the splits in memory, the model, its optimizer and the constrained update), and a step's gradient pass over this rank's shards."""
 
 from __future__ import annotations
 
@@ -129,7 +129,7 @@ class Session:
                 raise PluginError(
                     f"{who}: {method} returned losses without gradients (computed under torch.no_grad() or detached): nothing would train"
                 )
-            if self.problem.needs_nonnegative and bool(((means < 0) & torch.isfinite(means)).any()):
+            if self.problem.needs_nonnegative and bool((means < 0).any()):  # -inf too: the check tells it apart
                 check_nonnegative(who, means, self.problem)  # a plugin's bug, which no setting fixes: raised before any step reads it
         else:  # every rank takes the same branch: the task answers the same on every rank
             last_only = last_only and task.overrides("last_layer_losses")
