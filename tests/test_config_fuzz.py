@@ -7,6 +7,7 @@ import tempfile
 from pathlib import Path
 
 import tomli_w
+from conftest import lista_task
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -14,16 +15,7 @@ from layerdescent.cli import main
 
 BASE = {
     "seed": 0,
-    "task": {
-        "name": "lista",
-        "layers": 4,
-        "code_dim": 16,
-        "measure_dim": 12,
-        "sparsity": 2,
-        "train_size": 64,
-        "validation_size": 16,
-        "test_size": 16,
-    },
+    "task": lista_task(train_size=64, validation_size=16, test_size=16),
     "train": {"epochs": 1, "batch_size": 16, "lr": 0.01, "progress": False},
     "solver": {"name": "primal-dual", "dual_lr": 0.5, "dual_every": 1},
     "constraints": [{"kind": "descent", "alpha": 0.05, "reference": "detached"}],

@@ -12,21 +12,13 @@ import time
 
 import pytest
 import torch
+from conftest import lista_task
 
 import layerdescent as ld
 from layerdescent.checkpoint import VERSION, load_checkpoint, previous_path, save_checkpoint
 
 CONFIG = {
-    "task": {
-        "name": "lista",
-        "layers": 4,
-        "code_dim": 16,
-        "measure_dim": 12,
-        "sparsity": 2,
-        "train_size": 512,
-        "validation_size": 64,
-        "test_size": 64,
-    },
+    "task": lista_task(test_size=64),
     "train": {
         "epochs": 3,
         "batch_size": 64,

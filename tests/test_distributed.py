@@ -10,6 +10,7 @@ import textwrap
 
 import pytest
 import torch
+from conftest import lista_task
 
 from layerdescent.checkpoint import load_checkpoint
 
@@ -18,16 +19,7 @@ pytestmark = pytest.mark.skipif(
 )
 
 CONFIG = {
-    "task": {
-        "name": "lista",
-        "layers": 4,
-        "code_dim": 16,
-        "measure_dim": 12,
-        "sparsity": 2,
-        "train_size": 500,
-        "validation_size": 64,
-        "test_size": 100,
-    },
+    "task": lista_task(train_size=500, test_size=100),
     "train": {"epochs": 2, "batch_size": 64, "lr": 0.01, "progress": False, "log_every": 3, "threads": 1},
     "solver": {"name": "primal-dual", "dual_lr": 1.0},
     "constraints": [{"kind": "descent", "alpha": 0.05, "reference": "anchored"}],

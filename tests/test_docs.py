@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import SMALL_LISTA_TASK
 
 import layerdescent as ld
 from layerdescent.registry import Registry
@@ -22,19 +23,7 @@ def _block(marker: str, page: Path = PLUGINS, lang: str = "python") -> str:
 
 
 # A lista small enough to train one epoch in a test, for the plugin examples that must train.
-SMALL_LISTA = {
-    "task": {
-        "name": "lista",
-        "layers": 3,
-        "code_dim": 8,
-        "measure_dim": 6,
-        "sparsity": 2,
-        "train_size": 64,
-        "validation_size": 16,
-        "test_size": 16,
-    },
-    "train": {"epochs": 1, "progress": False},
-}
+SMALL_LISTA = {"task": SMALL_LISTA_TASK, "train": {"epochs": 1, "progress": False}}
 
 
 def _plugin_module(name: str, marker: str, monkeypatch) -> types.ModuleType:

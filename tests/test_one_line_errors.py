@@ -22,22 +22,14 @@ import pytest
 import tomli_w
 import torch
 import torchmetrics
+from conftest import SMALL_LISTA_TASK
 
 import layerdescent.registry as registry_module
 from layerdescent import LayerOutput, Task, hookimpl
 from layerdescent.cli import main
 from layerdescent.registry import Registry
 
-TASK = {
-    "name": "lista",
-    "layers": 3,
-    "code_dim": 8,
-    "measure_dim": 6,
-    "sparsity": 2,
-    "train_size": 64,
-    "validation_size": 16,
-    "test_size": 16,
-}
+TASK = SMALL_LISTA_TASK
 RUN = {
     "task": TASK,
     "train": {"epochs": 1, "batch_size": 32, "lr": 0.01, "progress": False, "threads": 1},
