@@ -222,9 +222,8 @@ class LayerwiseProblem:
             else None
         )
         self.state: dict[str, dict[str, torch.Tensor]] | None = None
-        self.objective: Callable[[torch.Tensor], torch.Tensor] = lambda means: means[
-            -1
-        ]  # the last layer's mean, or a solver's own objective
+        # the last layer's mean, or a solver's own objective
+        self.objective: Callable[[torch.Tensor], torch.Tensor] = lambda means: means[-1]
 
     def dual_optimizer(self, kind: str, lr: float, kp: float = 1.0, ki: float = 1.0, ema: float = 0.0) -> torch.optim.Optimizer:
         """SGD or nuPI ascent on the multipliers; resilient specs get weight decay 1/c."""

@@ -159,9 +159,8 @@ class Session:
             means, batch = self.read_shard(task, shard, full, level, band, train.precision, who)
             # this rank's share of the step, times the ranks: the update averages means and gradients over ranks, as under DDP
             weight = len(shard) / total * world.size
-            with calling(
-                who, "the backward pass through layer_losses"
-            ):  # e.g. a plugin that changed its parameters in place after the forward pass
+            # a plugin that changed its parameters in place after the forward pass fails here, named
+            with calling(who, "the backward pass through layer_losses"):
                 if batch is None:
                     self.update.backward(means, weight)  # a rank whose shard is empty adds no gradient
                 else:  # per-level or per-sample constraints read each row's losses, index and level

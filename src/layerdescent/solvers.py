@@ -554,9 +554,8 @@ class PrimalDual(Solver):
                 "solver.scheme = 'alternating' steps lambda from the whole batch before its primal step: accumulate no micro-batches (train.accumulate = 1)"
             )
         seen = self.observed()
-        if bool(torch.isfinite(seen.means).all()) and self.observe_step(
-            seen
-        ):  # a non-finite batch is skipped in step(), before lambda reads it
+        # a non-finite batch is skipped in step(), before lambda reads it
+        if bool(torch.isfinite(seen.means).all()) and self.observe_step(seen):
             self.dual_step()
         return state.compute_primal_lagrangian().lagrangian
 

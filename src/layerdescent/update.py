@@ -117,11 +117,11 @@ class LayerwiseUpdate:
         self.solver.count(means.detach(), weight)
 
     def observed(self) -> Observation:
-        """This step's layer means and violations so far, over every rank: what a loop checks before it steps (non-finite values)."""
+        """This step's layer means and violations so far, over every rank, without stepping (step() checks them itself)."""
         return self.solver.observed()
 
     def discard(self) -> None:
-        """Drop this step: its counted losses and the model's gradients (a step skipped for a non-finite loss)."""
+        """Drop this step: its counted losses and the model's gradients (a step a loop's own code refused, e.g. one fp16's scaler skipped)."""
         self.solver.discard()
 
     def step(self, closure: Callable[[], Any] | None = None) -> Observation:
