@@ -56,6 +56,15 @@ def test_exploding_multiplier_stops_the_run_naming_constraint_and_layer(tiny, tm
         ld.train(ld.config_from_dict(tiny), tmp_path / "run")
 
 
+def test_a_multiplier_that_explodes_at_an_epochs_dual_step_stops_the_run_there(tiny, tmp_path):
+    tiny["solver"].update(dual_lr=1000.0, max_multiplier=5.0, dual_every="epoch")
+    tiny["constraints"] = [{"kind": "bound", "name": "tight", "value": 0.0}]
+    with pytest.raises(
+        ld.DivergenceError, match=r"end of epoch 0: multiplier of constraint 'tight' exploded, l4<=0 = .* > solver.max_multiplier = 5"
+    ):
+        ld.train(ld.config_from_dict(tiny), tmp_path / "run")
+
+
 def _lista_with(build):
     """A registry whose lista variant builds its splits with ``build(splits)``."""
     base = ld.get_registry().task("lista")

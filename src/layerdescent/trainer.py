@@ -170,7 +170,9 @@ class Trainer:
                         self._log(log, position, update)
                     if train.checkpoint_every and position.step % train.checkpoint_every == 0:
                         checkpoint()
-                update.end_epoch()
+                reason = update.end_epoch()
+                if reason:
+                    raise stopping.diverged(f"end of epoch {position.epoch}: {reason}")
                 self._log(log, position, update)
                 if train.validate:
                     val = evaluate(

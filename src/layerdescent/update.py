@@ -137,10 +137,12 @@ class LayerwiseUpdate:
         """The multipliers' step alone, for a loop whose own code took the primal step (a Hugging Face ``Trainer``); what it observed, as ``step`` returns it."""
         return self._log(self.solver.step_after_primal())
 
-    def end_epoch(self) -> None:
-        """Epoch boundary: the dual step of ``dual_every = "epoch"``."""
+    def end_epoch(self) -> str | None:
+        """Epoch boundary: the dual step of ``dual_every = "epoch"``; why a multiplier must stop the run after it (as ``stop``), or None."""
         if self.solver.end_epoch():
             self.solver.dual_step()
+            return self._stop()
+        return None
 
     def multipliers(self) -> dict[str, torch.Tensor]:
         """Current lambda of each constraint."""
@@ -198,12 +200,17 @@ class LayerwiseUpdate:
             raise ConfigError("constraints held per level or per sample need the B x (L+1) per-row losses, not their means")
         return LayerBatch(losses, rows, levels)
 
+    def _stop(self) -> str | None:
+        """Why the multipliers must stop the run (one not finite, or above the solver's ``max_multiplier``), or None."""
+        if self._multipliers and not bool(torch.stack([w.detach().max() for w in self._multipliers]).le(self._bound).all()):
+            return stopping.multiplier_problem(self.problem, self.solver.max_multiplier)  # one test per step; NaN fails it too
+        return None
+
     def _log(self, seen: Observation) -> Observation:
         """Count a taken step in the log line (its means, its violations where it brought them, its grouped constraints' per entry) and say whether a multiplier must stop the run."""
         if seen.means is None or seen.skipped:
             return seen
-        if self._multipliers and not bool(torch.stack([w.detach().max() for w in self._multipliers]).le(self._bound).all()):
-            seen.stop = stopping.multiplier_problem(self.problem, self.solver.max_multiplier)  # one test per step; NaN fails it too
+        seen.stop = self._stop()
         grouped = {}
         if seen.tables and bool(torch.isfinite(seen.means).all()):  # from the step's tables, summed over ranks
             with torch.no_grad():
