@@ -141,6 +141,17 @@ def test_a_trained_run_records_the_code_that_made_it(tmp_path, tiny):
     assert json.loads((tmp_path / "run" / "results.json").read_text())["code"] == results["code"]
 
 
+def test_a_trained_run_records_the_machine_whose_floats_it_holds(tmp_path, tiny):
+    import torch
+
+    import layerdescent as ld
+
+    results = ld.train(ld.config_from_dict(tiny), tmp_path / "run")
+    recorded = json.loads((tmp_path / "run" / "results.json").read_text())["machine"]
+    assert recorded == results["machine"] and recorded["torch"] == torch.__version__
+    assert recorded["capability"] == torch.backends.cpu.get_cpu_capability() and recorded["cpu"]
+
+
 def test_compare_reproduces_the_committed_readouts(capsys):
     assert main(["compare", str(REPO / "benchmarks/results/llm"), "primal-dual", "primal-dual,lens_vocab=all"]) == 0
     printed = capsys.readouterr().out.rstrip("\n").splitlines()

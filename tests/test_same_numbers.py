@@ -20,16 +20,16 @@ import copy
 import hashlib
 import json
 import os
-import platform
 from pathlib import Path
 
 import pytest
 from conftest import TINY
 
 import layerdescent as ld
+from layerdescent.provenance import machine
 
 RECORDED = Path(__file__).parent / "data" / "same_numbers"
-TIMING_KEYS = ("step_time_median", "eval_seconds", "layerdescent", "code")
+TIMING_KEYS = ("step_time_median", "eval_seconds", "layerdescent", "code", "machine")
 
 TEXT = {
     "task": {"name": "text-classification", "model_path": "tiny", "dataset": "synthetic", "synthetic_size": 200, "max_length": 16},
@@ -63,20 +63,6 @@ def _without_timings(value):
     if isinstance(value, list):
         return [_without_timings(v) for v in value]
     return value
-
-
-def machine() -> dict[str, str]:
-    """What decides float results beside the code: torch and its kernels, and the CPU model."""
-    import torch
-
-    cpu = Path("/proc/cpuinfo").read_text().split("\n\n")[0] if Path("/proc/cpuinfo").exists() else platform.processor()
-    fields = {key.strip(): value.strip() for key, _, value in (line.partition(":") for line in cpu.splitlines())}
-    keep = ("model name", "cpu family", "model", "cache size")
-    return {
-        "torch": torch.__version__,
-        "capability": torch.backends.cpu.get_cpu_capability(),
-        "cpu": " / ".join(fields.get(k, "") for k in keep) if fields.get("model name") else platform.machine(),
-    }
 
 
 def machine_id(described: dict[str, str]) -> str:

@@ -1,4 +1,4 @@
-"""Which code made a run: recorded in results.json as ``code``, and inferred for runs recorded before it was.
+"""Which code made a run: recorded in results.json as ``code`` (beside ``machine``, where it trained), and inferred for runs recorded before it was.
 
 from layerdescent.provenance import code, made_by, differ
 
@@ -39,6 +39,28 @@ def code() -> dict:
         diff = subprocess.run(["git", "diff", "HEAD", "--binary"], cwd=here, capture_output=True, timeout=30)
         record["diff"] = hashlib.sha256(diff.stdout).hexdigest()[:12] if diff.returncode == 0 else None
     return record
+
+
+@functools.lru_cache(maxsize=1)
+def machine() -> dict[str, str]:
+    """What decides float results beside the code: the torch build, the CPU kernels it picked, and the CPU model.
+
+    The same config and code give results that differ in their sixth or seventh digit on another
+    CPU model, so a run records where it trained beside ``code``.
+    """
+    import platform
+
+    import torch
+
+    cpuinfo = Path("/proc/cpuinfo")
+    cpu = cpuinfo.read_text().split("\n\n")[0] if cpuinfo.exists() else platform.processor()
+    fields = {key.strip(): value.strip() for key, _, value in (line.partition(":") for line in cpu.splitlines())}
+    keep = ("model name", "cpu family", "model", "cache size")
+    return {
+        "torch": torch.__version__,
+        "capability": torch.backends.cpu.get_cpu_capability(),
+        "cpu": " / ".join(fields.get(k, "") for k in keep) if fields.get("model name") else platform.machine(),
+    }
 
 
 def _keys(value, prefix: str = "") -> list[str]:

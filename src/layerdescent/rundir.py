@@ -428,6 +428,7 @@ def results_table(
         "schema": RESULTS_SCHEMA,
         "layerdescent": __version__,
         "code": provenance.code(),  # which code made it, so a report can flag pairs made by two versions
+        "machine": provenance.machine(),  # where: float results differ in their last digits between CPU models
         "label": config.name,
         "task": task.name,
         "solver": config.solver.name,
