@@ -259,16 +259,13 @@ def test_run_on_a_bench_file_says_to_use_bench(tmp_path):
 
 # --- what a finished run keeps on disk ------------------------------------------------------------
 
+# what a finished run leaves beside its lock: no optimizer state, no best-epoch copies
+FINISHED_RUN_FILES = [".layerdescent.lock", "config.toml", "metrics.jsonl", "model.safetensors", "results.json"]
+
 
 def test_a_finished_run_keeps_its_model_and_drops_optimizer_state_unless_asked(tmp_path):
     ld.train(ld.config_from_dict(RUN), tmp_path / "lean")
-    assert sorted(p.name for p in (tmp_path / "lean").iterdir()) == [
-        ".layerdescent.lock",
-        "config.toml",
-        "metrics.jsonl",
-        "model.safetensors",
-        "results.json",
-    ]
+    assert sorted(p.name for p in (tmp_path / "lean").iterdir()) == FINISHED_RUN_FILES
     ld.train(ld.config_from_dict(with_(RUN, "train.keep_checkpoint", True)), tmp_path / "kept")
     assert (tmp_path / "kept" / "checkpoint.pt").exists()
     again = ld.evaluate_run(tmp_path / "lean", tmp_path / "again")
@@ -278,13 +275,7 @@ def test_a_finished_run_keeps_its_model_and_drops_optimizer_state_unless_asked(t
 def test_a_finished_run_with_early_stopping_drops_its_best_epoch_files_too(tmp_path):
     table = with_(with_(RUN, "train.early_stopping", 1), "train.epochs", 3)
     ld.train(ld.config_from_dict(table), tmp_path / "lean")
-    assert sorted(p.name for p in (tmp_path / "lean").iterdir()) == [
-        ".layerdescent.lock",
-        "config.toml",
-        "metrics.jsonl",
-        "model.safetensors",
-        "results.json",
-    ]
+    assert sorted(p.name for p in (tmp_path / "lean").iterdir()) == FINISHED_RUN_FILES
 
 
 def test_a_run_from_before_model_files_is_evaluated_from_its_checkpoint(tmp_path):
