@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import inspect
 import os
+import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -90,6 +91,11 @@ class DescentTrainer(transformers.Trainer):
         if self.args.label_smoothing_factor:
             raise ConfigError(
                 f"TrainingArguments.label_smoothing_factor = {self.args.label_smoothing_factor:g} smooths the model's own loss, which DescentTrainer replaces by the readout's: set it to 0 and smooth in the readout (cross_entropy(..., label_smoothing={self.args.label_smoothing_factor:g}))"
+            )
+        if _sharded_by_hand(self.model) and not (self.args.fsdp or self.args.deepspeed):
+            # the Trainer would wrap it in DDP, which fails deep in a broadcast of its sharded weights
+            raise ConfigError(
+                "the model was sharded by hand (torch's fully_shard), which the Trainer cannot train: pass the unsharded model with TrainingArguments(fsdp='full_shard') on GPUs, or train the sharded model through layerdescent.LayerwiseUpdate in your own loop (docs/scaling.md)"
             )
         if not callable(self.readout):
             raise ConfigError(
@@ -262,6 +268,13 @@ class _DualStep(transformers.TrainerCallback):
         """After each optimizer step, the multipliers' step."""
         if self.trainer.update is not None:
             self.trainer._end_step()
+
+
+def _sharded_by_hand(model: Any) -> bool:
+    """Whether ``model`` or one of its modules was wrapped by torch's ``fully_shard`` (FSDP2)."""
+    fsdp = sys.modules.get("torch.distributed.fsdp")  # never imported here: a model sharded with it has imported it
+    cls = getattr(fsdp, "FSDPModule", None)
+    return cls is not None and any(isinstance(module, cls) for module in model.modules())
 
 
 def _depth(model: Any) -> int:
