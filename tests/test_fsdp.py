@@ -80,6 +80,9 @@ OWN_LOOP = textwrap.dedent(
         record["means"].append(seen.means.tolist())
     with open(os.path.join(out, f"rank{rank}.json"), "w") as handle:
         json.dump(record, handle)
+    if torch.distributed.is_initialized():  # leave together: a rank whose peer has gone can abort in gloo's teardown
+        torch.distributed.barrier()
+        torch.distributed.destroy_process_group()
     """
 ) % {"steps": STEPS, "accumulate": ACCUMULATE, "batch": BATCH, "rows": STEPS * ACCUMULATE * BATCH}
 

@@ -67,6 +67,9 @@ RUNNER = textwrap.dedent(
     losses = {line["step"]: [line[f"layer_loss/l{k}"] for k in range(4)] for line in trainer.state.log_history if "layer_loss/l0" in line}
     with open(os.path.join(out, f"rank{rank}.json"), "w") as handle:
         json.dump({"lambda": history, "layer_loss": losses}, handle)
+    if torch.distributed.is_initialized():  # leave together: a rank whose peer has gone can abort in gloo's teardown
+        torch.distributed.barrier()
+        torch.distributed.destroy_process_group()
     """
 ) % {"steps": STEPS, "batch": GLOBAL_BATCH}
 
