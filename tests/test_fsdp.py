@@ -29,25 +29,32 @@ pytestmark = [needs_gloo, needs_hf]
 
 STEPS, ACCUMULATE, BATCH = 4, 2, 8  # BATCH: one micro-batch, over all processes
 
-# A tiny BERT (no dropout: ranks would draw different masks) in the loop docs/own-loop.md shows;
+# Each script's start: its arguments (out folder, layout), this process's place, and the same tiny BERT
+# (no dropout: ranks would draw different masks).
+PREAMBLE = """
+import json, os, sys
+import torch
+import transformers
+import layerdescent as ld
+
+out, layout = sys.argv[1], sys.argv[2]
+world, rank = int(os.environ.get("WORLD_SIZE", "1")), int(os.environ.get("RANK", "0"))
+torch.manual_seed(0)
+config = transformers.BertConfig(vocab_size=32, hidden_size=32, num_hidden_layers=3, num_attention_heads=2, intermediate_size=64,
+                                 max_position_embeddings=16, num_labels=2, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+model = transformers.BertForSequenceClassification(config)
+"""
+
+# The tiny BERT in the loop docs/own-loop.md shows;
 # the readout calls model.classifier outside the model's forward pass, the case FSDP could leave sharded.
 # argv: out folder, layout ("plain": no FSDP; "layers": each encoder layer and the root sharded;
 # "head": the classifier its own unit too).
 OWN_LOOP = textwrap.dedent(
     """
-    import json, os, sys
-    import torch
+    %(preamble)s
     import torch.nn.functional as F
-    import transformers
-    import layerdescent as ld
 
     torch.set_num_threads(1)
-    out, layout = sys.argv[1], sys.argv[2]
-    world, rank = int(os.environ.get("WORLD_SIZE", "1")), int(os.environ.get("RANK", "0"))
-    torch.manual_seed(0)
-    config = transformers.BertConfig(vocab_size=32, hidden_size=32, num_hidden_layers=3, num_attention_heads=2, intermediate_size=64,
-                                     max_position_embeddings=16, num_labels=2, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
-    model = transformers.BertForSequenceClassification(config)
     if layout != "plain":
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import fully_shard
@@ -84,7 +91,7 @@ OWN_LOOP = textwrap.dedent(
         torch.distributed.barrier()
         torch.distributed.destroy_process_group()
     """
-) % {"steps": STEPS, "accumulate": ACCUMULATE, "batch": BATCH, "rows": STEPS * ACCUMULATE * BATCH}
+) % {"preamble": PREAMBLE, "steps": STEPS, "accumulate": ACCUMULATE, "batch": BATCH, "rows": STEPS * ACCUMULATE * BATCH}
 
 
 def launch(script: str, out, nproc: int, *argv: str, torchrun: bool = False) -> list[dict]:
@@ -156,17 +163,7 @@ def test_descent_trainer_refuses_a_model_sharded_by_hand_in_one_line_naming_the_
 # stage 2, docs/scaling.md's config).
 TRAINER = textwrap.dedent(
     """
-    import json, os, sys
-    import torch
-    import transformers
-    import layerdescent as ld
-
-    out, layout = sys.argv[1], sys.argv[2]
-    world, rank = int(os.environ.get("WORLD_SIZE", "1")), int(os.environ.get("RANK", "0"))
-    torch.manual_seed(0)
-    config = transformers.BertConfig(vocab_size=32, hidden_size=32, num_hidden_layers=3, num_attention_heads=2, intermediate_size=64,
-                                     max_position_embeddings=16, num_labels=2, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
-    model = transformers.BertForSequenceClassification(config)
+    %(preamble)s
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(1, 32, (%(rows)d, 6), generator=g)
     rows = [{"input_ids": x, "attention_mask": torch.ones(6, dtype=torch.long), "labels": int(x[1] >= 16)} for x in ids]
@@ -198,7 +195,7 @@ TRAINER = textwrap.dedent(
     with open(os.path.join(out, f"rank{rank}.json"), "w") as handle:
         json.dump({"lambda": history, "layer_loss": losses}, handle)
     """
-) % {"steps": STEPS, "accumulate": ACCUMULATE, "batch": BATCH, "rows": STEPS * ACCUMULATE * BATCH}
+) % {"preamble": PREAMBLE, "steps": STEPS, "accumulate": ACCUMULATE, "batch": BATCH, "rows": STEPS * ACCUMULATE * BATCH}
 
 
 @pytest.mark.skipif(
