@@ -125,34 +125,31 @@ def test_a_sharded_model_in_two_processes_steps_the_multipliers_and_layer_losses
     assert ranks[0]["lambda"] == ranks[1]["lambda"], "the multipliers differ between processes"
 
 
-# DescentTrainer given a model sharded by hand, in one CPU process under torchrun; writes the error.
+# DescentTrainer given a model sharded by hand over 2 CPU processes; writes the error.
 SHARDED_TRAINER = textwrap.dedent(
     """
-    import json, os, sys
-    import torch
-    import transformers
-    import layerdescent as ld
+    %(preamble)s
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
     torch.distributed.init_process_group("gloo")
-    config = transformers.BertConfig(vocab_size=32, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64)
-    model = transformers.BertForSequenceClassification(config)
-    fully_shard(model, mesh=init_device_mesh("cpu", (1,)))
-    args = transformers.TrainingArguments(os.path.join(sys.argv[1], "out"), max_steps=1, report_to=[], use_cpu=True)
+    fully_shard(model, mesh=init_device_mesh("cpu", (world,)))
+    args = transformers.TrainingArguments(os.path.join(out, "out"), max_steps=1, report_to=[], use_cpu=True, ddp_backend="gloo")
     try:
         ld.DescentTrainer(model=model, args=args, train_dataset=[], constraints=[ld.Descent(alpha=0.5)], readout=lambda h, inputs: h.sum(-1))
         error = None
     except ld.ConfigError as refused:
         error = str(refused)
-    with open(os.path.join(sys.argv[1], "rank0.json"), "w") as handle:
+    with open(os.path.join(out, f"rank{rank}.json"), "w") as handle:
         json.dump({"error": error}, handle)
+    torch.distributed.barrier()
+    torch.distributed.destroy_process_group()
     """
-)
+) % {"preamble": PREAMBLE}
 
 
 def test_descent_trainer_refuses_a_model_sharded_by_hand_in_one_line_naming_the_ways_that_work(tmp_path):
-    ((record),) = launch(SHARDED_TRAINER, tmp_path / "sharded", 1, torchrun=True)
+    record, _ = launch(SHARDED_TRAINER, tmp_path / "sharded", 2, "sharded")
     error = record["error"]
     assert error is not None and "\n" not in error, error
     assert "sharded by hand" in error and "fsdp='full_shard'" in error and "LayerwiseUpdate" in error

@@ -92,7 +92,7 @@ class DescentTrainer(transformers.Trainer):
             raise ConfigError(
                 f"TrainingArguments.label_smoothing_factor = {self.args.label_smoothing_factor:g} smooths the model's own loss, which DescentTrainer replaces by the readout's: set it to 0 and smooth in the readout (cross_entropy(..., label_smoothing={self.args.label_smoothing_factor:g}))"
             )
-        if _sharded_by_hand(self.model) and not (self.args.fsdp or self.args.deepspeed):
+        if self.args.world_size > 1 and _sharded_by_hand(self.model) and not (self.args.fsdp or self.args.deepspeed):
             # the Trainer would wrap it in DDP, which fails deep in a broadcast of its sharded weights
             raise ConfigError(
                 "the model was sharded by hand (torch's fully_shard), which the Trainer cannot train: pass the unsharded model with TrainingArguments(fsdp='full_shard') on GPUs, or train the sharded model through layerdescent.LayerwiseUpdate in your own loop (docs/scaling.md)"
