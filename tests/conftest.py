@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import copy
+import json
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -42,3 +46,16 @@ TINY = {
 def tiny() -> dict:
     """A config table that trains lista in about a second."""
     return copy.deepcopy(TINY)
+
+
+def run_script(script: str, out, nproc: int, *argv: str, torchrun: bool = False) -> list[dict]:
+    """Run ``script`` with ``out`` and ``argv`` in ``nproc`` processes (under torchrun when more than one, or asked); each rank's rank{R}.json."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "runner.py").write_text(script)
+    args = [str(out / "runner.py"), str(out), *argv]
+    if nproc > 1 or torchrun:
+        args = ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", *args]
+    env = {**os.environ, "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    done = subprocess.run([sys.executable, *args], env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return [json.loads((out / f"rank{rank}.json").read_text()) for rank in range(nproc)]

@@ -8,14 +8,11 @@ runs multi-CPU training as DDP whatever ``fsdp`` says.
 from __future__ import annotations
 
 import importlib.util
-import json
-import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
 import torch
+from conftest import run_script
 
 needs_gloo = pytest.mark.skipif(
     not torch.distributed.is_available() or not torch.distributed.is_gloo_available(),
@@ -94,30 +91,17 @@ OWN_LOOP = textwrap.dedent(
 ) % {"preamble": PREAMBLE, "steps": STEPS, "accumulate": ACCUMULATE, "batch": BATCH, "rows": STEPS * ACCUMULATE * BATCH}
 
 
-def launch(script: str, out, nproc: int, *argv: str, torchrun: bool = False) -> list[dict]:
-    """Run ``script`` in ``nproc`` processes (under torchrun when more than one, or asked) writing into ``out``; each rank's record."""
-    out.mkdir(parents=True)
-    (out / "runner.py").write_text(script)
-    args = [str(out / "runner.py"), str(out), *argv]
-    if nproc > 1 or torchrun:
-        args = ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", *args]
-    env = {**os.environ, "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
-    done = subprocess.run([sys.executable, *args], env=env, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return [json.loads((out / f"rank{rank}.json").read_text()) for rank in range(nproc)]
-
-
 @pytest.fixture(scope="module")
 def plain(tmp_path_factory):
     """The unsharded model in one process: the trajectory a sharded run must follow."""
-    (record,) = launch(OWN_LOOP, tmp_path_factory.mktemp("fsdp") / "plain", 1, "plain")
+    (record,) = run_script(OWN_LOOP, tmp_path_factory.mktemp("fsdp") / "plain", 1, "plain")
     assert max(record["lambda"][-1]) > 0, "the constraints never became active"
     return record
 
 
 @pytest.mark.parametrize("layout", ["layers", "head"])
 def test_a_sharded_model_in_two_processes_steps_the_multipliers_and_layer_losses_of_one_plain_process(plain, layout, tmp_path):
-    ranks = launch(OWN_LOOP, tmp_path / layout, 2, layout)
+    ranks = run_script(OWN_LOOP, tmp_path / layout, 2, layout)
     assert ranks[0]["shard"] == [16, 64], "each process holds half of a layer's weight: the model was sharded"
     for record in ranks:
         torch.testing.assert_close(torch.tensor(record["lambda"]), torch.tensor(plain["lambda"]), rtol=1e-4, atol=1e-6)
@@ -149,7 +133,7 @@ SHARDED_TRAINER = textwrap.dedent(
 
 
 def test_descent_trainer_refuses_a_model_sharded_by_hand_in_one_line_naming_the_ways_that_work(tmp_path):
-    record, _ = launch(SHARDED_TRAINER, tmp_path / "sharded", 2, "sharded")
+    record, _ = run_script(SHARDED_TRAINER, tmp_path / "sharded", 2, "sharded")
     error = record["error"]
     assert error is not None and "\n" not in error, error
     assert "sharded by hand" in error and "fsdp='full_shard'" in error and "LayerwiseUpdate" in error
@@ -213,10 +197,10 @@ TRAINER = textwrap.dedent(
     ],
 )
 def test_descent_trainer_sharded_by_the_trainer_follows_the_unsharded_trainer(layout, tmp_path):
-    (plain,) = launch(TRAINER, tmp_path / "plain", 1, "plain")
+    (plain,) = run_script(TRAINER, tmp_path / "plain", 1, "plain")
     assert max(plain["lambda"][-1]) > 0, "the constraints never became active"
     # accelerate shards only under a launcher, so one GPU runs torchrun too
-    ranks = launch(TRAINER, tmp_path / layout, min(torch.cuda.device_count(), 2), layout, torchrun=True)
+    ranks = run_script(TRAINER, tmp_path / layout, min(torch.cuda.device_count(), 2), layout, torchrun=True)
     for record in ranks:
         torch.testing.assert_close(torch.tensor(record["lambda"]), torch.tensor(plain["lambda"]), rtol=1e-3, atol=1e-5)
         torch.testing.assert_close(torch.tensor(record["layer_loss"]), torch.tensor(plain["layer_loss"]), rtol=1e-3, atol=1e-5)

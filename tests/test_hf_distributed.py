@@ -3,14 +3,11 @@
 from __future__ import annotations
 
 import importlib.util
-import json
-import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
 import torch
+from conftest import run_script
 
 pytestmark = [
     pytest.mark.skipif(
@@ -74,19 +71,11 @@ RUNNER = textwrap.dedent(
 ) % {"steps": STEPS, "batch": GLOBAL_BATCH}
 
 
-def launch(tmp_path, out, nproc: int, accumulate: int = 2, resume: str = "fresh") -> dict:
+def launch(out, nproc: int, accumulate: int = 2, resume: str = "fresh") -> dict:
     """Run RUNNER in ``nproc`` processes into ``out``; rank 0's record (and rank 1's under "rank1")."""
-    script = tmp_path / "hf_runner.py"
-    script.write_text(RUNNER)
-    args = [str(script), str(out), str(accumulate), resume]
-    if nproc > 1:
-        args = ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", *args]
-    env = {**os.environ, "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
-    done = subprocess.run([sys.executable, *args], env=env, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    record = json.loads((out / "rank0.json").read_text())
-    if nproc > 1:
-        record["rank1"] = json.loads((out / "rank1.json").read_text())
+    record, *others = run_script(RUNNER, out, nproc, str(accumulate), resume)
+    if others:
+        record["rank1"] = others[0]
     return record
 
 
@@ -94,7 +83,7 @@ def launch(tmp_path, out, nproc: int, accumulate: int = 2, resume: str = "fresh"
 def runs(tmp_path_factory):
     """The same global batch (8 x 2 accumulated micro-batches): in one process, and in 2 of 4 rows each."""
     tmp = tmp_path_factory.mktemp("hf_dist")
-    return {"tmp": tmp, "one": launch(tmp, tmp / "one", 1), "two": launch(tmp, tmp / "two", 2)}
+    return {"tmp": tmp, "one": launch(tmp / "one", 1), "two": launch(tmp / "two", 2)}
 
 
 def _tensor(table: dict) -> torch.Tensor:
@@ -120,7 +109,7 @@ def test_every_process_holds_the_same_multipliers(runs):
 
 def test_a_checkpoint_of_two_processes_resumes_in_one_on_the_same_trajectory(runs):
     tmp = runs["tmp"]
-    resumed = launch(tmp, tmp / "two", 1, resume="checkpoint-2")
+    resumed = launch(tmp / "two", 1, resume="checkpoint-2")
     later = {step: values for step, values in runs["one"]["lambda"].items() if int(step) > 2}
     assert sorted(resumed["lambda"], key=int) == sorted(later, key=int)
     torch.testing.assert_close(_tensor(resumed["lambda"]), _tensor(later), rtol=1e-4, atol=1e-6)
@@ -128,7 +117,7 @@ def test_a_checkpoint_of_two_processes_resumes_in_one_on_the_same_trajectory(run
 
 def test_a_checkpoint_of_one_process_resumes_in_two_on_the_same_trajectory(runs):
     tmp = runs["tmp"]
-    resumed = launch(tmp, tmp / "one", 2, resume="checkpoint-2")
+    resumed = launch(tmp / "one", 2, resume="checkpoint-2")
     later = {step: values for step, values in runs["one"]["lambda"].items() if int(step) > 2}
     torch.testing.assert_close(_tensor(resumed["lambda"]), _tensor(later), rtol=1e-4, atol=1e-6)
     after = {

@@ -14,7 +14,7 @@ video numbers equal those of every commit since 449538a): they guard the video p
 
 On a machine that has one the comparison is exact; elsewhere every number must be within a
 relative 1e-4 of a recorded machine's (counts and strings exactly). Timings and the package
-version and code provenance (``code``: commit, dirty tree) are the only keys left out.
+version, code provenance (``code``: commit, dirty tree) and ``machine`` are the only keys left out.
 """
 
 from __future__ import annotations
