@@ -31,6 +31,11 @@ def last_layer_validation(results: list[dict]) -> dict[tuple[int, str], dict[int
     return table
 
 
+def qualifies(verdict: dict) -> bool:
+    """Primal-dual below erm: the paired interval lies wholly under 0."""
+    return verdict["distinct"] and verdict["high"] < 0
+
+
 def decide(table: dict, seeds: int) -> tuple[int | None, dict[int, dict]]:
     """The rule's D (None while undecided) and primal-dual - erm at each depth where both have every seed."""
     verdicts = {}
@@ -42,7 +47,7 @@ def decide(table: dict, seeds: int) -> tuple[int | None, dict[int, dict]]:
     for depth in CANDIDATES:
         if depth not in verdicts:
             return None, verdicts
-        if verdicts[depth]["distinct"] and verdicts[depth]["high"] < 0:
+        if qualifies(verdicts[depth]):
             return depth, verdicts
     return DEFAULT, verdicts
 
@@ -82,7 +87,7 @@ def markdown(table: dict, seeds: int, command: str) -> str:
             + (f"depth {', '.join(map(str, missed))} missed; " if missed else "")
             + "the next candidate depth has not finished."
         )
-    elif chosen in verdicts and verdicts[chosen]["distinct"] and verdicts[chosen]["high"] < 0:
+    elif chosen in verdicts and qualifies(verdicts[chosen]):
         lines.append(f"**D = {chosen}**: the shallowest candidate at which primal-dual's validation loss is below erm's.")
     else:
         lines.append(f"**D = {chosen}** (the default): no candidate depth qualified.")
