@@ -48,6 +48,15 @@ def tiny() -> dict:
     return copy.deepcopy(TINY)
 
 
+# The end of every script run_script starts under torchrun: the processes leave together, since a rank
+# whose peer has gone can abort in gloo's teardown.
+LEAVE_TOGETHER = """
+if torch.distributed.is_initialized():
+    torch.distributed.barrier()
+    torch.distributed.destroy_process_group()
+"""
+
+
 def run_script(script: str, out, nproc: int, *argv: str, torchrun: bool = False) -> list[dict]:
     """Run ``script`` with ``out`` and ``argv`` in ``nproc`` processes (under torchrun when more than one, or asked); each rank's rank{R}.json."""
     out.mkdir(parents=True, exist_ok=True)

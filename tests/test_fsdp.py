@@ -12,7 +12,7 @@ import textwrap
 
 import pytest
 import torch
-from conftest import run_script
+from conftest import LEAVE_TOGETHER, run_script
 
 needs_gloo = pytest.mark.skipif(
     not torch.distributed.is_available() or not torch.distributed.is_gloo_available(),
@@ -84,11 +84,16 @@ OWN_LOOP = textwrap.dedent(
         record["means"].append(seen.means.tolist())
     with open(os.path.join(out, f"rank{rank}.json"), "w") as handle:
         json.dump(record, handle)
-    if torch.distributed.is_initialized():  # leave together: a rank whose peer has gone can abort in gloo's teardown
-        torch.distributed.barrier()
-        torch.distributed.destroy_process_group()
+    %(leave)s
     """
-) % {"preamble": PREAMBLE, "steps": STEPS, "accumulate": ACCUMULATE, "batch": BATCH, "rows": STEPS * ACCUMULATE * BATCH}
+) % {
+    "preamble": PREAMBLE,
+    "leave": LEAVE_TOGETHER,
+    "steps": STEPS,
+    "accumulate": ACCUMULATE,
+    "batch": BATCH,
+    "rows": STEPS * ACCUMULATE * BATCH,
+}
 
 
 @pytest.fixture(scope="module")
@@ -126,10 +131,9 @@ SHARDED_TRAINER = textwrap.dedent(
         error = str(refused)
     with open(os.path.join(out, f"rank{rank}.json"), "w") as handle:
         json.dump({"error": error}, handle)
-    torch.distributed.barrier()
-    torch.distributed.destroy_process_group()
+    %(leave)s
     """
-) % {"preamble": PREAMBLE}
+) % {"preamble": PREAMBLE, "leave": LEAVE_TOGETHER}
 
 
 def test_descent_trainer_refuses_a_model_sharded_by_hand_in_one_line_naming_the_ways_that_work(tmp_path):
@@ -175,8 +179,16 @@ TRAINER = textwrap.dedent(
     losses = [[line[f"layer_loss/l{k}"] for k in range(4)] for line in trainer.state.log_history if "layer_loss/l0" in line]
     with open(os.path.join(out, f"rank{rank}.json"), "w") as handle:
         json.dump({"lambda": history, "layer_loss": losses}, handle)
+    %(leave)s
     """
-) % {"preamble": PREAMBLE, "steps": STEPS, "accumulate": ACCUMULATE, "batch": BATCH, "rows": STEPS * ACCUMULATE * BATCH}
+) % {
+    "preamble": PREAMBLE,
+    "leave": LEAVE_TOGETHER,
+    "steps": STEPS,
+    "accumulate": ACCUMULATE,
+    "batch": BATCH,
+    "rows": STEPS * ACCUMULATE * BATCH,
+}
 
 
 @pytest.mark.skipif(

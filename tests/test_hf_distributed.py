@@ -7,7 +7,7 @@ import textwrap
 
 import pytest
 import torch
-from conftest import run_script
+from conftest import LEAVE_TOGETHER, run_script
 
 pytestmark = [
     pytest.mark.skipif(
@@ -64,11 +64,9 @@ RUNNER = textwrap.dedent(
     losses = {line["step"]: [line[f"layer_loss/l{k}"] for k in range(4)] for line in trainer.state.log_history if "layer_loss/l0" in line}
     with open(os.path.join(out, f"rank{rank}.json"), "w") as handle:
         json.dump({"lambda": history, "layer_loss": losses}, handle)
-    if torch.distributed.is_initialized():  # leave together: a rank whose peer has gone can abort in gloo's teardown
-        torch.distributed.barrier()
-        torch.distributed.destroy_process_group()
+    %(leave)s
     """
-) % {"steps": STEPS, "batch": GLOBAL_BATCH}
+) % {"steps": STEPS, "batch": GLOBAL_BATCH, "leave": LEAVE_TOGETHER}
 
 
 def launch(out, nproc: int, accumulate: int = 2, resume: str = "fresh") -> dict:
