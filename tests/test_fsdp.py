@@ -42,12 +42,23 @@ config = transformers.BertConfig(vocab_size=32, hidden_size=32, num_hidden_layer
 model = transformers.BertForSequenceClassification(config)
 """
 
+# What the scripts below are filled in with: their start and end, and the run's sizes.
+SIZES = {
+    "preamble": PREAMBLE,
+    "leave": LEAVE_TOGETHER,
+    "steps": STEPS,
+    "accumulate": ACCUMULATE,
+    "batch": BATCH,
+    "rows": STEPS * ACCUMULATE * BATCH,
+}
+
 # The tiny BERT in the loop docs/own-loop.md shows;
 # the readout calls model.classifier outside the model's forward pass, the case FSDP could leave sharded.
 # argv: out folder, layout ("plain": no FSDP; "layers": each encoder layer and the root sharded;
 # "head": the classifier its own unit too).
-OWN_LOOP = textwrap.dedent(
-    """
+OWN_LOOP = (
+    textwrap.dedent(
+        """
     %(preamble)s
     import torch.nn.functional as F
 
@@ -86,14 +97,9 @@ OWN_LOOP = textwrap.dedent(
         json.dump(record, handle)
     %(leave)s
     """
-) % {
-    "preamble": PREAMBLE,
-    "leave": LEAVE_TOGETHER,
-    "steps": STEPS,
-    "accumulate": ACCUMULATE,
-    "batch": BATCH,
-    "rows": STEPS * ACCUMULATE * BATCH,
-}
+    )
+    % SIZES
+)
 
 
 @pytest.fixture(scope="module")
@@ -115,8 +121,9 @@ def test_a_sharded_model_in_two_processes_steps_the_multipliers_and_layer_losses
 
 
 # DescentTrainer given a model sharded by hand over 2 CPU processes; writes the error.
-SHARDED_TRAINER = textwrap.dedent(
-    """
+SHARDED_TRAINER = (
+    textwrap.dedent(
+        """
     %(preamble)s
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
@@ -133,7 +140,9 @@ SHARDED_TRAINER = textwrap.dedent(
         json.dump({"error": error}, handle)
     %(leave)s
     """
-) % {"preamble": PREAMBLE, "leave": LEAVE_TOGETHER}
+    )
+    % SIZES
+)
 
 
 def test_descent_trainer_refuses_a_model_sharded_by_hand_in_one_line_naming_the_ways_that_work(tmp_path):
@@ -146,8 +155,9 @@ def test_descent_trainer_refuses_a_model_sharded_by_hand_in_one_line_naming_the_
 # The Trainer's own sharding on up to 2 GPUs, against the same Trainer run unsharded on one GPU;
 # argv: out folder, then "plain", "fsdp" (FSDP2, each BertLayer a unit) or "zero2" (DeepSpeed ZeRO
 # stage 2, docs/scaling.md's config).
-TRAINER = textwrap.dedent(
-    """
+TRAINER = (
+    textwrap.dedent(
+        """
     %(preamble)s
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(1, 32, (%(rows)d, 6), generator=g)
@@ -181,14 +191,9 @@ TRAINER = textwrap.dedent(
         json.dump({"lambda": history, "layer_loss": losses}, handle)
     %(leave)s
     """
-) % {
-    "preamble": PREAMBLE,
-    "leave": LEAVE_TOGETHER,
-    "steps": STEPS,
-    "accumulate": ACCUMULATE,
-    "batch": BATCH,
-    "rows": STEPS * ACCUMULATE * BATCH,
-}
+    )
+    % SIZES
+)
 
 
 @pytest.mark.skipif(
