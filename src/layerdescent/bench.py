@@ -318,17 +318,10 @@ def run_bench(
         _check_same_task(run)  # before anything trains: a folder of another task's runs is never mixed in
     publish.refuse_foreign(Path(out))  # the summary and plots come last: a file of yours in their way is found first
     for run in runs:
-        recorded = run.run_dir / "config.toml"
-        finished = (run.run_dir / "results.json").exists()
-        if recorded.exists() and (finished or (run.run_dir / "checkpoint.pt").exists()):
-            difference = rundir.config_difference(read_toml(recorded), run.config, registry)
-            if difference:
-                state = "finished" if finished else "started"
-                raise ConfigError(
-                    f"{run.run_dir} {state} under another config, first at {difference}: "
-                    f"--out a new directory for this config, or remove that run to train it again"
-                )
-        if finished:
+        conflict = _conflict(run, registry)
+        if conflict:
+            raise ConfigError(f"{run.run_dir} {conflict}: --out a new directory for this config, or remove that run to train it again")
+        if (run.run_dir / "results.json").exists():
             done.append(run)
         else:
             pending.append((run, (run.run_dir / "checkpoint.pt").exists()))
@@ -355,6 +348,52 @@ def run_bench(
     if failures:
         raise failure_report(failures, len(runs), summary)
     return summary
+
+
+def _conflict(run: BenchRun, registry: Registry | None) -> str | None:
+    """How a run already in ``run.run_dir`` differs from the one asked for ("finished under another config, first at ..."), or None."""
+    recorded = run.run_dir / "config.toml"
+    finished = (run.run_dir / "results.json").exists()
+    if recorded.exists() and (finished or (run.run_dir / "checkpoint.pt").exists()):
+        difference = rundir.config_difference(read_toml(recorded), run.config, registry)
+        if difference:
+            return f"{'finished' if finished else 'started'} under another config, first at {difference}"
+    return None
+
+
+def run_state(run: BenchRun, registry: Registry | None = None) -> tuple[str, str]:
+    """Where one run stands, read from its directory without touching it: a state and its details.
+
+    The state is one of done, training (a live process holds the directory), failed (its log ends
+    with the error, until a resume), stopped (a checkpoint to resume from), pending, or conflict (the
+    directory holds a run under another config, which the bench would refuse).
+    """
+    conflict = _conflict(run, registry)
+    if conflict:
+        return "conflict", conflict
+    if (run.run_dir / "results.json").exists():
+        return "done", ""
+    record = rundir.last_record(run.run_dir)
+    where = f"step {record['step']}, epoch {record.get('epoch', 0) + 1} of {run.config.train.epochs}" if record else ""
+    pid = rundir.holder(run.run_dir) if run.run_dir.is_dir() else None
+    if pid is not None:
+        return "training", ", ".join(filter(None, [f"pid {pid}", where]))
+    if record and record.get("event") == "failed":
+        error = str(record.get("error") or "").strip() or "no error recorded"
+        return "failed", f"at {where}: {error.splitlines()[0]}"
+    if (run.run_dir / "checkpoint.pt").exists():
+        return "stopped", f"at {where or 'its checkpoint'}; the bench resumes it"
+    return "pending", ""
+
+
+STATES = ("done", "training", "failed", "stopped", "pending", "conflict")
+
+
+def bench_status(
+    path: str | Path, out: str | Path, overrides: list[str] = (), only: list[str] = (), registry: Registry | None = None
+) -> list[tuple[BenchRun, str, str]]:
+    """Every run of the bench (those ``only`` selects) with its :func:`run_state`; trains and writes nothing."""
+    return [(run, *run_state(run, registry)) for run in select(plan(path, out, overrides, registry), list(only))]
 
 
 # What only a trained run writes; an evaluation writes config.toml and results.json alone.

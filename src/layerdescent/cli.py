@@ -149,9 +149,19 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from layerdescent.bench import executor_options, run_bench
+    from layerdescent.bench import STATES, bench_status, executor_options, run_bench
 
     out = Path(args.out) if args.out else Path("runs") / f"bench-{Path(args.config).stem}"
+    if args.status:
+        runs = bench_status(args.config, out, args.set, args.only)
+        for run, state, details in runs:
+            print(f"{run.variant} seed {run.seed}: {state}" + (f" ({details})" if details else ""))
+        counts = [state for _, state, _ in runs]
+        print(
+            f"{len(runs)} run{'s' * (len(runs) != 1)} in {out}: "
+            + ", ".join(f"{counts.count(state)} {state}" for state in STATES if state != "conflict" or state in counts)
+        )
+        return 0
     workers = 1 if args.workers is None and args.executor == "local" else args.workers
     given = {
         "workers": workers,
@@ -370,6 +380,11 @@ def build_parser() -> argparse.ArgumentParser:
                 default=[],
                 metavar="PATTERN",
                 help="train only the variants whose label matches, e.g. 'tune-*' (repeatable)",
+            )
+            p.add_argument(
+                "--status",
+                action="store_true",
+                help="print where each run stands (done, training, failed, stopped, pending) and train nothing",
             )
             p.add_argument(
                 "--workers",

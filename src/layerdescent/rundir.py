@@ -140,6 +140,55 @@ def _holder(run_dir: Path) -> str:
         os.close(fd)
 
 
+def holder(run_dir: Path) -> int | None:
+    """The pid of the live process holding ``run_dir`` now, or None; read without taking the lock, so asking never blocks a run."""
+    pid = _holder(run_dir)
+    if not pid.isdigit():
+        return None
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return None
+    except PermissionError:
+        pass  # alive, another user's
+    fds = Path(f"/proc/{pid}/fd")
+    try:
+        lock = os.stat(run_dir / LOCK)
+        # Linux: a pid reused after its run died does not hold the lock file open
+        return int(pid) if any(_same_file(fd, lock) for fd in fds.iterdir()) else None
+    except OSError:
+        return int(pid)  # no /proc, or not ours to read: alive is what can be told
+
+
+def _same_file(fd: Path, file: os.stat_result) -> bool:
+    """Whether the open descriptor ``fd`` (a /proc/PID/fd entry) is ``file``."""
+    try:
+        target = os.stat(fd)
+    except OSError:  # closed since listed
+        return False
+    return (target.st_dev, target.st_ino) == (file.st_dev, file.st_ino)
+
+
+def last_record(run_dir: Path, tail: int = 1 << 20) -> dict[str, Any] | None:
+    """The last whole record of the run's metrics.jsonl that names a step (from its last ``tail`` bytes), or None."""
+    import json
+
+    try:
+        with open(run_dir / "metrics.jsonl", "rb") as handle:
+            handle.seek(max(0, handle.seek(0, os.SEEK_END) - tail))
+            lines = handle.read().splitlines()
+    except OSError:
+        return None
+    for line in reversed(lines):  # the last may be half written
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(record, dict) and isinstance(record.get("step"), int):
+            return record
+    return None
+
+
 class Held:
     """A run directory held by this process: ``check()`` says whether it still is."""
 
@@ -241,6 +290,10 @@ def refuse_foreign(run_dir: Path, was_run: bool) -> None:
 
 class _NotHeld:
     """What a rank that does not write holds: nothing to check."""
+
+    def gone(self) -> bool:
+        """Never: rank 0 checks the claim."""
+        return False
 
     def check(self) -> None:
         """Nothing: rank 0 checks the claim."""

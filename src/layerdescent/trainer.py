@@ -193,6 +193,14 @@ class Trainer:
                 position.epoch += 1
                 position.micro = 0
                 checkpoint()
+        except Exception as exc:
+            if not self._claim.gone():  # a directory no longer this run's is not written
+                # `bench --status` reads it; a resume cuts the log back to its checkpoint, and the line with it
+                log.write(
+                    json.dumps({"event": "failed", "epoch": position.epoch, "step": position.step, "error": f"{type(exc).__name__}: {exc}"})
+                    + "\n"
+                )
+            raise
         finally:
             bar.close()
             log.close()

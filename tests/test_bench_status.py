@@ -1,0 +1,101 @@
+"""``bench --status``: where each run of a bench stands, read from its directory while the bench trains or after it stopped."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from test_one_line_errors import RUN, config_file, with_
+
+import layerdescent as ld
+from layerdescent import rundir
+from layerdescent.bench import run_bench
+from layerdescent.cli import main
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="tells a live holder from a stale pid through /proc")
+
+
+def status(path: Path, out: Path, *argv: str) -> list[str]:
+    """The lines `layerdescent bench PATH --out OUT --status` prints."""
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        assert main(["bench", str(path), "--out", str(out), "--status", *argv]) == 0
+    return printed.getvalue().splitlines()
+
+
+def files(root: Path) -> dict[str, tuple[int, int]]:
+    """Every file under ``root`` with its size and modification time."""
+    return {str(p.relative_to(root)): (p.stat().st_size, p.stat().st_mtime_ns) for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def test_bench_status_tells_each_run_done_training_failed_stopped_or_pending_and_writes_nothing(tmp_path):
+    long = with_(with_(with_(RUN, "train.epochs", 10_000), "task.train_size", 512), "train.checkpoint_every", 2)
+    bench = {
+        **RUN,
+        "bench": {
+            "seeds": [0],
+            "variants": {
+                "erm": {"solver": {"name": "erm"}},
+                # its multipliers pass 1e-9 on the first step, where alpha 0.9 binds
+                "diverges": {"solver": {"max_multiplier": 1e-9}, "constraints": [{"kind": "descent", "alpha": 0.9}]},
+                "long": {"train": long["train"], "task": long["task"]},
+                "later": {"solver": {"name": "penalty"}},
+            },
+        },
+    }
+    path, out = config_file(tmp_path, bench, "bench.toml"), tmp_path / "out"
+    with pytest.raises(ld.LayerdescentError, match="1 of 2 runs failed"):
+        run_bench(path, out, only=["erm", "diverges"])
+    # a pid that is alive but does not hold the directory, as after a crash and the pid's reuse
+    (out / "later" / "seed-0").mkdir(parents=True)
+    (out / "later" / "seed-0" / rundir.LOCK).write_text(f"{os.getpid()}\n")
+
+    command = [shutil.which("layerdescent") or sys.executable, *([] if shutil.which("layerdescent") else ["-m", "layerdescent.cli"])]
+    proc = subprocess.Popen(
+        [*command, "bench", str(path), "--out", str(out), "--only", "long"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    try:
+        checkpoint, deadline = out / "long" / "seed-0" / "checkpoint.pt", time.time() + 240
+        while time.time() < deadline and proc.poll() is None and not (checkpoint.exists() and rundir.last_record(checkpoint.parent)):
+            time.sleep(0.2)
+        assert checkpoint.exists(), "the long run should have checkpointed"
+        before = {k: v for k, v in files(out).items() if not k.startswith("long/")}
+        lines = status(path, out)
+        assert {k: v for k, v in files(out).items() if not k.startswith("long/")} == before, "--status wrote to the bench"
+        assert lines[0] == "erm seed 0: done"
+        assert lines[1].startswith(
+            "diverges seed 0: failed (at step 0, epoch 1 of 1: DivergenceError: step 0: multiplier of constraint 'descent' exploded"
+        ), lines[1]
+        assert lines[2].startswith(f"long seed 0: training (pid {proc.pid}, step "), lines[2]  # one worker: the bench's own process
+        assert lines[2].endswith(" of 10000)")
+        assert lines[3] == "later seed 0: pending"
+        assert lines[4] == f"4 runs in {out}: 1 done, 1 training, 1 failed, 0 stopped, 1 pending"
+        assert status(path, out, "--only", "erm")[1:] == [f"1 run in {out}: 1 done, 0 training, 0 failed, 0 stopped, 0 pending"]
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    lines = status(path, out, "--only", "l*")
+    assert lines[0].startswith("long seed 0: stopped (at step ") and lines[0].endswith("; the bench resumes it)"), lines[0]
+    assert lines[1:] == ["later seed 0: pending", f"2 runs in {out}: 0 done, 0 training, 0 failed, 1 stopped, 1 pending"]
+
+
+def test_bench_status_names_a_run_under_another_config_which_the_bench_would_refuse(tmp_path):
+    bench = {**RUN, "bench": {"seeds": [0], "variants": {"erm": {"solver": {"name": "erm"}}}}}
+    path, out = config_file(tmp_path, bench, "bench.toml"), tmp_path / "out"
+    run_bench(path, out)
+    changed = config_file(tmp_path, with_(bench, "train.lr", 0.02), "changed.toml")
+    assert status(changed, out) == [
+        "erm seed 0: conflict (finished under another config, first at train.lr (recorded 0.01, asked 0.02))",
+        f"1 run in {out}: 0 done, 0 training, 0 failed, 0 stopped, 0 pending, 1 conflict",
+    ]
