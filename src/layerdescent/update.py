@@ -83,8 +83,7 @@ class LayerwiseUpdate:
 
     def zero_grad(self) -> None:
         """Clear the model's gradients (each dual pass writes the multipliers' own afresh)."""
-        for optimizer in self.optimizer.primal_optimizers:
-            optimizer.zero_grad()
+        self.solver.zero_grad()
 
     def loss(self, losses: torch.Tensor, rows: torch.Tensor | None = None, levels: torch.Tensor | None = None) -> torch.Tensor:
         """The primal loss (objective plus multiplier-weighted violations) of B x (L+1) per-sample losses or L+1 means; counts nothing.
