@@ -1,0 +1,109 @@
+"""The tuning rule of video_deep.toml, read from its tuning runs' validation losses (never test): each architecture's adopted settings.
+
+    python benchmarks/tuning_rule.py benchmarks/results/video_deep --out benchmarks/results/video_deep/tuning_rule.md
+
+Per architecture (dust, l1l1), primal-dual at alpha in {0.05, 0.2} x reference in {detached,
+anchored} and penalty at layer weights rho^(D-k), rho in {1, 0.9, 0.8, 0.7}, one tuning seed each.
+The criterion is the lowest last-layer validation loss at the training noise
+(``train.best_val_loss[-1]``). A primal-dual setting qualifies only if some multiplier binds at
+the end (lambda > 0); a run that failed (diverged) qualifies for nothing. Ties within 1e-6 go to
+the smaller alpha, the detached reference, the larger rho. A family is decided once each of its
+runs has finished or failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from layerdescent import rundir
+
+ARCHS = ("dust", "l1l1")
+ALPHAS, REFERENCES, RHOS = (0.05, 0.2), ("detached", "anchored"), (1, 0.9, 0.8, 0.7)
+TIE = 1e-6
+
+
+def settings(arch: str) -> dict[str, list[str]]:
+    """Each solver's tuning labels for ``arch``, in the rule's tie order (the preferred first)."""
+    return {
+        "primal-dual": [f"tune-{arch}-primal-dual,alpha={a},{r}" for a in ALPHAS for r in REFERENCES],
+        "penalty": [f"tune-{arch}-penalty,rho={rho}" for rho in RHOS],
+    }
+
+
+def read_run(run_dir: Path) -> dict:
+    """One tuning run: its last-layer validation loss and binding multipliers, or how it ended without results."""
+    results = run_dir / "results.json"
+    if results.exists():
+        r = json.loads(results.read_text())
+        lambdas = [x for c in r.get("constraints", {}).values() for x in c["lambda"]]
+        return {"state": "done", "loss": r["train"]["best_val_loss"][-1], "bound": sum(x > 0 for x in lambdas), "entries": len(lambdas)}
+    record = rundir.last_record(run_dir)
+    if record and record.get("event") == "failed":
+        return {"state": "failed", "why": f"failed at step {record['step']}: {str(record.get('error', '')).splitlines()[0]}"}
+    return {"state": "unfinished", "why": f"unfinished (step {record['step']})" if record else "not started"}
+
+
+def decide(runs: dict[str, dict], solver: str) -> tuple[str | None, str]:
+    """The adopted label among ``runs`` (given in tie order), or None and why none is yet."""
+    waiting = [label for label, run in runs.items() if run["state"] == "unfinished"]
+    if waiting:
+        return None, f"undecided: {len(waiting)} of {len(runs)} runs unfinished"
+    qualified = [label for label, run in runs.items() if run["state"] == "done" and (solver != "primal-dual" or run["bound"] > 0)]
+    if not qualified:
+        return None, "no setting qualifies"
+    best = min(runs[label]["loss"] for label in qualified)
+    return next(label for label in qualified if runs[label]["loss"] <= best + TIE), ""
+
+
+def qualifies(run: dict, solver: str) -> str:
+    """The table's verdict on one run."""
+    if run["state"] == "unfinished":
+        return ""
+    if run["state"] == "failed":
+        return "no: failed"
+    return "no: no multiplier binds" if solver == "primal-dual" and run["bound"] == 0 else "yes"
+
+
+def markdown(root: Path, command: str) -> str:
+    lines = [
+        "# video_deep: the tuning rule (validation only)",
+        "",
+        f"    {command}",
+        "",
+        "Last-layer validation loss at gamma 0.13 (`train.best_val_loss[-1]`), tuning seed 100; "
+        "multipliers that bind at the end (lambda > 0) of the entries.",
+        "",
+    ]
+    for arch in ARCHS:
+        lines += [f"## {arch}", "", "| setting | last-layer validation loss | multipliers binding | qualifies |", "|---|---:|---:|---|"]
+        adopted = {}
+        for solver, labels in settings(arch).items():
+            runs = {label: read_run(root / label / "seed-100") for label in labels}
+            for label, run in runs.items():
+                loss = f"{run['loss']:.6f}" if run["state"] == "done" else run["why"]
+                binds = f"{run['bound']} of {run['entries']}" if run["state"] == "done" and solver == "primal-dual" else ""
+                lines.append(f"| {label} | {loss} | {binds} | {qualifies(run, solver)} |")
+            adopted[solver] = decide(runs, solver)
+        lines.append("")
+        for solver, (label, why) in adopted.items():
+            lines.append(f"- {solver}: " + (f"**{label.removeprefix(f'tune-{arch}-')}**" if label else why))
+        lines.append("")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("root", type=Path, help="the video_deep bench folder")
+    parser.add_argument("--out", type=Path, help="write the markdown here (printed otherwise)")
+    args = parser.parse_args()
+    command = f"python benchmarks/tuning_rule.py {args.root}" + (f" --out {args.out}" if args.out else "")
+    text = markdown(args.root, command)
+    if args.out:
+        args.out.write_text(text)
+    print(text, end="")
+
+
+if __name__ == "__main__":
+    main()
