@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import io
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -13,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import LAYERDESCENT
 from test_one_line_errors import RUN, config_file, with_
 
 import layerdescent as ld
@@ -58,9 +58,8 @@ def test_bench_status_tells_each_run_done_training_failed_stopped_or_pending_and
     (out / "later" / "seed-0").mkdir(parents=True)
     (out / "later" / "seed-0" / rundir.LOCK).write_text(f"{os.getpid()}\n")
 
-    command = [shutil.which("layerdescent") or sys.executable, *([] if shutil.which("layerdescent") else ["-m", "layerdescent.cli"])]
     proc = subprocess.Popen(
-        [*command, "bench", str(path), "--out", str(out), "--only", "long"],
+        [*LAYERDESCENT, "bench", str(path), "--out", str(out), "--only", "long"],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         start_new_session=True,

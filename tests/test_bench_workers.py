@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -11,6 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import LAYERDESCENT
 from test_one_line_errors import RUN, config_file, with_
 
 import layerdescent as ld
@@ -47,9 +47,8 @@ def test_killing_a_bench_with_two_workers_kills_its_workers(tmp_path):
     long = with_(with_(RUN, "train.epochs", 10_000), "task.train_size", 512)
     bench = {**long, "bench": {"seeds": [0], "variants": {"erm": {"solver": {"name": "erm"}}, "primal-dual": {}}}}
     path, out = config_file(tmp_path, bench, "bench.toml"), tmp_path / "out"
-    command = [shutil.which("layerdescent") or sys.executable, *([] if shutil.which("layerdescent") else ["-m", "layerdescent.cli"])]
     proc = subprocess.Popen(
-        [*command, "bench", str(path), "--out", str(out), "--workers", "2"],
+        [*LAYERDESCENT, "bench", str(path), "--out", str(out), "--workers", "2"],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         start_new_session=True,

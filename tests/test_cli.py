@@ -9,6 +9,7 @@ import sys
 import textwrap
 
 import pytest
+from conftest import LAYERDESCENT
 
 import layerdescent as ld
 from layerdescent.cli import main
@@ -428,7 +429,6 @@ def test_the_interrupt_message_names_the_runs_out_and_the_resume_command(tmp_pat
 def test_bench_workers_sharing_a_terminal_print_progress_lines_not_bars_over_each_other(tmp_path):
     import pty
     import select
-    import shutil
 
     path = write(
         tmp_path,
@@ -436,10 +436,9 @@ def test_bench_workers_sharing_a_terminal_print_progress_lines_not_bars_over_eac
         + '\n[bench]\n[bench.variants.erm]\nsolver.name = "erm"\n[bench.variants.primal-dual]\n',
         "bench.toml",
     )
-    command = [shutil.which("layerdescent") or sys.executable, *([] if shutil.which("layerdescent") else ["-m", "layerdescent.cli"])]
     primary, secondary = pty.openpty()
     proc = subprocess.Popen(
-        [*command, "bench", str(path), "--out", str(tmp_path / "out"), "--workers", "2"],
+        [*LAYERDESCENT, "bench", str(path), "--out", str(tmp_path / "out"), "--workers", "2"],
         stdin=secondary,
         stdout=secondary,
         stderr=secondary,

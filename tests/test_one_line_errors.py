@@ -14,7 +14,6 @@ import os
 import resource
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import datasets
@@ -22,7 +21,7 @@ import pytest
 import tomli_w
 import torch
 import torchmetrics
-from conftest import SMALL_LISTA_TASK
+from conftest import LAYERDESCENT, SMALL_LISTA_TASK
 
 import layerdescent.registry as registry_module
 from layerdescent import LayerOutput, Task, hookimpl
@@ -541,14 +540,12 @@ def test_a_malformed_debian_header_is_one_error(tmp_path):
 
 
 def console(*argv, limit_memory: bool = False, **kwargs) -> subprocess.CompletedProcess:
-    command = [shutil.which("layerdescent") or sys.executable, *([] if shutil.which("layerdescent") else ["-m", "layerdescent.cli"])]
-
     def cap():  # an allocation that must fail fails here without troubling the machine
         resource.setrlimit(resource.RLIMIT_AS, (8 << 30, 8 << 30))
 
     env = {**os.environ, "PYTHONWARNINGS": "ignore"}
     return subprocess.run(
-        [*command, *map(str, argv)],
+        [*LAYERDESCENT, *map(str, argv)],
         capture_output=True,
         text=True,
         env=env,
@@ -584,9 +581,8 @@ def test_a_file_size_limit_hit_inside_torch_save_is_one_line(tmp_path):
     def limit():  # room for the config and the log, not for a checkpoint (about 23 kB)
         resource.setrlimit(resource.RLIMIT_FSIZE, (8000, 8000))
 
-    command = [shutil.which("layerdescent") or sys.executable, *([] if shutil.which("layerdescent") else ["-m", "layerdescent.cli"])]
     proc = subprocess.run(
-        [*command, "run", str(config_file(tmp_path, RUN)), "--out", str(tmp_path / "out")],
+        [*LAYERDESCENT, "run", str(config_file(tmp_path, RUN)), "--out", str(tmp_path / "out")],
         capture_output=True,
         text=True,
         preexec_fn=limit,
