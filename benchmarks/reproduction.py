@@ -71,6 +71,9 @@ BENCHES = {
         "results/video", "video.toml", "rmse", False, superseded_by="video denoising at the chosen setting (3 videos x 3 architectures)"
     ),
     "video denoising by depth (DUST on vtest, trained clean)": Bench("results/video_depth", "video_depth.toml", "rmse", False),
+    "video denoising by depth at the training noise (DUST on vtest, trained at 0.13)": Bench(
+        "results/video_depth_noisy", "video_depth_noisy.toml", "rmse", False
+    ),
     "LLM finetuning (SmolLM2-135M, LoRA, 64 steps, whole-vocabulary lens, Gaussian embedding noise)": Bench(
         "results/llm_vocab64",
         "llm_vocab64.toml",
