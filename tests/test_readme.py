@@ -41,6 +41,16 @@ def test_readme_links_into_the_docs_resolve():
         assert (README.parent / target).is_file(), target
 
 
+def test_readme_results_table_is_report_md_s_verdict_table():
+    def verdicts(text: str) -> str:
+        start = text.index("| task | family |")
+        return text[start : text.index("\n\n", start)]
+
+    assert verdicts(README.read_text()) == verdicts((README.parent / "benchmarks" / "REPORT.md").read_text()), (
+        "copy the table at the top of benchmarks/REPORT.md into the README's Results"
+    )
+
+
 def test_readme_run_example_is_at_the_defaults_except_where_it_says_and_trains(tmp_path):
     block = BLOCKS["readme-run"].code
     assert_defaults_unless_marked(block)
