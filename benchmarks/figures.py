@@ -3,6 +3,8 @@
     python benchmarks/figures.py text_paper --root benchmarks/results/text_paper     # Figures 1, 4, 5
     python benchmarks/figures.py video_paper --root benchmarks/results/video_paper   # Figure 2 (+ cross-video)
     python benchmarks/figures.py video_depth --root benchmarks/results/video_depth   # Figure 3
+    python benchmarks/figures.py video_depth_noisy --root benchmarks/results/video_depth_noisy   # Figure 3 at 0.13
+    python benchmarks/figures.py video_deep --root benchmarks/results/video_deep     # Figure 2 at depth (+ band)
 
 Each writes PNGs into ``--root`` (or ``--out``) and prints their names. Constrained runs are drawn
 solid, the others dashed, as in the paper; bands and error bars are the std over seeds, and none
@@ -12,7 +14,10 @@ is drawn for one seed.
 - Figure 4: the metric against gamma, one panel per evaluation set (the test split and each domain).
 - Figure 5: the alpha sweep: per-layer validation loss of the tested epoch beside the metric
   against gamma, one line per alpha.
-- Figure 2: RMSE against gamma, rows architectures, columns videos.
+- Figure 2: RMSE against gamma, rows architectures, columns videos: the runs trained at one
+  noise level, tested on the test split (validation-tuning runs and band-trained forms apart).
+  ``figure2_band.png``: the forms trained on a band of levels, rows architectures, columns the
+  test split and each unseen video.
 - Figure 3: RMSE against depth at the larger gammas, one line per solver.
 """
 
@@ -156,6 +161,28 @@ def figure_5(groups: dict, results: list[dict], metric: str, out: Path) -> list[
     return names
 
 
+def one_level(groups: dict) -> dict:
+    """The groups trained at one noise level and tested on the test split: Figure 2's runs."""
+    return {label: g for label, g in groups.items() if g["split"] == "test" and not isinstance(g["config"].get("train.train_gamma"), list)}
+
+
+def band(groups: dict) -> dict:
+    """The groups trained on a band of noise levels (the shift-robust forms and their baselines)."""
+    return {label: g for label, g in groups.items() if g["split"] == "test" and isinstance(g["config"].get("train.train_gamma"), list)}
+
+
+def figure_2_band(views: dict[str, dict], metric: str, out: Path) -> list[str]:
+    """The band-trained forms against gamma: rows architectures, columns the evaluation sets (``views``: name -> groups)."""
+    plt = _plt()
+    archs = sorted({g["config"].get("task.arch") for view in views.values() for g in view.values()})
+    fig, axes = plt.subplots(len(archs), len(views), figsize=(4.5 * len(views), 3.3 * len(archs)), squeeze=False)
+    for i, arch in enumerate(archs):
+        for j, (name, view) in enumerate(views.items()):
+            _metric_vs_gamma(axes[i, j], view, [label for label, g in view.items() if g["config"].get("task.arch") == arch], metric)
+            axes[i, j].set(title=f"{arch}, trained on a band: {name}")
+    return [_save(fig, out, "figure2_band.png")]
+
+
 def figure_2(groups: dict, metric: str, out: Path, name: str = "figure2.png") -> list[str]:
     """The metric against gamma, rows architectures, columns videos."""
     plt = _plt()
@@ -176,6 +203,8 @@ def figure_3(groups: dict, metric: str, out: Path, gammas: int = 2) -> list[str]
     """The metric against depth at the ``gammas`` largest noise levels, one line per solver."""
     plt = _plt()
     levels = sorted({g for grp in groups.values() for g in grp["gammas"]})[-gammas:]
+    noise = {grp["config"].get("train.train_gamma", 0.0) for grp in groups.values()}
+    trained = "trained clean" if noise == {0.0} else f"trained at γ={noise.pop():g}" if len(noise) == 1 else "trained at several levels"
     fig, axes = plt.subplots(1, len(levels), figsize=(5 * len(levels), 4), squeeze=False)
     for ax, gamma in zip(axes[0], levels):
         for solver in dict.fromkeys(g["solver"] for g in groups.values()):
@@ -193,14 +222,14 @@ def figure_3(groups: dict, metric: str, out: Path, gammas: int = 2) -> list[str]
                 solver,
                 min(p[2] for p in points),
             )
-        ax.set(xlabel="depth (layers)", ylabel=metric, title=f"{metric} at γ={gamma:g} (trained clean)")
+        ax.set(xlabel="depth (layers)", ylabel=metric, title=f"{metric} at γ={gamma:g} ({trained})")
         _integer_ticks(ax)
     return [_save(fig, out, "figure3.png")]
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("bench", choices=("text_paper", "text_deep", "video_paper", "video_depth"))
+    parser.add_argument("bench", choices=("text_paper", "text_deep", "video_paper", "video_deep", "video_depth", "video_depth_noisy"))
     parser.add_argument("--root", type=Path, required=True)
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
@@ -211,10 +240,12 @@ def main() -> None:
     domains = {name: summarize(view) for name, view in domain_results(results).items()}
     if args.bench.startswith("text"):
         names = figure_1(groups, "accuracy", out) + figure_4(groups, domains, "accuracy", out) + figure_5(groups, results, "accuracy", out)
-    elif args.bench == "video_paper":
-        names = figure_2(groups, "rmse", out) + [
-            n for name, d in domains.items() for n in figure_2(d, "rmse", out, f"figure2_domain={name}.png")
+    elif args.bench in ("video_paper", "video_deep"):
+        names = figure_2(one_level(groups), "rmse", out) + [
+            n for name, d in domains.items() for n in figure_2(one_level(d), "rmse", out, f"figure2_domain={name}.png")
         ]
+        if band(groups):
+            names += figure_2_band({"test": band(groups), **{name: band(d) for name, d in domains.items() if band(d)}}, "rmse", out)
     else:
         names = figure_3(groups, "rmse", out)
     print("\n".join(names))

@@ -20,7 +20,7 @@ def _record(gamma: float, loss: float, metric: str, value: float) -> dict:
     }
 
 
-def _run(root: Path, label: str, solver: str, seed: int, metric: str, config: str, domains=(), **train) -> None:
+def _run(root: Path, label: str, solver: str, seed: int, metric: str, config: str, domains=(), split: str = "test", **train) -> None:
     run = root / label / f"seed-{seed}"
     run.mkdir(parents=True)
     (run / "config.toml").write_text(f'seed = {seed}\nlabel = "{label}"\n{config}\n[solver]\nname = "{solver}"\n')
@@ -32,7 +32,7 @@ def _run(root: Path, label: str, solver: str, seed: int, metric: str, config: st
         "solver": solver,
         "seed": seed,
         "num_layers": 2,
-        "split": "test",
+        "split": split,
         "train": {"steps": 1, "epochs": 1, **train},
         "constraints": {},
         "gammas": records,
@@ -101,3 +101,36 @@ def test_video_figures_are_a_grid_of_architectures_by_videos_and_rmse_against_de
         for solver in ("erm", "primal-dual"):
             _run(tmp_path / "depth", f"depth{depth}-{solver}", solver, 0, "rmse", f'[task]\nname = "t"\nlayers = {depth}')
     assert _draw("video_depth", tmp_path / "depth") == ["figure3.png"]
+    assert _draw("video_depth_noisy", tmp_path / "depth") == ["figure3.png"]
+
+
+def test_video_deep_figure_2_leaves_out_tuning_runs_and_draws_the_band_trained_forms_apart(tmp_path):
+    import importlib.util
+
+    from layerdescent.report import collect, summarize
+
+    spec = importlib.util.spec_from_file_location("figures", SCRIPT)
+    figures = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(figures)
+    for arch in ("dust", "transformer"):
+        for solver in ("erm", "penalty", "primal-dual"):
+            task = f'[task]\nname = "t"\narch = "{arch}"\ndataset = "vtest"'
+            _run(tmp_path, f"vtest-{arch}-{solver}", solver, 0, "rmse", f"{task}\n[train]\ntrain_gamma = 0.13", domains=("bikes",))
+            _run(
+                tmp_path,
+                f"vtest-{arch}-{solver}-band",
+                solver,
+                0,
+                "rmse",
+                f"{task}\n[train]\ntrain_gamma = [0.0, 0.13]",
+                domains=("bikes",),
+            )
+        _run(tmp_path, f"tune-{arch}-primal-dual", "primal-dual", 100, "rmse", f"{task}\n[train]\ntrain_gamma = 0.13", split="validation")
+    groups = summarize(collect(tmp_path))
+    assert sorted(figures.one_level(groups)) == sorted(
+        f"vtest-{a}-{s}" for a in ("dust", "transformer") for s in ("erm", "penalty", "primal-dual")
+    )
+    assert sorted(figures.band(groups)) == sorted(
+        f"vtest-{a}-{s}-band" for a in ("dust", "transformer") for s in ("erm", "penalty", "primal-dual")
+    )
+    assert _draw("video_deep", tmp_path) == ["figure2.png", "figure2_domain=bikes.png", "figure2_band.png"]
