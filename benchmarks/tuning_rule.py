@@ -41,7 +41,8 @@ def read_run(run_dir: Path) -> dict:
         return {"state": "done", "loss": r["train"]["best_val_loss"][-1], "bound": sum(x > 0 for x in lambdas), "entries": len(lambdas)}
     record = rundir.last_record(run_dir)
     if record and record.get("event") == "failed":
-        return {"state": "failed", "why": f"failed at step {record['step']}: {str(record.get('error', '')).splitlines()[0]}"}
+        error = str(record.get("error", "")).split(";")[0]  # the error's first clause, without its advice
+        return {"state": "failed", "why": f"failed at step {record['step']}: {error}"}
     return {"state": "unfinished", "why": f"unfinished (step {record['step']})" if record else "not started"}
 
 
