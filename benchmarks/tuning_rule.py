@@ -39,10 +39,11 @@ def read_run(run_dir: Path) -> dict:
         r = json.loads(results.read_text())
         lambdas = [x for c in r.get("constraints", {}).values() for x in c["lambda"]]
         return {"state": "done", "loss": r["train"]["best_val_loss"][-1], "bound": sum(x > 0 for x in lambdas), "entries": len(lambdas)}
+    failed = rundir.failure(run_dir)
+    if failed:
+        error = str(failed.get("error", "")).split(";")[0]  # the error's first clause, without its advice
+        return {"state": "failed", "why": f"failed at step {failed.get('step')}: {error}"}
     record = rundir.last_record(run_dir)
-    if record and record.get("event") == "failed":
-        error = str(record.get("error", "")).split(";")[0]  # the error's first clause, without its advice
-        return {"state": "failed", "why": f"failed at step {record['step']}: {error}"}
     return {"state": "unfinished", "why": f"unfinished (step {record['step']})" if record else "not started"}
 
 

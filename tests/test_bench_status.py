@@ -98,3 +98,23 @@ def test_bench_status_names_a_run_under_another_config_which_the_bench_would_ref
         "erm seed 0: conflict (finished under another config, first at train.lr (recorded 0.01, asked 0.02))",
         f"1 run in {out}: 0 done, 0 training, 0 failed, 0 stopped, 0 pending, 1 conflict",
     ]
+
+
+def test_a_failed_run_copied_without_its_lock_is_retried_and_its_failure_goes_once_it_trains(tmp_path):
+    # alpha 0.9 binds on the first step; a multiplier limit of 1e-9 makes that a divergence
+    diverging = {"solver": {"max_multiplier": 1e-9}, "constraints": [{"kind": "descent", "alpha": 0.9}]}
+    bench = {**RUN, "bench": {"seeds": [0], "variants": {"diverges": diverging}}}
+    path, out = config_file(tmp_path, bench, "bench.toml"), tmp_path / "out"
+    run = out / "diverges" / "seed-0"
+    with pytest.raises(ld.LayerdescentError, match="1 of 1 runs failed"):
+        run_bench(path, out)
+    (run / rundir.LOCK).unlink()  # as `git clone` or a copy of the results leaves it
+    assert sorted(p.name for p in run.iterdir()) == ["config.toml", "failure.json", "metrics.jsonl"]
+    with pytest.raises(ld.LayerdescentError, match="diverges seed 0: DivergenceError: step 0"):
+        run_bench(path, out)  # tried again and diverged again, not refused as a folder of someone's files
+    assert status(path, out)[0].startswith("diverges seed 0: failed (at step 0")
+    # trained again in its directory under a limit it stays within, the run finishes and its failure goes
+    fixed = with_(with_(RUN, "solver.max_multiplier", 1e6), "constraints", diverging["constraints"])
+    with contextlib.redirect_stdout(io.StringIO()):
+        assert main(["run", str(config_file(tmp_path, fixed, "fixed.toml")), "--out", str(run)]) == 0
+    assert (run / "results.json").exists() and not (run / rundir.FAILURE).exists()

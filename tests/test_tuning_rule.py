@@ -24,8 +24,8 @@ def finished(root: Path, label: str, loss: float, lambdas: list[float] = ()) -> 
 def diverged(root: Path, label: str, step: int) -> None:
     run = root / label / "seed-100"
     run.mkdir(parents=True)
-    record = {"event": "failed", "epoch": 2, "step": step, "error": "DivergenceError: multiplier exploded"}
-    (run / "metrics.jsonl").write_text(json.dumps(record) + "\n")
+    record = {"epoch": 2, "step": step, "error": "DivergenceError: multiplier exploded; the last checkpoint is intact"}
+    (run / "failure.json").write_text(json.dumps(record) + "\n")
 
 
 def every_dust_run(root: Path, losses: dict[str, float], binding: dict[str, list[float]]) -> None:

@@ -364,9 +364,9 @@ def _conflict(run: BenchRun, registry: Registry | None) -> str | None:
 def run_state(run: BenchRun, registry: Registry | None = None) -> tuple[str, str]:
     """Where one run stands, read from its directory without touching it: a state and its details.
 
-    The state is one of done, training (a live process holds the directory), failed (its log ends
-    with the error, until a resume), stopped (a checkpoint to resume from), pending, or conflict (the
-    directory holds a run under another config, which the bench would refuse).
+    The state is one of done, training (a live process holds the directory), failed (its
+    failure.json says why, until it trains again), stopped (a checkpoint to resume from), pending,
+    or conflict (the directory holds a run under another config, which the bench would refuse).
     """
     conflict = _conflict(run, registry)
     if conflict:
@@ -378,9 +378,11 @@ def run_state(run: BenchRun, registry: Registry | None = None) -> tuple[str, str
     pid = rundir.holder(run.run_dir) if run.run_dir.is_dir() else None
     if pid is not None:
         return "training", ", ".join(filter(None, [f"pid {pid}", where]))
-    if record and record.get("event") == "failed":
-        error = str(record.get("error") or "").strip() or "no error recorded"
-        return "failed", f"at {where}: {error.splitlines()[0]}"
+    failed = rundir.failure(run.run_dir)
+    if failed:
+        error = str(failed.get("error") or "").strip() or "no error recorded"
+        at = f"step {failed.get('step')}, epoch {int(failed.get('epoch', 0)) + 1} of {run.config.train.epochs}"
+        return "failed", f"at {at}: {error.splitlines()[0]}"
     if (run.run_dir / "checkpoint.pt").exists():
         return "stopped", f"at {where or 'its checkpoint'}; the bench resumes it"
     return "pending", ""

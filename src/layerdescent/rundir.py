@@ -27,6 +27,7 @@ from layerdescent.errors import ConfigError, LayerdescentError
 
 LOCK = ".layerdescent.lock"  # also marks the directory as a run's, even before its first checkpoint
 EVALUATION_PARTIAL = "evaluation.partial.json"  # the records an evaluation has taken so far, so an interrupted one resumes at the next
+FAILURE = "failure.json"  # how a run that failed while training ended, until it trains again (`bench --status` reads it)
 WRITES = (
     "config.toml",
     "metrics.jsonl",
@@ -36,8 +37,10 @@ WRITES = (
     "results.json",
     "model.safetensors",
     EVALUATION_PARTIAL,
+    FAILURE,
 )
-FINISHED = ("checkpoint.pt", "results.json")  # a directory holding one of these is a run, lock file or not (older runs)
+# A directory holding one of these is a run, lock file or not (older runs; a failed run copied or committed without it).
+FINISHED = ("checkpoint.pt", "results.json", FAILURE)
 # How a run executes, not what it computes: a finished run is the same run whatever these say.
 EXECUTION_KEYS = ("train.threads", "train.progress", "train.keep_checkpoint", "train.checkpoint_every", "train.trackers")
 
@@ -167,6 +170,24 @@ def _same_file(fd: Path, file: os.stat_result) -> bool:
     except OSError:  # closed since listed
         return False
     return (target.st_dev, target.st_ino) == (file.st_dev, file.st_ino)
+
+
+def save_failure(run_dir: Path, epoch: int, step: int, exc: BaseException) -> None:
+    """Record in ``run_dir`` that its run failed at ``step``, and why."""
+    import json
+
+    write_atomic(run_dir / FAILURE, json.dumps({"epoch": epoch, "step": step, "error": f"{type(exc).__name__}: {exc}"}) + "\n")
+
+
+def failure(run_dir: Path) -> dict[str, Any] | None:
+    """The failure ``run_dir``'s run ended with (epoch, step, error), or None."""
+    import json
+
+    try:
+        record = json.loads((run_dir / FAILURE).read_text())
+    except (OSError, ValueError):
+        return None
+    return record if isinstance(record, dict) else None
 
 
 def last_record(run_dir: Path, tail: int = 1 << 20) -> dict[str, Any] | None:
@@ -411,6 +432,7 @@ def prepare(run_dir: Path, config: Any, registry: Any, resume: bool, write: bool
     for name in WRITES:
         for stale in run_dir.glob(f".{name}.*"):
             stale.unlink()  # a write cut short by a kill
+    (run_dir / FAILURE).unlink(missing_ok=True)  # it trains again: the old failure no longer says how it ended
     write_atomic(config_file, tomli_w.dumps(config.as_dict()))
     if not (resume and checkpoint.exists()):
         write_atomic(run_dir / "metrics.jsonl", "")  # nothing to continue: start the log over

@@ -194,12 +194,8 @@ class Trainer:
                 position.micro = 0
                 checkpoint()
         except Exception as exc:
-            if not self._claim.gone():  # a directory no longer this run's is not written
-                # `bench --status` reads it; a resume cuts the log back to its checkpoint, and the line with it
-                log.write(
-                    json.dumps({"event": "failed", "epoch": position.epoch, "step": position.step, "error": f"{type(exc).__name__}: {exc}"})
-                    + "\n"
-                )
+            if world.is_main and not self._claim.gone():  # a directory no longer this run's is not written
+                rundir.save_failure(self.run_dir, position.epoch, position.step, exc)
             raise
         finally:
             bar.close()
