@@ -74,3 +74,11 @@ def test_the_script_writes_its_table_with_its_command(tmp_path):
     text = out.read_text()
     assert f"python benchmarks/tuning_rule.py {tmp_path} --out {out}" in text
     assert text.count("undecided: 4 of 4 runs unfinished") == 4  # two solvers, two architectures, nothing run
+
+
+def test_the_script_reproduces_the_committed_tuning_rule(tmp_path):
+    out = tmp_path / "tuning_rule.md"
+    root = REPO / "benchmarks/results/video_deep"
+    run_benchmark_script("tuning_rule.py", str(root), "--out", str(out)).check_returncode()
+    committed = (root / "tuning_rule.md").read_text().splitlines()
+    assert out.read_text().splitlines()[3:] == committed[3:]  # line 2 names the --out
