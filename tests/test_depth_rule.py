@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib.util
 
 from test_endpoints import REPO
-from test_report import run_benchmark_script
+from test_report import assert_script_remakes
 
 spec = importlib.util.spec_from_file_location("depth_rule", REPO / "benchmarks" / "depth_rule.py")
 depth_rule = importlib.util.module_from_spec(spec)
@@ -38,8 +38,5 @@ def test_the_rule_waits_for_a_shallower_candidate_before_a_deeper_one_decides():
 
 
 def test_the_script_reproduces_the_committed_depth_rule(tmp_path):
-    out = tmp_path / "depth_rule.md"
     root = REPO / "benchmarks/results/video_depth_noisy"
-    run_benchmark_script("depth_rule.py", str(root), "--out", str(out)).check_returncode()
-    committed = (root / "depth_rule.md").read_text().splitlines()
-    assert out.read_text().splitlines()[3:] == committed[3:]  # line 2 names the --out
+    assert_script_remakes(tmp_path, root / "depth_rule.md", "depth_rule.py", str(root))

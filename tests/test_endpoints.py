@@ -7,7 +7,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from test_report import fake_results, reproduction_report, run_benchmark_script
+from test_report import assert_script_remakes, fake_results, reproduction_report
 
 from layerdescent.cli import main
 from layerdescent.endpoints import BenchSpec, Primary, judge_cells, parse_spec
@@ -161,13 +161,8 @@ def test_compare_reproduces_the_committed_readouts(capsys):
 
 
 def test_the_pairs_script_still_makes_the_committed_readouts_byte_for_byte(tmp_path):
-    out = tmp_path / "readouts.md"
-    run_benchmark_script(
-        "pairs.py", str(REPO / "benchmarks/results/llm"), "primal-dual", "primal-dual,lens_vocab=all", "--out", str(out)
-    ).check_returncode()
-    committed = (REPO / "benchmarks/results/llm/readouts.md").read_text().splitlines()
-    made = out.read_text().splitlines()
-    assert made[0] == committed[0] and made[3:] == committed[3:]
+    root = REPO / "benchmarks/results/llm"
+    assert_script_remakes(tmp_path, root / "readouts.md", "pairs.py", str(root), "primal-dual", "primal-dual,lens_vocab=all")
 
 
 @pytest.mark.parametrize(

@@ -260,6 +260,14 @@ def run_benchmark_script(name: str, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True)
 
 
+def assert_script_remakes(tmp_path: Path, committed: Path, name: str, *args: str) -> None:
+    """benchmarks/NAME ``args`` --out a fresh file writes ``committed`` again, all but its third line (the command, naming the --out)."""
+    out = tmp_path / committed.name
+    run_benchmark_script(name, *args, "--out", str(out)).check_returncode()
+    made, kept = out.read_text().splitlines(), committed.read_text().splitlines()
+    assert made[:2] == kept[:2] and made[3:] == kept[3:], f"benchmarks/{name} no longer makes {committed}"
+
+
 def reproduction_report(root) -> str:
     """The text benchmarks/reproduction.py writes for the results/ folder under ``root``."""
     out = root / "REPORT.md"
