@@ -381,7 +381,8 @@ def run_state(run: BenchRun, registry: Registry | None = None) -> tuple[str, str
     failed = rundir.failure(run.run_dir)
     if failed:
         error = str(failed.get("error") or "").strip() or "no error recorded"
-        at = f"step {failed.get('step')}, epoch {int(failed.get('epoch', 0)) + 1} of {run.config.train.epochs}"
+        epoch = failed.get("epoch")
+        at = f"step {failed.get('step')}" + (f", epoch {epoch + 1} of {run.config.train.epochs}" if isinstance(epoch, int) else "")
         return "failed", f"at {at}: {error.splitlines()[0]}"
     if (run.run_dir / "checkpoint.pt").exists():
         return "stopped", f"at {where or 'its checkpoint'}; the bench resumes it"

@@ -1,4 +1,4 @@
-"""The run directory: its lock, what it may already hold, its recorded config, its log, and the results.json it ends with.
+"""The run directory: its lock, what it may already hold, its recorded config, its log, and the results.json (or failure.json) it ends with.
 
 with locked(run_dir) as was_run:     # one process at a time; the lock dies with its holder
     refuse_foreign(run_dir, was_run)  # never overwrite files a person put there
@@ -176,7 +176,11 @@ def save_failure(run_dir: Path, epoch: int, step: int, exc: BaseException) -> No
     """Record in ``run_dir`` that its run failed at ``step``, and why."""
     import json
 
-    write_atomic(run_dir / FAILURE, json.dumps({"epoch": epoch, "step": step, "error": f"{type(exc).__name__}: {exc}"}) + "\n")
+    record = {"epoch": epoch, "step": step, "error": f"{type(exc).__name__}: {exc}"}
+    try:
+        write_atomic(run_dir / FAILURE, json.dumps(record) + "\n")
+    except OSError:
+        pass  # a full disk, say: the run's own error is the one to raise
 
 
 def failure(run_dir: Path) -> dict[str, Any] | None:
@@ -311,10 +315,6 @@ def refuse_foreign(run_dir: Path, was_run: bool) -> None:
 
 class _NotHeld:
     """What a rank that does not write holds: nothing to check."""
-
-    def gone(self) -> bool:
-        """Never: rank 0 checks the claim."""
-        return False
 
     def check(self) -> None:
         """Nothing: rank 0 checks the claim."""
