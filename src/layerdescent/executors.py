@@ -598,7 +598,14 @@ def executor_class(options: ExecutorOptions, registry: Any = None) -> type[Execu
 def failure_report(failures: list[RunFailure], total: int, summary: Path | None) -> RunsFailed:
     """One error naming every failed run, its error and its log's last lines."""
     where = f"; {summary} covers the runs that finished" if summary else ""
-    lines = [f"{len(failures)} of {total} runs failed{where}; run the same command again to retry them"]
+    diverged = sum(failure.error.startswith("DivergenceError") for failure in failures)
+    # a resume is exact, so a retried divergence diverges again at the same step
+    repeats = (
+        f" ({diverged} diverged: retried, each diverges again where it did; change the setting its error names and --out a new directory)"
+        if diverged
+        else ""
+    )
+    lines = [f"{len(failures)} of {total} runs failed{where}; run the same command again to retry them{repeats}"]
     for failure in failures:
         lines.append(f"{failure.run.variant} seed {failure.run.seed}: {failure.error}")
         lines.extend(f"  | {line}" for line in failure.tail)
