@@ -161,14 +161,23 @@ def figure_5(groups: dict, results: list[dict], metric: str, out: Path) -> list[
     return names
 
 
+def _tested(groups: dict, on_band: bool) -> dict:
+    """The groups tested on the test split and trained on a band of noise levels (``on_band``) or at one level."""
+    return {
+        label: g
+        for label, g in groups.items()
+        if g["split"] == "test" and isinstance(g["config"].get("train.train_gamma"), list) == on_band
+    }
+
+
 def one_level(groups: dict) -> dict:
     """The groups trained at one noise level and tested on the test split: Figure 2's runs."""
-    return {label: g for label, g in groups.items() if g["split"] == "test" and not isinstance(g["config"].get("train.train_gamma"), list)}
+    return _tested(groups, on_band=False)
 
 
 def band(groups: dict) -> dict:
     """The groups trained on a band of noise levels (the shift-robust forms and their baselines)."""
-    return {label: g for label, g in groups.items() if g["split"] == "test" and isinstance(g["config"].get("train.train_gamma"), list)}
+    return _tested(groups, on_band=True)
 
 
 def figure_2_band(views: dict[str, dict], metric: str, out: Path) -> list[str]:
@@ -244,8 +253,9 @@ def main() -> None:
         names = figure_2(one_level(groups), "rmse", out) + [
             n for name, d in domains.items() for n in figure_2(one_level(d), "rmse", out, f"figure2_domain={name}.png")
         ]
-        if band(groups):
-            names += figure_2_band({"test": band(groups), **{name: band(d) for name, d in domains.items() if band(d)}}, "rmse", out)
+        views = {name: view for name, view in {"test": band(groups), **{name: band(d) for name, d in domains.items()}}.items() if view}
+        if "test" in views:
+            names += figure_2_band(views, "rmse", out)
     else:
         names = figure_3(groups, "rmse", out)
     print("\n".join(names))

@@ -31,9 +31,9 @@ def lista_task(
     }
 
 
-# the smallest lista that still trains: 3 layers, 64 training rows
 # the installed `layerdescent` command, or the module where it is not on PATH (a bare checkout)
 LAYERDESCENT = [shutil.which("layerdescent") or sys.executable, *([] if shutil.which("layerdescent") else ["-m", "layerdescent.cli"])]
+# the smallest lista that still trains: 3 layers, 64 training rows
 SMALL_LISTA_TASK = lista_task(layers=3, code_dim=8, measure_dim=6, train_size=64, validation_size=16, test_size=16)
 
 TINY = {

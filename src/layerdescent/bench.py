@@ -373,20 +373,26 @@ def run_state(run: BenchRun, registry: Registry | None = None) -> tuple[str, str
         return "conflict", conflict
     if (run.run_dir / "results.json").exists():
         return "done", ""
-    record = rundir.last_record(run.run_dir)
-    where = f"step {record['step']}, epoch {record.get('epoch', 0) + 1} of {run.config.train.epochs}" if record else ""
+    epochs = run.config.train.epochs
+    where = _position(rundir.last_record(run.run_dir), epochs)
     pid = rundir.holder(run.run_dir) if run.run_dir.is_dir() else None
     if pid is not None:
         return "training", ", ".join(filter(None, [f"pid {pid}", where]))
     failed = rundir.failure(run.run_dir)
     if failed:
         error = str(failed.get("error") or "").strip() or "no error recorded"
-        epoch = failed.get("epoch")
-        at = f"step {failed.get('step')}" + (f", epoch {epoch + 1} of {run.config.train.epochs}" if isinstance(epoch, int) else "")
-        return "failed", f"at {at}: {error.splitlines()[0]}"
+        return "failed", f"at {_position(failed, epochs)}: {error.splitlines()[0]}"
     if (run.run_dir / "checkpoint.pt").exists():
         return "stopped", f"at {where or 'its checkpoint'}; the bench resumes it"
     return "pending", ""
+
+
+def _position(record: dict | None, epochs: int) -> str:
+    """Where a log record or a failure.json says the run was: "step S, epoch E of N" (epochs shown from 1), or "" for none."""
+    if not record:
+        return ""
+    epoch = record.get("epoch")
+    return f"step {record.get('step')}" + (f", epoch {epoch + 1} of {epochs}" if isinstance(epoch, int) else "")
 
 
 STATES = ("done", "training", "failed", "stopped", "pending", "conflict")
