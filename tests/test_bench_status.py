@@ -118,3 +118,25 @@ def test_a_failed_run_copied_without_its_lock_is_retried_and_its_failure_goes_on
     with contextlib.redirect_stdout(io.StringIO()):
         assert main(["run", str(config_file(tmp_path, fixed, "fixed.toml")), "--out", str(run)]) == 0
     assert (run / "results.json").exists() and not (run / rundir.FAILURE).exists()
+
+
+def test_a_run_that_fails_in_its_final_evaluation_says_so_and_the_bench_resumes_it_at_the_evaluation(tmp_path, monkeypatch):
+    from layerdescent.trainer import Trainer
+
+    bench = {**RUN, "bench": {"seeds": [0], "variants": {"erm": {"solver": {"name": "erm"}}}}}
+    path, out = config_file(tmp_path, bench, "bench.toml"), tmp_path / "out"
+    evaluate = Trainer._evaluate
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("the evaluation broke")
+
+    monkeypatch.setattr(Trainer, "_evaluate", broken)
+    with pytest.raises(ld.LayerdescentError, match="1 of 1 runs failed"):
+        run_bench(path, out)
+    steps = rundir.last_record(out / "erm" / "seed-0")["step"]
+    assert status(path, out)[0] == f"erm seed 0: failed (in its final evaluation, after step {steps}: RuntimeError: the evaluation broke)"
+
+    monkeypatch.setattr(Trainer, "_evaluate", evaluate)
+    run_bench(path, out)  # the checkpoint holds the trained model: only the evaluation runs again
+    assert status(path, out)[0] == "erm seed 0: done"
+    assert not (out / "erm" / "seed-0" / rundir.FAILURE).exists()

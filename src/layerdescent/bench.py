@@ -381,7 +381,12 @@ def run_state(run: BenchRun, registry: Registry | None = None) -> tuple[str, str
     failed = rundir.failure(run.run_dir)
     if failed:
         error = str(failed.get("error") or "").strip() or "no error recorded"
-        return "failed", f"at {_position(failed, epochs)}: {error.splitlines()[0]}"
+        where = (
+            f"in its final evaluation, after step {failed.get('step')}"
+            if failed.get("stage") == "evaluation"
+            else f"at {_position(failed, epochs)}"
+        )
+        return "failed", f"{where}: {error.splitlines()[0]}"
     if (run.run_dir / "checkpoint.pt").exists():
         return "stopped", f"at {where or 'its checkpoint'}; the bench resumes it"
     return "pending", ""

@@ -27,7 +27,7 @@ from layerdescent.errors import ConfigError, LayerdescentError
 
 LOCK = ".layerdescent.lock"  # also marks the directory as a run's, even before its first checkpoint
 EVALUATION_PARTIAL = "evaluation.partial.json"  # the records an evaluation has taken so far, so an interrupted one resumes at the next
-FAILURE = "failure.json"  # how a run that failed while training ended, until it trains again (`bench --status` reads it)
+FAILURE = "failure.json"  # how a run that failed while training or in its final evaluation ended, until it trains again (`bench --status` reads it)
 WRITES = (
     "config.toml",
     "metrics.jsonl",
@@ -172,11 +172,11 @@ def _same_file(fd: Path, file: os.stat_result) -> bool:
     return (target.st_dev, target.st_ino) == (file.st_dev, file.st_ino)
 
 
-def save_failure(run_dir: Path, epoch: int, step: int, exc: BaseException) -> None:
-    """Record in ``run_dir`` that its run failed at ``step``, and why."""
+def save_failure(run_dir: Path, epoch: int, step: int, exc: BaseException, stage: str) -> None:
+    """Record in ``run_dir`` that its run failed at ``step`` of ``stage`` (training or its final evaluation), and why."""
     import json
 
-    record = {"epoch": epoch, "step": step, "error": f"{type(exc).__name__}: {exc}"}
+    record = {"epoch": epoch, "step": step, "stage": stage, "error": f"{type(exc).__name__}: {exc}"}
     try:
         write_atomic(run_dir / FAILURE, json.dumps(record) + "\n")
     except OSError:
@@ -184,7 +184,7 @@ def save_failure(run_dir: Path, epoch: int, step: int, exc: BaseException) -> No
 
 
 def failure(run_dir: Path) -> dict[str, Any] | None:
-    """The failure ``run_dir``'s run ended with (epoch, step, error), or None."""
+    """The failure ``run_dir``'s run ended with (epoch, step, stage, error), or None."""
     import json
 
     try:

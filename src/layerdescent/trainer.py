@@ -10,13 +10,14 @@ what a run trains is built by :mod:`layerdescent.session`, the run directory's f
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
 import os
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,7 @@ import torch
 from layerdescent import rundir, stopping
 from layerdescent.checkpoint import load_checkpoint, load_model_state, restore_run, rng_state, run_payload, save_checkpoint
 from layerdescent.config import RunConfig, check_depth, check_steps
+from layerdescent.distributed import World
 from layerdescent.errors import DivergenceError
 from layerdescent.evaluator import evaluate, evaluate_all, rows_satisfied
 from layerdescent.guard import build_task, describe
@@ -143,81 +145,91 @@ class Trainer:
         bar = progress_bar(
             train.epochs * steps_per_epoch, position.step, name, enabled=shown, after=after
         )  # the time left covers the evaluation
-        try:
-            while position.epoch < train.epochs and not stopping.patience_spent(train, position):
-                order = torch.randperm(len(train_set), generator=torch.Generator().manual_seed(config.seed * 100_003 + position.epoch))
-                micro_batches = order.split(train.batch_size)
-                levels = self._levels(position.epoch, len(micro_batches))
-                while position.micro < micro_per_epoch:
-                    group = micro_batches[position.micro : position.micro + train.accumulate]
-                    group_levels = levels[position.micro : position.micro + train.accumulate]
-                    start = time.perf_counter()
-                    # a last-layer solver reads every layer on a log line's first step only, where the task can read the last alone
-                    done = self.step(session, group, position.step, full=update.window_steps == 0, levels=group_levels)
-                    if done.skipped:
-                        log.write(
-                            json.dumps({"event": "skipped", "epoch": position.epoch, "step": position.step, "reason": done.skipped}) + "\n"
-                        )
-                        skipped_steps += 1
-                    else:
-                        step_times.append(time.perf_counter() - start)
-                    if session.schedule is not None:
-                        session.schedule.step()
-                    position.micro += len(group)
-                    position.step += 1
-                    bar.update(1)
-                    if update.window_steps >= train.log_every:
-                        self._log(log, position, update)
-                    if train.checkpoint_every and position.step % train.checkpoint_every == 0:
-                        checkpoint()
-                reason = update.end_epoch()
-                if reason:
-                    raise stopping.diverged(f"end of epoch {position.epoch}: {reason}")
-                self._log(log, position, update)
-                if train.validate:
-                    val = evaluate(
-                        self.task, model, rows["validation"], [train.validation_gamma], config.eval.batch_size, config.eval.seed, world
-                    )[0]
-                    record = {
-                        "event": "epoch",
-                        "epoch": position.epoch,
-                        "step": position.step,
-                        "val_loss": val["layer_loss"],
-                        "val_metrics": val["metrics"],
-                    }
-                    log.write(json.dumps(record) + "\n")
-                    self._trackers.log(record)
-                    if stopping.improved(train, position, val["layer_loss"]) and world.is_main:
-                        # written before the checkpoint that records it, so a resume finds it
-                        save_checkpoint(self.best_path, {"task": self.task.name, "model": model.state_dict(), "epoch": position.epoch})
-                position.epoch += 1
-                position.micro = 0
-                checkpoint()
-        except Exception as exc:
-            if world.is_main and not self._claim.gone():  # a directory no longer this run's is not written
-                rundir.save_failure(self.run_dir, position.epoch, position.step, exc)
-            raise
-        finally:
-            bar.close()
-            log.close()
+        with self._failure_recorded(position, world, "training"):
+            try:
+                while position.epoch < train.epochs and not stopping.patience_spent(train, position):
+                    order = torch.randperm(len(train_set), generator=torch.Generator().manual_seed(config.seed * 100_003 + position.epoch))
+                    micro_batches = order.split(train.batch_size)
+                    levels = self._levels(position.epoch, len(micro_batches))
+                    while position.micro < micro_per_epoch:
+                        group = micro_batches[position.micro : position.micro + train.accumulate]
+                        group_levels = levels[position.micro : position.micro + train.accumulate]
+                        start = time.perf_counter()
+                        # a last-layer solver reads every layer on a log line's first step only, where the task can read the last alone
+                        done = self.step(session, group, position.step, full=update.window_steps == 0, levels=group_levels)
+                        if done.skipped:
+                            log.write(
+                                json.dumps({"event": "skipped", "epoch": position.epoch, "step": position.step, "reason": done.skipped})
+                                + "\n"
+                            )
+                            skipped_steps += 1
+                        else:
+                            step_times.append(time.perf_counter() - start)
+                        if session.schedule is not None:
+                            session.schedule.step()
+                        position.micro += len(group)
+                        position.step += 1
+                        bar.update(1)
+                        if update.window_steps >= train.log_every:
+                            self._log(log, position, update)
+                        if train.checkpoint_every and position.step % train.checkpoint_every == 0:
+                            checkpoint()
+                    reason = update.end_epoch()
+                    if reason:
+                        raise stopping.diverged(f"end of epoch {position.epoch}: {reason}")
+                    self._log(log, position, update)
+                    if train.validate:
+                        val = evaluate(
+                            self.task, model, rows["validation"], [train.validation_gamma], config.eval.batch_size, config.eval.seed, world
+                        )[0]
+                        record = {
+                            "event": "epoch",
+                            "epoch": position.epoch,
+                            "step": position.step,
+                            "val_loss": val["layer_loss"],
+                            "val_metrics": val["metrics"],
+                        }
+                        log.write(json.dumps(record) + "\n")
+                        self._trackers.log(record)
+                        if stopping.improved(train, position, val["layer_loss"]) and world.is_main:
+                            # written before the checkpoint that records it, so a resume finds it
+                            save_checkpoint(self.best_path, {"task": self.task.name, "model": model.state_dict(), "epoch": position.epoch})
+                    position.epoch += 1
+                    position.micro = 0
+                    checkpoint()
+            finally:
+                bar.close()
+                log.close()
 
-        if step_times == [] and skipped_steps:
-            raise DivergenceError(
-                f"every one of the {skipped_steps} training steps was skipped for a non-finite loss (train.on_nonfinite = 'skip'): "
-                f"nothing trained, so results.json was not written; see the 'skipped' lines of {metrics_file} for the first cause"
-            )
-        if train.early_stopping:
-            world.barrier()  # rank 0 wrote best.pt
-            self.load_model(self.best_path, model, load_checkpoint(self.best_path, self.task.name, kind="model")["model"])
-        evaluation = self._evaluate(session, position, name, shown)
-        stopping.check_finite_results(evaluation, self.who)
-        satisfied = rows_satisfied(self.task, model, train_set, train.band, update, config.eval.batch_size, config.eval.seed, world)
-        results = rundir.results_table(config, self.task, position, step_times, skipped_steps, update, evaluation, satisfied)
+            if step_times == [] and skipped_steps:
+                raise DivergenceError(
+                    f"every one of the {skipped_steps} training steps was skipped for a non-finite loss (train.on_nonfinite = 'skip'): "
+                    f"nothing trained, so results.json was not written; see the 'skipped' lines of {metrics_file} for the first cause"
+                )
+        with self._failure_recorded(position, world, "evaluation"):
+            if train.early_stopping:
+                world.barrier()  # rank 0 wrote best.pt
+                self.load_model(self.best_path, model, load_checkpoint(self.best_path, self.task.name, kind="model")["model"])
+            evaluation = self._evaluate(session, position, name, shown)
+            stopping.check_finite_results(evaluation, self.who)
+            satisfied = rows_satisfied(self.task, model, train_set, train.band, update, config.eval.batch_size, config.eval.seed, world)
+            results = rundir.results_table(config, self.task, position, step_times, skipped_steps, update, evaluation, satisfied)
+            if world.is_main:
+                self._claim.check()
+                rundir.finish(self.run_dir, model.state_dict(), results, train.keep_checkpoint, self.who)
         if world.is_main:
-            self._claim.check()
-            rundir.finish(self.run_dir, model.state_dict(), results, train.keep_checkpoint, self.who)
             self._trackers.close(results, self.run_dir)
         return results
+
+    @contextlib.contextmanager
+    def _failure_recorded(self, position: Position, world: World, stage: str) -> Iterator[None]:
+        """Write failure.json when the block raises, so that `bench --status` says the run failed, where, and why."""
+        try:
+            yield
+        except Exception as exc:
+            if world.is_main and not self._claim.gone():  # a directory no longer this run's is not written
+                rundir.save_failure(self.run_dir, position.epoch, position.step, exc, stage)
+            raise
 
     def _evaluate(self, session: Session, position: Position, name: str, shown: bool) -> dict[str, Any]:
         """The final evaluation, each record saved as it is taken, so that a run interrupted here resumes at the next record."""
