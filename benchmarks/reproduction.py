@@ -87,6 +87,9 @@ BENCHES = {
     "text classification with a deep encoder (SmolLM2-135M, 30 layers, LoRA)": Bench(
         "results/text_deep", "text_deep.toml", "accuracy", True
     ),
+    "text classification on a training band, descent held per level and per sample (MiniLM)": Bench(
+        "results/text_shift", "text_shift.toml", "accuracy", True
+    ),
     "video denoising, constraints that bind (vtest, alpha x reference)": Bench("results/video_bind", "video_bind.toml", "rmse", False),
     "video denoising at the chosen setting (3 videos x 3 architectures)": Bench("results/video_paper", "video_paper.toml", "rmse", False),
     "video denoising at the chosen setting, salt-and-pepper noise (the same models)": Bench(
