@@ -125,7 +125,6 @@ def test_a_run_that_fails_in_its_final_evaluation_says_so_and_the_bench_resumes_
 
     bench = {**RUN, "bench": {"seeds": [0], "variants": {"erm": {"solver": {"name": "erm"}}}}}
     path, out = config_file(tmp_path, bench, "bench.toml"), tmp_path / "out"
-    evaluate = Trainer._evaluate
 
     def broken(*args, **kwargs):
         raise RuntimeError("the evaluation broke")
@@ -136,7 +135,8 @@ def test_a_run_that_fails_in_its_final_evaluation_says_so_and_the_bench_resumes_
     steps = rundir.last_record(out / "erm" / "seed-0")["step"]
     assert status(path, out)[0] == f"erm seed 0: failed (in its final evaluation, after step {steps}: RuntimeError: the evaluation broke)"
 
-    monkeypatch.setattr(Trainer, "_evaluate", evaluate)
+    monkeypatch.undo()
+    monkeypatch.setattr(Trainer, "step", lambda *args, **kwargs: pytest.fail("the resumed run trained again"))
     run_bench(path, out)  # the checkpoint holds the trained model: only the evaluation runs again
     assert status(path, out)[0] == "erm seed 0: done"
     assert not (out / "erm" / "seed-0" / rundir.FAILURE).exists()
