@@ -1,0 +1,43 @@
+"""benchmarks/figure2_panels.py: each Figure 2 panel's descent, cost, families and multipliers, and V2's mean over the unseen videos."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+from test_endpoints import REPO
+from test_report import assert_script_remakes
+
+spec = importlib.util.spec_from_file_location("figure2_panels", REPO / "benchmarks" / "figure2_panels.py")
+panels = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(panels)
+
+
+def _record(gamma: float, rmse: float, layer_loss: list[float]) -> dict:
+    return {"gamma": gamma, "metrics": {"rmse": rmse}, "layer_loss": layer_loss, "descent_rate": [1.0] * (len(layer_loss) - 1)}
+
+
+def test_the_unseen_view_averages_each_gamma_over_the_domains_every_domain_has():
+    run = {
+        "label": "vtest-dust-erm",
+        "gammas": [_record(0.13, 9.0, [9.0, 9.0])],
+        "domains": {
+            "carphone": [_record(0.0, 0.1, [1.0, 0.5]), _record(0.13, 0.2, [2.0, 1.0])],
+            "bikes": [_record(0.13, 0.4, [4.0, 3.0])],
+        },
+    }
+    (view,) = panels.unseen_mean([run, {"label": "no-domains", "gammas": []}])
+    assert [g["gamma"] for g in view["gammas"]] == [0.13]  # 0.0 is carphone's alone
+    assert view["gammas"][0]["metrics"]["rmse"] == pytest.approx(0.3)
+    assert view["gammas"][0]["layer_loss"] == pytest.approx([3.0, 2.0])
+
+
+def test_a_rise_is_counted_at_the_layer_it_reaches():
+    assert panels.rises([1.0, 0.8, 0.9, 0.7, 0.7, 0.75]) == [2, 5]  # equal is no rise
+
+
+def test_the_script_reproduces_the_committed_video_paper_panels(tmp_path):
+    root = REPO / "benchmarks/results/video_paper"
+    assert_script_remakes(
+        tmp_path, root / "panels.md", "figure2_panels.py", str(root), "--bench", str(REPO / "benchmarks/video_paper.toml")
+    )
