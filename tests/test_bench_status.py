@@ -120,6 +120,27 @@ def test_a_failed_run_copied_without_its_lock_is_retried_and_its_failure_goes_on
     assert (run / "results.json").exists() and not (run / rundir.FAILURE).exists()
 
 
+def test_skip_failed_leaves_a_failed_run_untouched_trains_the_rest_and_still_counts_it_failed(tmp_path, monkeypatch):
+    diverging = {"solver": {"max_multiplier": 1e-9}, "constraints": [{"kind": "descent", "alpha": 0.9}]}  # diverges at step 0
+    bench = {**RUN, "bench": {"seeds": [0], "variants": {"diverges": diverging, "erm": {"solver": {"name": "erm"}}}}}
+    path, out = config_file(tmp_path, bench, "bench.toml"), tmp_path / "out"
+    with pytest.raises(ld.LayerdescentError, match="1 of 1 runs failed"):
+        run_bench(path, out, only=["diverges"])
+    failed = out / "diverges" / "seed-0"
+    before = files(failed)
+    printed, error = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(printed), contextlib.redirect_stderr(error):
+        assert main(["bench", str(path), "--out", str(out), "--skip-failed"]) != 0
+    assert error.getvalue().startswith("layerdescent: error: 1 of 2 runs failed; ")
+    assert "1 of them failed before and were left (--skip-failed): run without it to retry them" in error.getvalue()
+    assert "diverges seed 0: DivergenceError: step 0" in error.getvalue()
+    assert "diverges seed 0: failed before, left as it is (--skip-failed)" in printed.getvalue()
+    assert files(failed) == before  # not retried: nothing in its directory was touched
+    assert (out / "erm" / "seed-0" / "results.json").exists() and (out / "summary.md").exists()
+    with pytest.raises(ld.LayerdescentError, match=r"^1 of 2 runs failed; .*run the same command again to retry them \(1 diverged"):
+        run_bench(path, out)  # without the flag it is retried, and diverges again
+
+
 def test_a_run_that_fails_in_its_final_evaluation_says_so_and_the_bench_resumes_it_at_the_evaluation(tmp_path, monkeypatch):
     from layerdescent.trainer import Trainer
 

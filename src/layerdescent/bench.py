@@ -47,7 +47,7 @@ from layerdescent import publish, rundir
 from layerdescent.config import RunConfig, apply_overrides, check_depth, check_seed, config_from_dict, read_toml, set_path
 from layerdescent.endpoints import BenchSpec, parse_spec
 from layerdescent.errors import ConfigError
-from layerdescent.executors import ExecutorOptions, executor_class, failure_report, slurm_table
+from layerdescent.executors import ExecutorOptions, RunFailure, executor_class, failure_report, slurm_table
 from layerdescent.guard import build_task
 from layerdescent.reevaluate import evaluate_config, evaluate_run
 from layerdescent.registry import Registry
@@ -290,6 +290,7 @@ def run_bench(
     only: list[str] = (),
     title: str | None = None,
     before: Callable[[int, int], None] | None = None,
+    skip_failed: bool = False,
 ) -> Path | None:
     """Train every pending run of the bench file, then write ``summary.md`` and plots in ``out``.
 
@@ -303,6 +304,8 @@ def run_bench(
     summary yet.
     ``title`` heads the summary (default: the bench file's name); ``before(pending, total)`` is called
     once every run is checked, before any trains (the demo says there what it is about to do).
+    ``skip_failed`` leaves a run that failed before (its failure.json) as it is, not retried, and
+    still counted failed: a resume is exact, so a divergence would only diverge again where it did.
     """
     executor = executor or ExecutorOptions(workers=workers)
     if executor.name == "local":
@@ -311,7 +314,7 @@ def run_bench(
             raise ConfigError(f"--workers must be at least 1, got {workers}")
         executor = dataclasses.replace(executor, workers=workers)
     executor_cls = executor_class(executor, registry)  # an unknown name or a missing package stops the bench before it plans
-    pending, done = [], []
+    pending, done, left = [], [], []
     runs = select(plan(path, out, overrides, registry), list(only))
     for run in runs:
         rundir.refuse_linked_path(Path(out), run.run_dir)  # OUT/VARIANT/seed-N all inside --out
@@ -323,6 +326,8 @@ def run_bench(
             raise ConfigError(f"{run.run_dir} {conflict}: --out a new directory for this config, or remove that run to train it again")
         if (run.run_dir / "results.json").exists():
             done.append(run)
+        elif skip_failed and rundir.failure(run.run_dir):
+            left.append(run)
         else:
             pending.append((run, (run.run_dir / "checkpoint.pt").exists()))
     if before:
@@ -330,14 +335,18 @@ def run_bench(
     for run in done:  # reported once every run is known to match, so nothing is called done and then refused
         if on_run:
             on_run(run, "done")
+    for run in left:
+        if on_run:
+            on_run(run, "failed before, left as it is (--skip-failed)")
     failures, workers = executor_cls(executor, Path(out), tracker_env(path, out), registry).run(pending, on_run)
+    failures += [RunFailure(run, str(rundir.failure(run.run_dir).get("error") or "no error recorded"), []) for run in left]
     if not executor.wait:
         return None
     command = command or " ".join(
         ["layerdescent bench", str(path), "--out", str(out), *(f"--set {o}" for o in overrides), *(f"--only '{o}'" for o in only)]
     )
     if failures and len(failures) == len(runs):
-        raise failure_report(failures, len(runs), None)
+        raise failure_report(failures, len(runs), None, len(left))
     summary = write_report(
         Path(out),
         title=title or f"Bench {Path(path).name}",
@@ -346,7 +355,7 @@ def run_bench(
         spec=bench_spec(path, overrides),
     )
     if failures:
-        raise failure_report(failures, len(runs), summary)
+        raise failure_report(failures, len(runs), summary, len(left))
     return summary
 
 

@@ -209,7 +209,15 @@ def cmd_bench(args: argparse.Namespace) -> int:
         ]
     )
     summary = run_bench(
-        args.config, out, args.set, on_run=_status, workers=workers or 1, command=command, executor=executor, only=args.only
+        args.config,
+        out,
+        args.set,
+        on_run=_status,
+        workers=workers or 1,
+        command=command,
+        executor=executor,
+        only=args.only,
+        skip_failed=args.skip_failed,
     )
     if summary is None:
         print(
@@ -385,6 +393,11 @@ def build_parser() -> argparse.ArgumentParser:
                 "--status",
                 action="store_true",
                 help="print where each run stands (done, training, failed, stopped, pending) and train nothing",
+            )
+            p.add_argument(
+                "--skip-failed",
+                action="store_true",
+                help="leave the runs that failed before (failure.json) as they are instead of retrying them; they still count as failed",
             )
             p.add_argument(
                 "--workers",

@@ -595,17 +595,22 @@ def executor_class(options: ExecutorOptions, registry: Any = None) -> type[Execu
     return cls
 
 
-def failure_report(failures: list[RunFailure], total: int, summary: Path | None) -> RunsFailed:
-    """One error naming every failed run, its error and its log's last lines."""
+def failure_report(failures: list[RunFailure], total: int, summary: Path | None, left: int = 0) -> RunsFailed:
+    """One error naming every failed run, its error and its log's last lines; ``left`` of them were failed before and not retried."""
     where = f"; {summary} covers the runs that finished" if summary else ""
     diverged = sum(failure.error.startswith("DivergenceError") for failure in failures)
     # a resume is exact, so a retried divergence diverges again at the same step
     repeats = (
-        f" ({diverged} diverged: retried, each diverges again where it did; change the setting its error names and --out a new directory)"
+        f" ({diverged} diverged: retried, each diverges again where it did; change the setting its error names and --out a new directory,"
+        " or --skip-failed leaves them as they are)"
         if diverged
         else ""
     )
-    lines = [f"{len(failures)} of {total} runs failed{where}; run the same command again to retry them{repeats}"]
+    retry = "run the same command again to retry them"
+    if left:
+        retry = f"{left} of them failed before and were left (--skip-failed): run without it to retry them"
+        repeats = ""
+    lines = [f"{len(failures)} of {total} runs failed{where}; {retry}{repeats}"]
     for failure in failures:
         lines.append(f"{failure.run.variant} seed {failure.run.seed}: {failure.error}")
         lines.extend(f"  | {line}" for line in failure.tail)
