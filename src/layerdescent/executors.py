@@ -607,8 +607,11 @@ def failure_report(failures: list[RunFailure], total: int, summary: Path | None,
         else ""
     )
     retry = "run the same command again to retry them"
-    if left:
-        retry = f"{left} of them failed before and were left (--skip-failed): run without it to retry them"
+    if left:  # the runs left are the last ``left`` failures
+        others = len(failures) - left
+        retry = f"{left} of them failed before and were left (--skip-failed): run without it to retry them" + (
+            f"; the same command again retries the other {others}" if others else ""
+        )
         repeats = ""
     lines = [f"{len(failures)} of {total} runs failed{where}; {retry}{repeats}"]
     for failure in failures:
