@@ -29,6 +29,7 @@ each domain. Superseded benches are judged by the same rules under "Earlier benc
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import re
 import statistics
 import subprocess
@@ -123,9 +124,11 @@ def _falls(layer_loss: list[float]) -> tuple[int, int]:
 
 
 def spec_for(root: Path, bench: Bench) -> BenchSpec:
-    """The bench file's judging keys, from the bench file beside ``results/`` under ``root``; the defaults where there is none."""
+    """The bench file's judging keys, from the bench file beside ``results/`` under ``root`` (the defaults where there is none; a re-evaluation's all exploratory)."""
     path = root / bench.config
-    return parse_spec(read_toml(path).get("bench", {})) if path.exists() else BenchSpec()
+    spec = parse_spec(read_toml(path).get("bench", {})) if path.exists() else BenchSpec()
+    # a re-evaluation (under another perturbation) is not what the bench file registered its endpoints for
+    return dataclasses.replace(spec, primary=None) if bench.command else spec
 
 
 def views(results: list[dict], bench: Bench) -> dict[tuple[str, str], list[dict]]:

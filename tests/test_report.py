@@ -339,7 +339,11 @@ def test_reproduction_report_judges_each_training_regime_and_each_domain_on_its_
     assert views["trained at 0.8"][1] == "holds" and views["trained at 0.8, domain amazon"][1] == "does not hold"
 
 
-def test_reproduction_report_names_the_evaluate_command_of_a_re_evaluated_bench(tmp_path):
+def test_reproduction_report_names_the_evaluate_command_of_a_re_evaluated_bench_and_judges_it_exploratory(tmp_path):
+    # the bench file registers primal-dual at gamma 0.5 on the Gaussian noise; the re-evaluation is under another noise
+    (tmp_path / "video_paper.toml").write_text(
+        '[bench]\nbaselines = ["erm"]\n[bench.primary]\nmetric = "rmse"\nhigher_is_better = false\ngammas = [0.5]\nvariants = ["primal-dual"]\n'
+    )
     for solver in ("erm", "primal-dual"):
         for seed in (0, 1):
             run = tmp_path / "results" / "video_paper_saltpepper" / solver / f"seed-{seed}"
@@ -349,7 +353,9 @@ def test_reproduction_report_names_the_evaluate_command_of_a_re_evaluated_bench(
             for record in result["gammas"]:
                 record["metrics"] = {"rmse": record["metrics"]["mse"]}
             (run / "results.json").write_text(json.dumps(result))
-    section = reproduction_report(tmp_path).split("## video denoising at the chosen setting, salt-and-pepper noise")[1]
+    text = reproduction_report(tmp_path)
+    assert verdict_rows(text)["video denoising at the chosen setting, salt-and-pepper noise (the same models)"][0] == "exploratory"
+    section = text.split("## video denoising at the chosen setting, salt-and-pepper noise")[1]
     assert section.split("\n")[2].startswith(
         "Runs: `layerdescent evaluate benchmarks/results/video_paper --out benchmarks/results/video_paper_saltpepper --set task.perturbation=salt-pepper"
     )
