@@ -89,6 +89,28 @@ def test_bench_status_tells_each_run_done_training_failed_stopped_or_pending_and
     assert lines[1:] == ["later seed 0: pending", f"2 runs in {out}: 0 done, 0 training, 0 failed, 1 stopped, 1 pending"]
 
 
+def test_bench_status_estimates_the_training_left_from_the_finished_runs_step_times(tmp_path):
+    import json
+
+    bench = {**RUN, "bench": {"seeds": [0, 1], "variants": {"a": {"solver": {"name": "erm"}}, "b": {"solver": {"name": "penalty"}}}}}
+    path, out = config_file(tmp_path, bench, "bench.toml"), tmp_path / "out"
+    assert status(path, out)[-1].endswith("0 done, 0 training, 0 failed, 0 stopped, 4 pending")  # nothing finished: no estimate
+    run_bench(path, out, only=["a"])
+    finished = out / "a" / "seed-0" / "results.json"
+    record = json.loads(finished.read_text())
+    record["train"].update(steps=30, step_time_median=2.0)  # a run of 60 s
+    finished.write_text(json.dumps(record))
+    stopped = out / "a" / "seed-1"  # halfway through: 30 s left
+    for name in list(stopped.iterdir()):
+        name.unlink()
+    (stopped / "checkpoint.pt").write_bytes(b"")
+    (stopped / "metrics.jsonl").write_text(json.dumps({"event": "train", "epoch": 0, "step": 15}) + "\n")
+    lines = status(path, out)
+    assert lines[1].startswith("a seed 1: stopped (at step 15")
+    # b has no finished run: each of its two runs is expected to take what a's did, 60 s
+    assert lines[-1] == "about 2m30s of training left at 1 run at a time (from the step times of 1 finished run; evaluations not counted)"
+
+
 def test_bench_status_names_a_run_under_another_config_which_the_bench_would_refuse(tmp_path):
     bench = {**RUN, "bench": {"seeds": [0], "variants": {"erm": {"solver": {"name": "erm"}}}}}
     path, out = config_file(tmp_path, bench, "bench.toml"), tmp_path / "out"

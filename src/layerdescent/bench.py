@@ -38,6 +38,7 @@ import fnmatch
 import itertools
 import json
 import math
+import statistics
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -417,6 +418,36 @@ def bench_status(
 ) -> list[tuple[BenchRun, str, str]]:
     """Every run of the bench (those ``only`` selects) with its :func:`run_state`; trains and writes nothing."""
     return [(run, *run_state(run, registry)) for run in select(plan(path, out, overrides, registry), list(only))]
+
+
+def time_left(runs: list[tuple[BenchRun, str, str]]) -> tuple[float, int, int] | None:
+    """About how long the unfinished runs of ``bench_status`` have left to train: (seconds, runs at a time, finished runs it is read from).
+
+    A run's training time is its steps times its median step time (``results.json``). An unfinished
+    run is expected to take what the finished runs of its variant took (of the bench, where its
+    variant has none), less the share of their steps it has done; the total is divided by the runs
+    training now (at least 1). Evaluations are not counted, nor failed runs; None before any run finished.
+    """
+    finished: dict[str, list[tuple[float, int]]] = {}
+    for run, state, _ in runs:
+        train = _json(run.run_dir / "results.json").get("train", {}) if state == "done" else {}
+        steps, step_time = train.get("steps"), train.get("step_time_median")
+        if isinstance(steps, int) and isinstance(step_time, (int, float)):
+            finished.setdefault(run.variant, []).append((steps * step_time, steps))
+    if not finished:
+        return None
+    every = [entry for entries in finished.values() for entry in entries]
+    seconds = 0.0
+    for run, state, _ in runs:
+        if state not in ("training", "stopped", "pending"):
+            continue
+        taken = finished.get(run.variant, every)
+        expected, steps = statistics.median(t for t, _ in taken), statistics.median(n for _, n in taken)
+        record = rundir.last_record(run.run_dir) if state != "pending" else None
+        done = record.get("step", 0) if record else 0
+        seconds += expected * max(0.0, 1 - done / steps) if steps else expected
+    at_once = max(1, sum(state == "training" for _, state, _ in runs))
+    return seconds / at_once, at_once, len(every)
 
 
 # What only a trained run writes; an evaluation writes config.toml and results.json alone.

@@ -149,7 +149,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from layerdescent.bench import STATES, bench_status, executor_options, run_bench
+    from layerdescent.bench import STATES, bench_status, executor_options, run_bench, time_left
+    from layerdescent.progress import clock
 
     out = Path(args.out) if args.out else Path("runs") / f"bench-{Path(args.config).stem}"
     if args.status:
@@ -161,6 +162,13 @@ def cmd_bench(args: argparse.Namespace) -> int:
             f"{len(runs)} run{'s' * (len(runs) != 1)} in {out}: "
             + ", ".join(f"{counts.count(state)} {state}" for state in STATES if state != "conflict" or state in counts)
         )
+        left = time_left(runs)
+        if left and left[0] >= 1:  # under a second (a tiny model) is no estimate worth a line
+            seconds, at_once, read = left
+            print(
+                f"about {clock(seconds)} of training left at {at_once} run{'s' * (at_once != 1)} at a time "
+                f"(from the step times of {read} finished run{'s' * (read != 1)}; evaluations not counted)"
+            )
         return 0
     workers = 1 if args.workers is None and args.executor == "local" else args.workers
     given = {

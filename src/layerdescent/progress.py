@@ -21,7 +21,8 @@ def share_terminal() -> None:
     _shared_terminal = True
 
 
-def _clock(seconds: float) -> str:
+def clock(seconds: float) -> str:
+    """Seconds as '4m03s', or '2h05m' from an hour on."""
     seconds = round(seconds)
     return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m" if seconds >= 3600 else f"{seconds // 60}m{seconds % 60:02d}s"
 
@@ -59,9 +60,9 @@ class ProgressLines:
         done = self.n - self._start_n
         rest = self.total - self.n + self.after
         then = " (evaluation included)" if self.after else ""
-        left = f", about {_clock(elapsed / done * rest)} left{then}" if done > 0 and rest > 0 else ""
+        left = f", about {clock(elapsed / done * rest)} left{then}" if done > 0 and rest > 0 else ""
         resumed = f" (resumed at {self.unit} {self._start_n})" if self._start_n else ""
-        print(f"{self.desc}: {self.unit} {self.n}/{self.total}{resumed}, {_clock(elapsed)} elapsed{left}", file=self.file, flush=True)
+        print(f"{self.desc}: {self.unit} {self.n}/{self.total}{resumed}, {clock(elapsed)} elapsed{left}", file=self.file, flush=True)
 
     def update(self, steps: int = 1) -> None:
         self.n += steps
