@@ -126,17 +126,20 @@ def test_plugins_lists_the_bundled_plugin_with_its_distribution(capsys):
     assert rows["lista"]["status"] == "loaded" and rows["lista"]["distribution"] == "layerdescent"
 
 
+TWO_BY_TWO = textwrap.dedent(GOOD) + textwrap.dedent(
+    """
+    [bench]
+    seeds = [0, 1]
+    [bench.variants.erm]
+    solver.name = "erm"
+    [bench.variants.primal-dual]
+    solver.name = "primal-dual"
+    """
+)
+
+
 def test_bench_runs_variants_by_seeds_and_resumes_without_rerunning(tmp_path, capsys):
-    bench = textwrap.dedent(GOOD) + textwrap.dedent(
-        """
-        [bench]
-        seeds = [0, 1]
-        [bench.variants.erm]
-        solver.name = "erm"
-        [bench.variants.primal-dual]
-        solver.name = "primal-dual"
-        """
-    )
+    bench = TWO_BY_TWO
     path = write(tmp_path, bench, "bench.toml")
     out = tmp_path / "bench"
     keep = ["--set", "train.keep_checkpoint=true"]  # so that a run whose results.json is gone resumes
@@ -458,6 +461,25 @@ def test_bench_workers_sharing_a_terminal_print_progress_lines_not_bars_over_eac
     text = b"".join(chunks).decode(errors="replace").replace("\r\n", "\n")
     assert "erm seed 0: step" in text and "primal-dual seed 0: step" in text
     assert "\r" not in text  # nothing redrawn in place, so no bar overwrites another's line
+
+
+def test_evaluate_with_workers_tests_runs_at_once_to_the_same_numbers(tmp_path, capsys):
+    out = tmp_path / "bench"
+    assert main(["bench", str(write(tmp_path, TWO_BY_TWO, "bench.toml")), "--out", str(out)]) == 0
+    capsys.readouterr()
+    one, two = tmp_path / "one", tmp_path / "two"
+    assert main(["evaluate", str(out), "--out", str(one), "--set", "task.perturbation=impulse"]) == 0
+    assert main(["evaluate", str(out), "--out", str(two), "--set", "task.perturbation=impulse", "--workers", "2"]) == 0
+    assert capsys.readouterr().out.count(": evaluated") == 8  # four runs each way, each told as it ends
+    for run in ("erm/seed-0", "erm/seed-1", "primal-dual/seed-0", "primal-dual/seed-1"):
+        made, kept = (json.loads((root / run / "results.json").read_text()) for root in (two, one))
+        assert made["gammas"] == kept["gammas"], run
+    (two / "erm" / "seed-1" / "results.json").unlink()  # an interrupted pass continues where it stopped
+    assert main(["evaluate", str(out), "--out", str(two), "--set", "task.perturbation=impulse", "--workers", "2"]) == 0
+    told = capsys.readouterr().out
+    assert told.count(": done") == 3 and f"{two / 'erm' / 'seed-1'}: evaluated" in told
+    assert main(["evaluate", str(out), "--out", str(tmp_path / "e"), "--workers", "0"]) == 2
+    assert "--workers must be at least 1, got 0" in capsys.readouterr().err
 
 
 def test_evaluate_says_which_run_it_starts_and_shows_progress_through_its_evaluation(tmp_path, capsys):

@@ -38,6 +38,7 @@ import fnmatch
 import itertools
 import json
 import math
+import os
 import statistics
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -491,6 +492,24 @@ def _check_evaluation_out(root: Path, out: Path, runs: list[Path]) -> None:
     publish.refuse_foreign(out, "evaluation")
 
 
+def _evaluate_in_pool(
+    root: Path, out: Path, todo: list[Path], overrides: list[str], workers: int, on_run: Callable[[Path, str], None] | None
+) -> None:
+    """Evaluate ``todo`` in ``workers`` processes of one torch thread, told as each ends; the first error cancels the rest and is raised."""
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+
+    from layerdescent.executors import worker_init
+
+    with ProcessPoolExecutor(min(workers, len(todo)), initializer=worker_init, initargs=(os.getpid(),)) as pool:
+        jobs = {pool.submit(evaluate_run, run_dir, out / run_dir.relative_to(root), overrides, None, 1): run_dir for run_dir in todo}
+        for job in as_completed(jobs):
+            if job.exception() is not None:
+                pool.shutdown(wait=True, cancel_futures=True)  # those under way finish (and are kept); the rest never start
+                raise job.exception()
+            if on_run:
+                on_run(out / jobs[job].relative_to(root), "evaluated")
+
+
 def evaluate_bench(
     root: str | Path,
     out: str | Path,
@@ -498,11 +517,16 @@ def evaluate_bench(
     registry: Registry | None = None,
     on_run: Callable[[Path, str], None] | None = None,
     command: str | None = None,
+    workers: int = 1,
 ) -> Path:
     """Test every finished run under ``root`` again into the same layout under ``out``, then report.
 
     A run already evaluated in ``out`` is not evaluated again, so an interrupted call continues.
+    ``workers`` > 1 evaluates that many runs at once, each in its own process on one torch thread
+    (which find plugins through entry points, as a bench's workers do); the first error stops the rest.
     """
+    if workers < 1:
+        raise ConfigError(f"--workers must be at least 1, got {workers}")
     root, out = Path(root), Path(out)
     if not root.is_dir():
         raise ConfigError(f"{root} is not a directory of runs")
@@ -526,13 +550,20 @@ def evaluate_bench(
                 raise ConfigError(
                     f"{target} was evaluated under another config, first at {difference}: --out a new directory, or remove it to evaluate again"
                 )
-    for run_dir in runs:
-        target = out / run_dir.relative_to(root)
-        if not status[run_dir]:
+    todo = [run_dir for run_dir in runs if not status[run_dir]]
+    if workers > 1 and len(todo) > 1:
+        for run_dir in runs:
+            if status[run_dir] and on_run:
+                on_run(out / run_dir.relative_to(root), "done")
+        _evaluate_in_pool(root, out, todo, list(overrides), workers, on_run)
+    else:
+        for run_dir in runs:
+            target = out / run_dir.relative_to(root)
+            if not status[run_dir]:
+                if on_run:
+                    on_run(target, "evaluating")  # loading a model can take a while: say at once which run is under way
+                evaluate_run(run_dir, target, overrides, registry)
             if on_run:
-                on_run(target, "evaluating")  # loading a model can take a while: say at once which run is under way
-            evaluate_run(run_dir, target, overrides, registry)
-        if on_run:
-            on_run(target, "done" if status[run_dir] else "evaluated")
+                on_run(target, "done" if status[run_dir] else "evaluated")
     command = command or " ".join(["layerdescent evaluate", str(root), "--out", str(out), *(f"--set {o}" for o in overrides)])
     return write_report(out, title=f"Re-evaluation of {root}", note=f"Made by `{command}` from the final models of {root}.")

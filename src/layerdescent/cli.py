@@ -241,7 +241,9 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 
     if Path(args.out).exists() and not Path(args.out).is_dir():
         raise ConfigError(f"--out {args.out} is a file, not a directory: name a directory for the new results")
-    summary = evaluate_bench(args.runs, args.out, args.set, on_run=lambda target, status: print(f"{target}: {status}", flush=True))
+    summary = evaluate_bench(
+        args.runs, args.out, args.set, on_run=lambda target, status: print(f"{target}: {status}", flush=True), workers=args.workers
+    )
     print(f"summary: {summary}")
     return 0
 
@@ -431,6 +433,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("runs", help="a run directory, or a directory of them (a bench)")
     p.add_argument("--out", required=True, help="where the new results go, in the same layout")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="task.perturbation or eval.*, e.g. eval.gammas=[0,0.2]")
+    p.add_argument("--workers", type=int, default=1, help="runs evaluated at once, each in its own process on one torch thread (default 1)")
     p.set_defaults(func=cmd_evaluate)
 
     p = sub.add_parser("report", help="summary.md and plots for run directories")

@@ -360,8 +360,8 @@ def _watch_parent(parent: int) -> None:
         time.sleep(1.0)
 
 
-def _worker_init(parent: int) -> None:
-    """Tie a worker's life to the bench's: a killed bench leaves no run training on."""
+def worker_init(parent: int) -> None:
+    """Tie a worker's life to its parent's (a bench's, an evaluation's): a killed parent leaves no run going on."""
     if sys.platform.startswith("linux"):
         try:
             libc = ctypes.CDLL(None, use_errno=True)
@@ -419,7 +419,7 @@ class _Local(Executor):
         else:
             with (
                 mock.patch.dict(os.environ, self.env),
-                ProcessPoolExecutor(workers, initializer=_worker_init, initargs=(os.getpid(),)) as pool,
+                ProcessPoolExecutor(workers, initializer=worker_init, initargs=(os.getpid(),)) as pool,
             ):
                 jobs = {pool.submit(_train_one, run, resume): (run, resume) for run, resume in pending}
                 for job in as_completed(jobs):  # told as each ends

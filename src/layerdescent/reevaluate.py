@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Sequence
 from pathlib import Path
@@ -30,8 +31,10 @@ def evaluate_config(run_dir: str | Path, overrides: Sequence[str] = (), registry
     return load_config(run_dir / "config.toml", list(overrides), registry)
 
 
-def evaluate_run(run_dir: str | Path, out: str | Path, overrides: Sequence[str] = (), registry: Registry | None = None) -> dict[str, Any]:
-    """Test a finished run's final model again (another perturbation or gamma grid) into ``out``."""
+def evaluate_run(
+    run_dir: str | Path, out: str | Path, overrides: Sequence[str] = (), registry: Registry | None = None, threads: int | None = None
+) -> dict[str, Any]:
+    """Test a finished run's final model again (another perturbation or gamma grid) into ``out``; ``threads`` overrides train.threads."""
     from layerdescent.checkpoint import load_checkpoint, load_model_file
     from layerdescent.evaluator import evaluate_all
     from layerdescent.progress import progress_bar
@@ -41,6 +44,8 @@ def evaluate_run(run_dir: str | Path, out: str | Path, overrides: Sequence[str] 
 
     run_dir, out = Path(run_dir), Path(out)
     config = evaluate_config(run_dir, overrides, registry)
+    if threads is not None:  # an execution key: the numbers are the same on any thread count
+        config = dataclasses.replace(config, train=dataclasses.replace(config.train, threads=threads))
     model_file = rundir.final_model_file(run_dir, config)
     if out.resolve() == run_dir.resolve():
         raise ConfigError(f"--out must differ from the run directory {run_dir}: its results would be overwritten")
