@@ -36,8 +36,7 @@ def test_a_rise_is_counted_at_the_layer_it_reaches():
     assert panels.rises([1.0, 0.8, 0.9, 0.7, 0.7, 0.75]) == [2, 5]  # equal is no rise
 
 
-def test_the_script_reproduces_the_committed_video_paper_panels(tmp_path):
-    root = REPO / "benchmarks/results/video_paper"
-    assert_script_remakes(
-        tmp_path, root / "panels.md", "figure2_panels.py", str(root), "--bench", str(REPO / "benchmarks/video_paper.toml")
-    )
+@pytest.mark.parametrize("bench", ["video_paper", "video_deep"])
+def test_the_script_reproduces_the_committed_panels(tmp_path, bench):
+    root = REPO / "benchmarks/results" / bench
+    assert_script_remakes(tmp_path, root / "panels.md", "figure2_panels.py", str(root), "--bench", str(REPO / f"benchmarks/{bench}.toml"))
