@@ -25,7 +25,7 @@ import numpy as np
 from layerdescent.endpoints import Primary, judge_cells, read_spec, split_views, versus_strongest
 from layerdescent.groups import baseline_group, summarize
 from layerdescent.report import collect
-from layerdescent.tables import FAMILY_HEADER, family_rows, format_difference, paired
+from layerdescent.tables import FAMILY_HEADER, family_rows, format_difference, markdown_table, paired
 
 UNSEEN = "unseen videos (mean)"
 
@@ -52,10 +52,6 @@ def unseen_mean(results: list[dict]) -> list[dict]:
 def rises(layer_loss: list[float]) -> list[int]:
     """The layers k at which the loss rises from layer k - 1 (layer 0 the input's)."""
     return [k for k in range(1, len(layer_loss)) if layer_loss[k] > layer_loss[k - 1]]
-
-
-def _table(header: list[str], rows: list[list[str]]) -> list[str]:
-    return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header), *("| " + " | ".join(row) + " |" for row in rows), ""]
 
 
 def _rises_cell(groups: dict, label: str | None, gamma: float) -> str:
@@ -93,10 +89,10 @@ def markdown(root: Path, bench: Path, train_gamma: float, descent_gammas: list[f
         "",
         "Holm over the family's cells; Bonferroni intervals (simultaneous).",
         "",
-        *_table(FAMILY_HEADER, family_rows(v1)),
+        *markdown_table(FAMILY_HEADER, family_rows(v1)),
         f"## V2 ({kind}): mean {p.metric} over the videos each model never saw, at γ {train_gamma:g}, against the strongest baseline",
         "",
-        *_table(FAMILY_HEADER, family_rows(v2)),
+        *markdown_table(FAMILY_HEADER, family_rows(v2)),
         f"## (a) Descent: transitions where the mean per-layer test loss rises, at γ {', '.join(f'{g:g}' for g in descent_gammas)}",
         "",
     ]
@@ -106,7 +102,7 @@ def markdown(root: Path, bench: Path, train_gamma: float, descent_gammas: list[f
         [v, *(_rises_cell(groups, label, g) for g in descent_gammas for label in (v, *(baselines[v].get(s) for s in spec.baselines)))]
         for v in p.variants
     ]
-    lines += _table(header, rows)
+    lines += markdown_table(header, rows)
     # signed, so that every difference > 0 favours the variant
     value = {
         (r["label"], r["seed"], float(g["gamma"])): sign * g["metrics"][p.metric]
@@ -127,7 +123,7 @@ def markdown(root: Path, bench: Path, train_gamma: float, descent_gammas: list[f
     ]
     header = ["panel", *(f"vs {s}, γ {g:g}" for g in cost_gammas for s in spec.baselines)]
     rows = [[v, *(versus(v, baselines[v].get(s), g) for g in cost_gammas for s in spec.baselines)] for v in p.variants]
-    lines += _table(header, rows)
+    lines += markdown_table(header, rows)
     larger = sorted({float(g) for r in results for g in (x["gamma"] for x in r["gammas"]) if float(g) > train_gamma})
     lines += [f"## (c) Against the strongest baseline at each γ above {train_gamma:g} (95% t, exploratory)", ""]
     rows = []
@@ -137,13 +133,13 @@ def markdown(root: Path, bench: Path, train_gamma: float, descent_gammas: list[f
             cell = versus_strongest(*views["test"], spec, v, g, p.metric, sign) if v in groups else {}
             row.append(f"{format_difference(cell['difference'])} ({cell['baseline']})" if cell.get("difference") else "–")
         rows.append(row)
-    lines += _table(["panel", *(f"γ {g:g}" for g in larger)], rows)
+    lines += markdown_table(["panel", *(f"γ {g:g}" for g in larger)], rows)
     lines += ["## (d) Multipliers that ended above 0 (entries x seeds)", ""]
     rows = []
     for v in p.variants:
         lambdas = groups.get(v, {}).get("lambda", {})
         rows.append([v, ", ".join(f"{name}: {c['binding']} of {c['entries']}" for name, c in lambdas.items()) or "–"])
-    lines += _table(["panel", "binding"], rows)
+    lines += markdown_table(["panel", "binding"], rows)
     return "\n".join(lines)
 
 

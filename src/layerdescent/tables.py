@@ -131,7 +131,7 @@ def _paired_tables(
             flagged, short = flagged or "‡" in mark, short or "§" in mark
             rows.append([f"{label} − {ref}{mark}", str(len(seeds))] + ["–" if d is None else format_difference(d) for d in cells])
         if rows:
-            lines += [f"### {metric}", ""] + _table(["difference", "seeds"] + [f"γ={g:g}" for g in gammas], rows)
+            lines += [f"### {metric}", ""] + markdown_table(["difference", "seeds"] + [f"γ={g:g}" for g in gammas], rows)
     if not lines:
         return []
     note = "Mean over paired seeds with its 95% t interval; **bold**: the interval excludes 0. One seed gives no interval."
@@ -174,7 +174,8 @@ def _binding(lam: dict) -> str:
     return f"{rows.get('binding_rows', float('nan')):.1%} of rows{met}"
 
 
-def _table(header: list[str], rows: list[list[str]]) -> list[str]:
+def markdown_table(header: list[str], rows: list[list[str]]) -> list[str]:
+    """A markdown table's lines, a blank line after it."""
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     return lines + ["| " + " | ".join(row) + " |" for row in rows] + [""]
 
@@ -188,7 +189,7 @@ def _layer_table(groups: dict, key: str | tuple[str, str], gamma: float) -> list
         stats = record.get(key[0], {}).get(key[1]) if isinstance(key, tuple) else record.get(key)
         rows.append([label] + [_cell(stats, i) if stats and i < len(stats["mean"]) else "–" for i in range(width)])
     names = [f"l{i + 1}<l{i}" if key == "descent_rate" else f"l{i}" for i in range(width)]
-    return _table(["label"] + names, rows)
+    return markdown_table(["label"] + names, rows)
 
 
 def _metric_tables(
@@ -203,7 +204,7 @@ def _metric_tables(
     return [
         f"## Metric at each gamma{where}",
         "",
-        *_table(header, rows),
+        *markdown_table(header, rows),
         *_paired_tables(results, groups, metrics, gammas, where, **paired_options),
     ]
 
@@ -276,7 +277,7 @@ def primary_section(results: list[dict], spec, views: dict, tally: list[dict]) -
         f"({100 * (1 - FAMILY_ALPHA / max(len(cells), 1)):.3g}%, simultaneous over the family), **bold** where Holm decides.",
         "",
     ]
-    lines += _table(FAMILY_HEADER, family_rows(cells))
+    lines += markdown_table(FAMILY_HEADER, family_rows(cells))
     if p.adopted:
         tuned = judge_cells(results, spec, p.adopted, p.metric, p.higher_is_better, p.gammas, p.splits, views)
         lines += [
@@ -284,7 +285,7 @@ def primary_section(results: list[dict], spec, views: dict, tally: list[dict]) -
             "95% t intervals, not corrected, exploratory.",
             "",
         ]
-        lines += _table(FAMILY_HEADER, family_rows(tuned, adjusted=False))
+        lines += markdown_table(FAMILY_HEADER, family_rows(tuned, adjusted=False))
     return lines + [count, ""]
 
 
@@ -305,7 +306,7 @@ def tuning_section(groups: dict, spec) -> list[str]:
         "Runs spent choosing each variant's setting (`[bench.tuning]`; 0: none). A verdict of a tuned "
         'variant against a baseline with settings of its own and a smaller budget is flagged "untuned".',
         "",
-        *_table(["variant", "tuning runs"], rows),
+        *markdown_table(["variant", "tuning runs"], rows),
     ]
 
 
@@ -329,7 +330,13 @@ def provenance_section(results: list[dict]) -> list[str]:
         if inferred
         else "The runs were made by different code (commits as recorded)."
     )
-    return ["## Provenance", "", note, "", *_table(["code", "variants"], [[v, ", ".join(labels)] for v, labels in versions.items()])]
+    return [
+        "## Provenance",
+        "",
+        note,
+        "",
+        *markdown_table(["code", "variants"], [[v, ", ".join(labels)] for v, labels in versions.items()]),
+    ]
 
 
 def _plural(n: int, word: str) -> str:
@@ -392,7 +399,7 @@ def _ablation_tables(groups: dict, metrics: list[str]) -> list[str]:
                 f"l_0 γ={gammas[0]:g}",
                 f"l_L γ={gammas[0]:g}",
             ]
-            lines += [f"## Ablation: {names[key]} ({groups[labels[0]]['solver']})", ""] + _table(header, rows)
+            lines += [f"## Ablation: {names[key]} ({groups[labels[0]]['solver']})", ""] + markdown_table(header, rows)
     return lines
 
 
@@ -458,14 +465,14 @@ def markdown(
             ),
             "",
         ]
-        body += _table(["label", "constraint", "λ", "still binding"], rows)
+        body += markdown_table(["label", "constraint", "λ", "still binding"], rows)
 
     rows = [
         [label, grp["solver"], _fmt(grp["step_time"] and grp["step_time"] * 1e3), _fmt(grp["step_time_ratio"])]
         for label, grp in groups.items()
     ]
     body += ["## Cost", "", "Each run's median step time. " + _cost_note(workers), ""]
-    body += _table(["label", "solver", "median step (ms)", f"× {_baseline_name()}"], rows)
+    body += markdown_table(["label", "solver", "median step (ms)", f"× {_baseline_name()}"], rows)
     body += tuning_section(groups, spec) + provenance_section(results)
     body += ["## Plots", ""] + [f"![{Path(i).stem}]({i})" for i in images]
     views = {"test": (results, groups), **(domains or {})}
