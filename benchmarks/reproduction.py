@@ -101,6 +101,17 @@ BENCHES = {
         command="layerdescent evaluate benchmarks/results/video_paper --out benchmarks/results/video_paper_saltpepper "
         "--set task.perturbation=salt-pepper --set 'eval.gammas=[0.0, 0.02, 0.05, 0.1, 0.2]'",
     ),
+    "video denoising at depth 12 (3 videos x 3 architectures, trained at 0.13)": Bench(
+        "results/video_deep", "video_deep.toml", "rmse", False
+    ),
+    "video denoising at depth 12, salt-and-pepper noise (the same models)": Bench(
+        "results/video_deep_saltpepper",
+        "video_deep.toml",
+        "rmse",
+        False,
+        command="layerdescent evaluate benchmarks/results/video_deep --out benchmarks/results/video_deep_saltpepper "
+        "--set task.perturbation=salt-pepper --set 'eval.gammas=[0.0, 0.02, 0.05, 0.1, 0.2]'",
+    ),
     "LLM finetuning (SmolLM2-135M, LoRA, 512 steps, label lens)": Bench("results/llm", "llm.toml", "accuracy", True),
 }
 CLAIMS = ("monotone layerwise descent", "graceful degradation", "in-distribution parity", "deeper constrained models gain more")
