@@ -9,7 +9,8 @@ Holm within each, Bonferroni intervals: V1, the bench's ``[bench.primary]`` (tes
 V2, the metric's mean over the videos a model never saw (its ``eval.domains``) at the training noise.
 Everything else is exploratory, with 95% t intervals, uncorrected:
 
-- (a) the transitions at which the mean (over seeds) per-layer test loss rises, at each gamma asked;
+- (a) the transitions at which the mean (over seeds) per-layer test loss rises, at each gamma asked,
+  and the largest of those rises relative to the loss it rose from;
 - (b) the in-distribution cost: the variant minus each baseline at gamma 0 and at the training noise;
 - (c) the variant against the strongest baseline at every gamma above the training noise;
 - (d) the multipliers (entries x seeds) that ended above 0.
@@ -54,12 +55,19 @@ def rises(layer_loss: list[float]) -> list[int]:
     return [k for k in range(1, len(layer_loss)) if layer_loss[k] > layer_loss[k - 1]]
 
 
-def _rises_cell(groups: dict, label: str | None, gamma: float) -> str:
+def rises_cell(groups: dict, label: str | None, gamma: float) -> str:
+    """One cell of (a): how many transitions rise, at which layers, and the largest rise in percent."""
     stats = groups.get(label, {}).get("gammas", {}).get(gamma) if label else None
     if stats is None:
         return "–"
-    up = rises(stats["layer_loss"]["mean"])
-    return f"{len(up)} of {len(stats['layer_loss']['mean']) - 1}" + (f" (l{', l'.join(map(str, up))})" if up else "")
+    loss = stats["layer_loss"]["mean"]
+    up = rises(loss)
+    if not up:
+        return f"0 of {len(loss) - 1}"
+    # the largest rise, relative to the loss it rose from: a plateau's 1e-5 wobble is not a 5% climb
+    largest = 100 * max((loss[k] - loss[k - 1]) / loss[k - 1] for k in up)
+    percent = f"{largest:.2g}" if largest < 10 else f"{largest:.0f}"  # two digits, never 2.4e+02
+    return f"{len(up)} of {len(loss) - 1} (l{', l'.join(map(str, up))}; at most +{percent}%)"
 
 
 def markdown(root: Path, bench: Path, train_gamma: float, descent_gammas: list[float], command: str) -> str:
@@ -99,7 +107,7 @@ def markdown(root: Path, bench: Path, train_gamma: float, descent_gammas: list[f
     baselines = {v: {s: baseline_group(groups, v, s) for s in spec.baselines} if v in groups else {} for v in p.variants}
     header = ["panel", *(f"{who}, γ {g:g}" for g in descent_gammas for who in ("variant", *spec.baselines))]
     rows = [
-        [v, *(_rises_cell(groups, label, g) for g in descent_gammas for label in (v, *(baselines[v].get(s) for s in spec.baselines)))]
+        [v, *(rises_cell(groups, label, g) for g in descent_gammas for label in (v, *(baselines[v].get(s) for s in spec.baselines)))]
         for v in p.variants
     ]
     lines += markdown_table(header, rows)

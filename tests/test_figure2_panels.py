@@ -36,6 +36,14 @@ def test_a_rise_is_counted_at_the_layer_it_reaches():
     assert panels.rises([1.0, 0.8, 0.9, 0.7, 0.7, 0.75]) == [2, 5]  # equal is no rise
 
 
+def test_a_panel_cell_names_the_rising_layers_and_the_largest_rise_relative_to_the_loss():
+    groups = {"pd": {"gammas": {0.13: {"layer_loss": {"mean": [1.0, 0.8, 0.82, 0.5, 0.55]}}}}}
+    assert panels.rises_cell(groups, "pd", 0.13) == "2 of 4 (l2, l4; at most +10%)"
+    groups["pd"]["gammas"][0.13]["layer_loss"]["mean"] = [1.0, 0.8]
+    assert panels.rises_cell(groups, "pd", 0.13) == "0 of 1"
+    assert panels.rises_cell(groups, None, 0.13) == panels.rises_cell(groups, "pd", 0.5) == "–"
+
+
 @pytest.mark.parametrize("bench", ["video_paper", "video_deep"])
 def test_the_script_reproduces_the_committed_panels(tmp_path, bench):
     root = REPO / "benchmarks/results" / bench
