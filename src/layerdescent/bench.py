@@ -41,6 +41,7 @@ import math
 import os
 import statistics
 from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -49,7 +50,7 @@ from layerdescent import publish, rundir
 from layerdescent.config import RunConfig, apply_overrides, check_depth, check_seed, config_from_dict, read_toml, set_path
 from layerdescent.endpoints import BenchSpec, parse_spec
 from layerdescent.errors import ConfigError
-from layerdescent.executors import ExecutorOptions, RunFailure, executor_class, failure_report, slurm_table
+from layerdescent.executors import ExecutorOptions, RunFailure, executor_class, failure_report, slurm_table, worker_init
 from layerdescent.guard import build_task
 from layerdescent.reevaluate import evaluate_config, evaluate_run
 from layerdescent.registry import Registry
@@ -328,8 +329,8 @@ def run_bench(
             raise ConfigError(f"{run.run_dir} {conflict}: --out a new directory for this config, or remove that run to train it again")
         if (run.run_dir / "results.json").exists():
             done.append(run)
-        elif skip_failed and rundir.failure(run.run_dir):
-            left.append(run)
+        elif skip_failed and (failure := rundir.failure(run.run_dir)):
+            left.append(RunFailure(run, str(failure.get("error") or "no error recorded"), []))
         else:
             pending.append((run, (run.run_dir / "checkpoint.pt").exists()))
     if before:
@@ -337,11 +338,11 @@ def run_bench(
     for run in done:  # reported once every run is known to match, so nothing is called done and then refused
         if on_run:
             on_run(run, "done")
-    for run in left:
+    for failure in left:
         if on_run:
-            on_run(run, "failed before, left as it is (--skip-failed)")
+            on_run(failure.run, "failed before, left as it is (--skip-failed)")
     failures, workers = executor_cls(executor, Path(out), tracker_env(path, out), registry).run(pending, on_run)
-    failures += [RunFailure(run, str(rundir.failure(run.run_dir).get("error") or "no error recorded"), []) for run in left]
+    failures += left
     if not executor.wait:
         return None
     command = command or " ".join(
@@ -496,10 +497,6 @@ def _evaluate_in_pool(
     root: Path, out: Path, todo: list[Path], overrides: list[str], workers: int, on_run: Callable[[Path, str], None] | None
 ) -> None:
     """Evaluate ``todo`` in ``workers`` processes of one torch thread, told as each ends; the first error cancels the rest and is raised."""
-    from concurrent.futures import ProcessPoolExecutor, as_completed
-
-    from layerdescent.executors import worker_init
-
     with ProcessPoolExecutor(min(workers, len(todo)), initializer=worker_init, initargs=(os.getpid(),)) as pool:
         jobs = {pool.submit(evaluate_run, run_dir, out / run_dir.relative_to(root), overrides, None, 1): run_dir for run_dir in todo}
         for job in as_completed(jobs):
