@@ -55,7 +55,7 @@ from typing import NamedTuple
 import torch
 
 import layerdescent as ld
-from layerdescent.trainer import Trainer
+from layerdescent.run.trainer import Trainer
 
 HAND_WRITTEN = "hand-written loop"
 SOLVERS = {

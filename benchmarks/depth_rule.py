@@ -14,8 +14,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from layerdescent.report import collect
-from layerdescent.stats import paired_difference, seed_stats
+from layerdescent.analysis.report import collect
+from layerdescent.analysis.stats import paired_difference, seed_stats
 
 CANDIDATES, DEFAULT = (8, 12, 16), 12
 SHOWN = (4, *CANDIDATES)

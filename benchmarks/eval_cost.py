@@ -40,10 +40,10 @@ from pathlib import Path
 import torch
 
 import layerdescent as ld
-from layerdescent import rundir
-from layerdescent.data import Rows
-from layerdescent.evaluator import domain_rows, evaluate, evaluate_all
-from layerdescent.trainer import Trainer
+from layerdescent.run import rundir
+from layerdescent.run.data import Rows
+from layerdescent.run.evaluator import domain_rows, evaluate, evaluate_all
+from layerdescent.run.trainer import Trainer
 
 HERE = Path(__file__).parent
 # One committed run per setting (seed 0): its workload and training time set the full-run estimate.

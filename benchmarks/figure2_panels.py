@@ -23,10 +23,10 @@ from pathlib import Path
 
 import numpy as np
 
-from layerdescent.endpoints import Primary, judge_cells, read_spec, split_views, versus_strongest
-from layerdescent.groups import baseline_group, summarize
-from layerdescent.report import collect
-from layerdescent.tables import FAMILY_HEADER, family_rows, format_difference, markdown_table, paired
+from layerdescent.analysis.endpoints import Primary, judge_cells, read_spec, split_views, versus_strongest
+from layerdescent.analysis.groups import baseline_group, summarize
+from layerdescent.analysis.report import collect
+from layerdescent.analysis.tables import FAMILY_HEADER, family_rows, format_difference, markdown_table, paired
 
 UNSEEN = "unseen videos (mean)"
 

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-from layerdescent.report import collect, domain_results, summarize
+from layerdescent.analysis.report import collect, domain_results, summarize
 
 CONSTRAINED = "primal-dual"
 STYLE = {"erm": "--", "penalty": ":"}

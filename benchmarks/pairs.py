@@ -3,7 +3,7 @@
     python benchmarks/pairs.py benchmarks/results/llm primal-dual "primal-dual,lens_vocab=all" \
         --out benchmarks/results/llm/readouts.md
 
-A thin wrapper of `layerdescent compare` (``layerdescent.compare``), kept so that the command
+A thin wrapper of `layerdescent compare` (``layerdescent.analysis.compare``), kept so that the command
 readouts.md names still makes it; new comparisons use `layerdescent compare RUNS A B`.
 """
 
@@ -14,9 +14,9 @@ import shlex
 import sys
 from pathlib import Path
 
-from layerdescent.compare import compare_markdown
+from layerdescent.analysis.compare import compare_markdown
+from layerdescent.analysis.report import collect
 from layerdescent.errors import LayerdescentError
-from layerdescent.report import collect
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -64,7 +64,7 @@ def build(lens: str, count: int, out: Path):
     import torch
 
     import layerdescent as ld
-    from layerdescent.trainer import Trainer
+    from layerdescent.run.trainer import Trainer
 
     table = tomllib.loads((HERE / "llm.toml").read_text())
     table = {key: table[key] for key in ("seed", "task", "train", "solver", "constraints")}

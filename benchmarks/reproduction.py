@@ -5,7 +5,7 @@
 
 Reads the run directories under ``benchmarks/results/`` (nothing is trained or evaluated here) and
 each bench file's judging keys (``[bench] baselines``, ``[bench.primary]``, ``[bench.tuning]``;
-see ``layerdescent.endpoints``). Every constrained variant is paired with the named baselines of
+see ``layerdescent.analysis.endpoints``). Every constrained variant is paired with the named baselines of
 its own context, and at each gamma with the strongest of them (the one whose mean is best there),
 so "holds" means "beats erm and deep supervision" where the bench names both. The four claims of
 "A Constrained Optimization Perspective of Unrolled Transformers", by fixed rules:
@@ -36,11 +36,20 @@ import subprocess
 from pathlib import Path
 from typing import NamedTuple
 
-from layerdescent.config import read_toml
-from layerdescent.endpoints import BenchSpec, parse_spec, primary_cells, split_views, versus_strongest
-from layerdescent.groups import baseline_group
-from layerdescent.report import collect, comparisons, context_titles, domain_results, format_difference, role, summarize, write_report
-from layerdescent.stats import excluding_zero_by_chance
+from layerdescent.analysis.endpoints import BenchSpec, parse_spec, primary_cells, split_views, versus_strongest
+from layerdescent.analysis.groups import baseline_group
+from layerdescent.analysis.report import (
+    collect,
+    comparisons,
+    context_titles,
+    domain_results,
+    format_difference,
+    role,
+    summarize,
+    write_report,
+)
+from layerdescent.analysis.stats import excluding_zero_by_chance
+from layerdescent.run.config import read_toml
 
 ROOT = Path(__file__).resolve().parent
 SAME_NUMBERS = ("tests/test_same_numbers.py", "a579cd4")  # the test that pins each solver's numbers, and to which commit's
@@ -428,7 +437,7 @@ def _section(name: str, bench: Bench, spec: BenchSpec, judged_views: list, chanc
 
 def chance_count(results: list[dict], bench: Bench, spec: BenchSpec, family: dict) -> str:
     """The exploratory cells of a bench (every pair, gamma and evaluation set on the judged metric) that exclude 0, against chance."""
-    from layerdescent.stats import paired_difference
+    from layerdescent.analysis.stats import paired_difference
 
     cells = []
     for where, (view, groups) in split_views(results).items():

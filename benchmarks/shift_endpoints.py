@@ -13,7 +13,7 @@
 - In-distribution cost: every constrained variant minus each baseline variant at gamma 0, Holm over that family.
 
 Runs evaluated on another split (a bench's tuning runs) are left out; the statistics are
-``layerdescent.stats``', as in every summary.
+``layerdescent.analysis.stats``', as in every summary.
 """
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ from pathlib import Path
 import numpy as np
 from scipy import stats as scipy_stats
 
-from layerdescent.report import collect
-from layerdescent.stats import holm, paired_difference
+from layerdescent.analysis.report import collect
+from layerdescent.analysis.stats import holm, paired_difference
 
 
 def _value(run: dict, gamma: float, metric: str, domain: str | None = None) -> float:

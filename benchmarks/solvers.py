@@ -74,7 +74,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--workers", type=int, default=1)
     args = parser.parse_args()
-    from layerdescent.bench import run_bench
+    from layerdescent.bench.runner import run_bench
 
     run_bench(BENCH, args.out, workers=args.workers)
     setup = cost.SETUPS["lista-solvers"]

@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 
 import layerdescent as ld
-from layerdescent.trainer import Trainer
+from layerdescent.run.trainer import Trainer
 
 CORE = Path(ld.__file__).resolve().parent
 TASK_SIDE = {"guard.py", "task.py", "data.py", "prox.py"}  # the forward pass through the task and its helpers

@@ -17,7 +17,7 @@ import argparse
 import json
 from pathlib import Path
 
-from layerdescent import rundir
+from layerdescent.run import rundir
 
 ARCHS = ("dust", "l1l1")
 ALPHAS, REFERENCES, RHOS = (0.05, 0.2), ("detached", "anchored"), (1, 0.9, 0.8, 0.7)

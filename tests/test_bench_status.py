@@ -16,9 +16,9 @@ from conftest import LAYERDESCENT
 from test_one_line_errors import RUN, config_file, with_
 
 import layerdescent as ld
-from layerdescent import rundir
-from layerdescent.bench import run_bench
+from layerdescent.bench.runner import run_bench
 from layerdescent.cli import main
+from layerdescent.run import rundir
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="tells a live holder from a stale pid through /proc")
 
@@ -164,7 +164,7 @@ def test_skip_failed_leaves_a_failed_run_untouched_trains_the_rest_and_still_cou
 
 
 def test_a_run_that_fails_in_its_final_evaluation_says_so_and_the_bench_resumes_it_at_the_evaluation(tmp_path, monkeypatch):
-    from layerdescent.trainer import Trainer
+    from layerdescent.run.trainer import Trainer
 
     bench = {**RUN, "bench": {"seeds": [0], "variants": {"erm": {"solver": {"name": "erm"}}}}}
     path, out = config_file(tmp_path, bench, "bench.toml"), tmp_path / "out"

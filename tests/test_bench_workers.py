@@ -14,8 +14,8 @@ from conftest import LAYERDESCENT
 from test_one_line_errors import RUN, config_file, with_
 
 import layerdescent as ld
-from layerdescent import rundir
-from layerdescent.bench import run_bench
+from layerdescent.bench.runner import run_bench
+from layerdescent.run import rundir
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 

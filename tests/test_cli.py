@@ -197,8 +197,8 @@ def test_text_demo_says_what_it_does_and_fetches_only_what_its_task_reads(tmp_pa
 
 def test_an_interrupted_demo_continues_mid_epoch_and_ends_as_an_uninterrupted_one(tmp_path, monkeypatch, capsys):
     pytest.importorskip("transformers")
-    from layerdescent.checkpoint import load_checkpoint
-    from layerdescent.trainer import Trainer
+    from layerdescent.run.checkpoint import load_checkpoint
+    from layerdescent.run.trainer import Trainer
 
     monkeypatch.setenv("LAYERDESCENT_CACHE", str(tmp_path / "empty-cache"))
     step, calls = Trainer.step, []
@@ -260,7 +260,7 @@ def test_fetching_an_unknown_asset_is_one_line(capsys):
 
 
 def test_bench_grid_crosses_every_variant_with_every_combination(tmp_path):
-    from layerdescent.bench import plan
+    from layerdescent.bench.runner import plan
 
     bench = textwrap.dedent(GOOD) + textwrap.dedent(
         """
@@ -283,7 +283,7 @@ def test_bench_grid_crosses_every_variant_with_every_combination(tmp_path):
 
 
 def test_a_bench_variant_may_run_its_own_seeds(tmp_path):
-    from layerdescent.bench import plan
+    from layerdescent.bench.runner import plan
 
     bench = (
         textwrap.dedent(GOOD)
@@ -417,7 +417,7 @@ def test_progress_lines_cover_the_evaluation_after_training(tmp_path, capsys):
 
 
 def test_the_interrupt_message_names_the_runs_out_and_the_resume_command(tmp_path, monkeypatch, capsys):
-    from layerdescent.trainer import Trainer
+    from layerdescent.run.trainer import Trainer
 
     def interrupted(self, *args, **kwargs):
         raise KeyboardInterrupt

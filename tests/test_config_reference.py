@@ -8,9 +8,9 @@ from pathlib import Path
 
 import layerdescent as ld
 from layerdescent.cli import main
-from layerdescent.config import EvalConfig, TrainConfig, tomllib
-from layerdescent.config_keys import dataclass_keys, default_config, reference_markdown, task_keys
 from layerdescent.registry import Registry
+from layerdescent.run.config import EvalConfig, TrainConfig, tomllib
+from layerdescent.run.config_keys import dataclass_keys, default_config, reference_markdown, task_keys
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGE = ROOT / "docs" / "reference" / "configuration.md"

@@ -7,7 +7,7 @@ import torch
 
 import layerdescent as ld
 from layerdescent import Bound, ConfigError, Descent
-from layerdescent.problem import LayerwiseProblem
+from layerdescent.core.problem import LayerwiseProblem
 
 
 def test_descent_violation_is_each_layer_against_the_previous_one_shrunk_by_alpha():

@@ -15,7 +15,7 @@ import torch
 from conftest import lista_task
 
 import layerdescent as ld
-from layerdescent.checkpoint import VERSION, load_checkpoint, previous_path, save_checkpoint
+from layerdescent.run.checkpoint import VERSION, load_checkpoint, previous_path, save_checkpoint
 
 CONFIG = {
     "task": lista_task(test_size=64),
@@ -40,8 +40,8 @@ RUNNER = textwrap.dedent(
     """
     import json, os, signal, sys
     import layerdescent as ld
-    import layerdescent.checkpoint as checkpoint
-    from layerdescent.trainer import Trainer
+    import layerdescent.run.checkpoint as checkpoint
+    from layerdescent.run.trainer import Trainer
 
     config, out, mode, n = json.loads(sys.argv[1]), sys.argv[2], sys.argv[3], int(sys.argv[4])
     calls = {"step": 0, "save": 0}

@@ -12,7 +12,7 @@ import pytest
 import torch
 from conftest import lista_task
 
-from layerdescent.checkpoint import load_checkpoint
+from layerdescent.run.checkpoint import load_checkpoint
 
 pytestmark = pytest.mark.skipif(
     not torch.distributed.is_available() or not torch.distributed.is_gloo_available(), reason="torch.distributed with gloo is not available"
@@ -31,7 +31,7 @@ RUNNER = textwrap.dedent(
     """
     import json, os, signal, sys
     import layerdescent as ld
-    from layerdescent.trainer import Trainer
+    from layerdescent.run.trainer import Trainer
 
     config, out, kill_at, resume = json.loads(sys.argv[1]), sys.argv[2], int(sys.argv[3]), sys.argv[4] == "resume"
     rank = int(os.environ.get("RANK", "0"))

@@ -7,8 +7,8 @@ import json
 import pytest
 
 import layerdescent as ld
-from layerdescent.checkpoint import load_checkpoint
 from layerdescent.registry import Registry
+from layerdescent.run.checkpoint import load_checkpoint
 
 
 def poison(monkeypatch, steps, layer=2):

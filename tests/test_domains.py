@@ -7,7 +7,7 @@ import json
 import pytest
 
 import layerdescent as ld
-from layerdescent.report import write_report
+from layerdescent.analysis.report import write_report
 
 
 def _domains(tiny, names=("denser", "noisier"), samples=0):

@@ -9,12 +9,12 @@ from pathlib import Path
 import pytest
 from test_report import assert_script_remakes, fake_results, reproduction_report
 
+from layerdescent.analysis.endpoints import BenchSpec, Primary, judge_cells, parse_spec
+from layerdescent.analysis.groups import ablated_keys, ablations
+from layerdescent.analysis.report import collect, summarize, write_report
+from layerdescent.analysis.stats import holm
 from layerdescent.cli import main
-from layerdescent.endpoints import BenchSpec, Primary, judge_cells, parse_spec
 from layerdescent.errors import ConfigError
-from layerdescent.groups import ablated_keys, ablations
-from layerdescent.report import collect, summarize, write_report
-from layerdescent.stats import holm
 
 REPO = Path(__file__).parents[1]
 # mse at gamma 1 per seed: primal-dual beats erm clearly in every seed, and ties penalty
@@ -124,7 +124,7 @@ def test_runs_of_one_commit_are_not_flagged(tmp_path):
 
 @pytest.mark.parametrize("diffs, flagged", [(("d1", "d1"), False), (("d1", "d2"), True), ((None, None), True)])
 def test_runs_of_one_dirty_tree_are_one_code_version_only_when_their_change_is(diffs, flagged):
-    from layerdescent.provenance import differ
+    from layerdescent.run.provenance import differ
 
     made = [{"version": "0.1.0", "commit": "c0ffee", "dirty": True, "diff": d, "fingerprint": "f"} for d in diffs]
     assert differ(made) is flagged

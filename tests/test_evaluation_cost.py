@@ -8,10 +8,10 @@ import pytest
 import torch
 
 import layerdescent as ld
-from layerdescent import rundir
+from layerdescent.analysis.report import collect, summarize
 from layerdescent.errors import LayerdescentError
-from layerdescent.report import collect, summarize
 from layerdescent.results import check
+from layerdescent.run import rundir
 from layerdescent_lista import SparseCoding
 
 GAMMAS = [0.0, 0.5, 1.0]

@@ -12,12 +12,12 @@ import pytest
 from test_one_line_errors import RUN, cli, config_file, with_
 
 import layerdescent as ld
-from layerdescent import executors
-from layerdescent.bench import run_bench
+from layerdescent.bench import executors
+from layerdescent.bench.executors import ExecutorOptions, RunsFailed
+from layerdescent.bench.runner import run_bench
 from layerdescent.errors import ConfigError
-from layerdescent.executors import ExecutorOptions, RunsFailed
 from layerdescent.registry import Registry
-from layerdescent.trainer import Trainer
+from layerdescent.run.trainer import Trainer
 
 # checkpoints along the way, so a killed bench has something to resume
 BENCH = {
@@ -111,7 +111,7 @@ def test_an_interrupted_bench_resumes_through_submitted_jobs_to_the_same_results
 
 def test_a_worker_that_does_not_see_the_output_directory_refuses_to_train(reference, tmp_path):
     path, _ = reference
-    from layerdescent.bench import plan
+    from layerdescent.bench.runner import plan
 
     (run,) = [r for r in plan(path, tmp_path / "out") if r.variant == "erm"]
     with pytest.raises(ConfigError, match="put --out on a filesystem every worker sees"):
@@ -180,7 +180,9 @@ class ProcessesPlugin:
 def test_a_plugin_executor_is_chosen_by_name_and_trains_the_same_runs_as_the_local_executor(reference, tmp_path):
     path, expected = reference
     registry, seen = Registry(extra_plugins=[("processes", ProcessesPlugin())]), []
-    assert registry.owner[("Executor", "processes")] == "processes" and registry.owner[("Executor", "local")] == "layerdescent.executors"
+    assert (
+        registry.owner[("Executor", "processes")] == "processes" and registry.owner[("Executor", "local")] == "layerdescent.bench.executors"
+    )
     summary = run_bench(
         path,
         tmp_path / "out",

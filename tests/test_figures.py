@@ -107,7 +107,7 @@ def test_video_figures_are_a_grid_of_architectures_by_videos_and_rmse_against_de
 def test_video_deep_figure_2_leaves_out_tuning_runs_and_draws_the_band_trained_forms_apart(tmp_path):
     import importlib.util
 
-    from layerdescent.report import collect, summarize
+    from layerdescent.analysis.report import collect, summarize
 
     spec = importlib.util.spec_from_file_location("figures", SCRIPT)
     figures = importlib.util.module_from_spec(spec)

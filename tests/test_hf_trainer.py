@@ -123,8 +123,8 @@ def test_a_multiplier_past_max_multiplier_stops_the_trainer_naming_the_step_and_
 
 @needs_hf
 def test_lambda_steps_once_per_optimizer_step_from_the_mean_of_its_micro_batches(tmp_path, monkeypatch):
-    from layerdescent.hf import DescentTrainer
-    from layerdescent.update import LayerwiseUpdate
+    from layerdescent.core.update import LayerwiseUpdate
+    from layerdescent.integrations.hf import DescentTrainer
 
     micro, observed = [], []
     layer_losses, dual_step = DescentTrainer.layer_losses, LayerwiseUpdate.dual_step

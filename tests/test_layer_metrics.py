@@ -9,7 +9,7 @@ import torch
 import torchmetrics
 
 import layerdescent as ld
-from layerdescent.evaluator import evaluate
+from layerdescent.run.evaluator import evaluate
 
 
 class ThreeLayerVote(ld.Task):
@@ -58,7 +58,7 @@ def test_a_task_without_layer_predictions_records_no_layer_metrics(tiny, tmp_pat
 def test_the_summary_has_a_table_of_each_metric_per_layer(tmp_path):
     import json
 
-    from layerdescent.report import write_report
+    from layerdescent.analysis.report import write_report
 
     for seed, accuracy in ((0, [0.5, 0.7, 0.9]), (1, [0.5, 0.8, 0.9])):
         run = tmp_path / f"s{seed}"

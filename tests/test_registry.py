@@ -119,11 +119,11 @@ def test_an_entry_point_plugin_is_found_with_its_distribution(entry_point_plugin
         ("import layerdescent\n@layerdescent.hookimpl\ndef register_tasks(register):\n    register(object)\n", "not a Task"),
         (
             "import layerdescent\nfrom layerdescent import Descent\n@layerdescent.hookimpl\ndef register_constraints(register):\n    register(Descent)\n",
-            "'descent' is already registered by plugin 'layerdescent.constraints'",
+            "'descent' is already registered by plugin 'layerdescent.core.constraints'",
         ),
         (
             "import layerdescent\nclass Mine(layerdescent.Executor):\n    name = 'local'\n@layerdescent.hookimpl\ndef register_executors(register):\n    register(Mine)\n",
-            "register_executors: executor 'local' is already registered by plugin 'layerdescent.executors'",
+            "register_executors: executor 'local' is already registered by plugin 'layerdescent.bench.executors'",
         ),
         (
             "import layerdescent\n@layerdescent.hookimpl\ndef register_trackers(register):\n    register(object)\n",
@@ -253,7 +253,7 @@ def test_list_shows_the_plugin_each_constraint_kind_came_from(capsys):
 
     assert main(["list"]) == 0
     descent = next(line for line in capsys.readouterr().out.splitlines() if line.strip().startswith("descent "))
-    assert "[plugin layerdescent.constraints]" in descent
+    assert "[plugin layerdescent.core.constraints]" in descent
 
 
 def test_list_shows_the_built_in_executors_and_trackers_as_default_plugins(capsys):
@@ -262,6 +262,6 @@ def test_list_shows_the_built_in_executors_and_trackers_as_default_plugins(capsy
     assert main(["list"]) == 0
     rows = {line.split()[0]: line for line in capsys.readouterr().out.splitlines() if line.startswith("  ")}
     for name in ("local", "ray", "slurm"):
-        assert rows[name].endswith("[plugin layerdescent.executors]"), rows[name]
+        assert rows[name].endswith("[plugin layerdescent.bench.executors]"), rows[name]
     for name in ("tensorboard", "mlflow"):
-        assert rows[name].endswith("[plugin layerdescent.trackers]"), rows[name]
+        assert rows[name].endswith("[plugin layerdescent.bench.trackers]"), rows[name]

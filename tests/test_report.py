@@ -12,8 +12,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from layerdescent.analysis.report import collect, format_difference, paired_difference, summarize, write_report
 from layerdescent.errors import LayerdescentError
-from layerdescent.report import collect, format_difference, paired_difference, summarize, write_report
 
 # label -> solver, then per seed: (mse at gamma 0, mse at gamma 1, step time in seconds)
 RUNS = {
@@ -218,7 +218,7 @@ def test_a_run_evaluated_on_validation_joins_no_ablation_of_test_runs(tmp_path):
 
 
 def test_traces_plot_the_multipliers_and_violations_of_constrained_runs_only(bench):
-    from layerdescent.plots import _traces
+    from layerdescent.analysis.plots import _traces
 
     traces = _traces(summarize(collect(bench)))
     assert list(traces) == [("primal-dual", "descent")]

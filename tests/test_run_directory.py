@@ -16,10 +16,10 @@ import tomli_w
 from test_one_line_errors import RUN, assert_one_line, cli, config_file, with_
 
 import layerdescent as ld
-import layerdescent.bench as bench_module
-import layerdescent.trainer as trainer_module
-from layerdescent import rundir
-from layerdescent.bench import plan, run_bench
+import layerdescent.bench.runner as bench_module
+import layerdescent.run.trainer as trainer_module
+from layerdescent.bench.runner import plan, run_bench
+from layerdescent.run import rundir
 
 ROOT = Path(__file__).resolve().parents[1]
 BENCH = {**RUN, "bench": {"seeds": [0], "variants": {"erm": {"solver": {"name": "erm"}}, "primal-dual": {}}}}
@@ -35,7 +35,7 @@ HOLDER = textwrap.dedent(
     """
     import sys, time
     from pathlib import Path
-    from layerdescent import rundir
+    from layerdescent.run import rundir
     with rundir.locked(Path(sys.argv[1])):
         print("locked", flush=True)
         time.sleep(600)
@@ -61,8 +61,8 @@ def test_a_second_process_is_refused_while_the_first_holds_the_run_directory_and
 
 
 def test_a_run_holds_its_lock_while_it_trains(tmp_path, monkeypatch):
-    from layerdescent import rundir
-    from layerdescent.trainer import Trainer
+    from layerdescent.run import rundir
+    from layerdescent.run.trainer import Trainer
 
     seen = {}
     real = Trainer.setup
@@ -201,7 +201,7 @@ def test_an_empty_directory_or_one_with_unrelated_files_is_a_fine_output(tmp_pat
 
 
 def test_a_run_killed_before_its_first_checkpoint_is_still_a_run(tmp_path, monkeypatch):
-    from layerdescent.trainer import Trainer
+    from layerdescent.run.trainer import Trainer
 
     def crash(self, *args, **kwargs):
         raise KeyboardInterrupt
@@ -328,7 +328,7 @@ def test_a_dangling_symlink_planted_as_a_run_file_is_refused_and_nothing_is_crea
 
 
 def test_deleting_the_lock_file_while_a_run_trains_does_not_let_a_second_writer_in(tmp_path, monkeypatch):
-    from layerdescent.trainer import Trainer
+    from layerdescent.run.trainer import Trainer
 
     run, path, seen, real = tmp_path / "run", config_file(tmp_path, with_(RUN, "train.epochs", 2)), {}, Trainer.step
 
@@ -347,7 +347,7 @@ def test_deleting_the_lock_file_while_a_run_trains_does_not_let_a_second_writer_
 
 
 def test_a_run_whose_directory_is_moved_away_stops_before_writing_into_its_replacement(tmp_path, monkeypatch):
-    from layerdescent.trainer import Trainer
+    from layerdescent.run.trainer import Trainer
 
     run, real = tmp_path / "run", Trainer.step
 
@@ -399,7 +399,7 @@ def test_evaluate_refuses_an_out_that_holds_a_bench_or_the_runs_it_reads(tmp_pat
 
 
 def test_where_a_directory_cannot_be_locked_deleting_the_lock_file_stops_the_run_before_its_next_checkpoint(tmp_path, monkeypatch):
-    from layerdescent.trainer import Trainer
+    from layerdescent.run.trainer import Trainer
 
     monkeypatch.setattr(rundir, "_lock_directory", lambda run_dir: None)  # as on an NFS mount: the lock file alone holds the run
     run, real = tmp_path / "run", Trainer.step
@@ -414,7 +414,7 @@ def test_where_a_directory_cannot_be_locked_deleting_the_lock_file_stops_the_run
 
 
 def test_a_report_killed_while_it_wrote_leaves_no_folder_behind_once_another_report_runs(tmp_path, benched):
-    from layerdescent import publish
+    from layerdescent.run import publish
 
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()

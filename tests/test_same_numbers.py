@@ -29,7 +29,7 @@ import pytest
 from conftest import TINY
 
 import layerdescent as ld
-from layerdescent.provenance import machine
+from layerdescent.run.provenance import machine
 
 RECORDED = Path(__file__).parent / "data" / "same_numbers"
 TIMING_KEYS = ("step_time_median", "eval_seconds", "layerdescent", "code", "machine")

@@ -16,8 +16,8 @@ from test_crash_safety import RUNNER
 from test_one_line_errors import assert_one_line, cli, config_file
 
 import layerdescent as ld
-from layerdescent.checkpoint import load_checkpoint
-from layerdescent.config import config_from_dict
+from layerdescent.run.checkpoint import load_checkpoint
+from layerdescent.run.config import config_from_dict
 
 BAND = [0.0, 0.5, 1.0]
 

@@ -130,7 +130,7 @@ def test_the_guide_method_runs_under_every_scheme_with_its_cap(registry, scheme)
 
 
 def test_the_guide_method_trains_from_a_config_and_resumes_on_the_same_trajectory(tiny, tmp_path, registry, monkeypatch):
-    from layerdescent.trainer import Trainer
+    from layerdescent.run.trainer import Trainer
 
     tiny["solver"] = {"name": "capped-decay", "dual_lr": 1.0, "cap": 0.05}
     tiny["constraints"] = [{"kind": "descent", "alpha": 0.5}]  # violated: lambda climbs to the cap

@@ -12,7 +12,7 @@ import torch
 import layerdescent as ld
 from layerdescent import Descent, hookimpl
 from layerdescent.registry import Registry
-from layerdescent.trainer import Trainer
+from layerdescent.run.trainer import Trainer
 
 
 @dataclass(frozen=True)
@@ -79,7 +79,7 @@ def test_a_plugin_solver_trains_from_toml_alone_and_keeps_its_schedule_across_a_
 def test_a_plugin_solver_runs_in_a_bench_beside_the_built_ins(tiny, tmp_path, ramp_registry):
     import tomli_w
 
-    from layerdescent.bench import run_bench
+    from layerdescent.bench.runner import run_bench
 
     bench = {
         **copy.deepcopy(tiny),
@@ -135,12 +135,13 @@ def test_keys_of_another_solver_are_dropped_so_a_bench_base_table_serves_every_v
 
 def test_list_shows_each_solver_with_its_options_and_plugin(capsys, monkeypatch, ramp_registry):
     from layerdescent import cli
+    from layerdescent.cli import listing
 
-    monkeypatch.setattr(cli, "get_registry", lambda: ramp_registry)
+    monkeypatch.setattr(listing, "get_registry", lambda: ramp_registry)
     assert cli.main(["list"]) == 0
     out = capsys.readouterr().out
     section = out[out.index("solvers:") :]
-    assert "primal-dual" in section and "[plugin layerdescent.solvers]" in section
+    assert "primal-dual" in section and "[plugin layerdescent.core.solvers]" in section
     assert '    scheme = "simultaneous"' in section and "    dual_lr = 0.05" in section
     assert "ramp" in section and "[plugin ramp-plugin]" in section and "    steps = 4" in section
 

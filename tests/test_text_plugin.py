@@ -241,7 +241,7 @@ def test_end_to_end_run_on_a_tiny_llama_backbone_with_lora(tmp_path):
 
 @pytest.mark.parametrize("rate", [0.0, 0.3])
 def test_train_dropout_sets_every_dropout_layer_of_the_encoder(tmp_path, rate):
-    from layerdescent.trainer import Trainer
+    from layerdescent.run.trainer import Trainer
 
     table = {"task": {"name": "text-classification", **TINY}, "train": {"dropout": rate, "progress": False}, "solver": {"name": "erm"}}
     model = Trainer(ld.config_from_dict(table), tmp_path).setup().model

@@ -12,10 +12,11 @@ import pytest
 from test_one_line_errors import cli, config_file
 
 import layerdescent as ld
-from layerdescent import trackers
-from layerdescent.config import config_from_dict
+from layerdescent.bench import trackers
 from layerdescent.registry import Registry
-from layerdescent.trainer import Trainer, train
+from layerdescent.run import tracking
+from layerdescent.run.config import config_from_dict
+from layerdescent.run.trainer import Trainer, train
 
 
 def records(run_dir: Path) -> list[dict]:
@@ -24,7 +25,7 @@ def records(run_dir: Path) -> list[dict]:
 
 def expected(run_dir: Path) -> dict[tuple[str, int], float]:
     """Every (name, step) a tracker must hold, with its value in metrics.jsonl."""
-    return {(name, record["step"]): value for record in records(run_dir) for name, value in trackers.scalars(record).items()}
+    return {(name, record["step"]): value for record in records(run_dir) for name, value in tracking.scalars(record).items()}
 
 
 def tracked(tiny: dict, names: list[str]) -> dict:
@@ -41,13 +42,13 @@ def test_tensorboard_holds_every_logged_value_of_the_run(tiny, tmp_path):
     events = EventAccumulator(str(run_dir / "tensorboard"), size_guidance={"scalars": 0})
     events.Reload()
     want = expected(run_dir)
-    assert {"train/loss/l0", "train/lambda/descent/0", "train/violation/descent/3", "val/loss/l4", trackers.STEP_TIME} <= set(
+    assert {"train/loss/l0", "train/lambda/descent/0", "train/violation/descent/3", "val/loss/l4", tracking.STEP_TIME} <= set(
         events.Tags()["scalars"]
     )
     got = {(tag, e.step): e.value for tag in events.Tags()["scalars"] for e in events.Scalars(tag)}
     for key, value in want.items():
         assert got[key] == pytest.approx(value, rel=1e-6, abs=1e-12), key  # TensorBoard stores float32
-    assert all(e.value > 0 for e in events.Scalars(trackers.STEP_TIME))
+    assert all(e.value > 0 for e in events.Scalars(tracking.STEP_TIME))
     last = results["train"]["steps"]
     assert got[("test/gamma_0.5/loss/l4", last)] == pytest.approx(results["gammas"][1]["layer_loss"][4], rel=1e-6)
 
@@ -201,7 +202,7 @@ def test_a_plugin_tracker_is_chosen_by_name_and_gets_every_logged_value_and_the_
     results = train(config_from_dict(tracked(tiny, ["memory"]), registry), run_dir, registry=registry)
     (tracker,) = Memory.opened
     assert tracker.run_dir == run_dir and tracker.start_step == 0
-    assert {key: value for key, value in tracker.values.items() if key[0] != trackers.STEP_TIME} == expected(run_dir)
+    assert {key: value for key, value in tracker.values.items() if key[0] != tracking.STEP_TIME} == expected(run_dir)
     assert tracker.results == results
 
 

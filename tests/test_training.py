@@ -9,7 +9,7 @@ import torch
 from safetensors.torch import load_file
 
 import layerdescent as ld
-from layerdescent.trainer import Trainer
+from layerdescent.run.trainer import Trainer
 
 
 def _train(table, tmp_path, name="run"):
@@ -173,7 +173,7 @@ def test_re_evaluation_needs_a_finished_run_with_its_model(tiny, tmp_path):
 
 
 def test_early_stopping_ends_after_patience_epochs_and_tests_the_best_validation_model(tiny, tmp_path, monkeypatch):
-    import layerdescent.trainer as trainer_module
+    import layerdescent.run.trainer as trainer_module
 
     scripted = iter([1.0, 0.5, 0.7, 0.8, 0.9, 1.0])  # last-layer validation loss per epoch: best at epoch 1
     real = trainer_module.evaluate
@@ -244,8 +244,8 @@ def test_a_cosine_schedule_anneals_the_learning_rate_to_zero_over_the_run(tiny, 
 def test_a_cosine_schedule_resumes_exactly_also_from_a_checkpoint_written_before_it_kept_its_state(
     tiny, tmp_path, monkeypatch, saved_schedule
 ):
-    from layerdescent.checkpoint import load_checkpoint, save_checkpoint
-    from layerdescent.trainer import Trainer
+    from layerdescent.run.checkpoint import load_checkpoint, save_checkpoint
+    from layerdescent.run.trainer import Trainer
 
     tiny["train"].update(epochs=2, lr_schedule="cosine", checkpoint_every=3)
     config = ld.config_from_dict(tiny)

@@ -29,46 +29,46 @@ _LAZY = {
     "extract": "layerdescent.assets",
     "extract_from_file": "layerdescent.assets",
     "soft_threshold": "layerdescent.prox",
-    "RunConfig": "layerdescent.config",
-    "config_from_dict": "layerdescent.config",
-    "load_config": "layerdescent.config",
-    "Bound": "layerdescent.constraints",
-    "ConstraintSpec": "layerdescent.constraints",
-    "Descent": "layerdescent.constraints",
-    "DescentTrainer": "layerdescent.hf",
-    "evaluate": "layerdescent.evaluator",
-    "Executor": "layerdescent.executors",
+    "RunConfig": "layerdescent.run.config",
+    "config_from_dict": "layerdescent.run.config",
+    "load_config": "layerdescent.run.config",
+    "Bound": "layerdescent.core.constraints",
+    "ConstraintSpec": "layerdescent.core.constraints",
+    "Descent": "layerdescent.core.constraints",
+    "DescentTrainer": "layerdescent.integrations.hf",
+    "evaluate": "layerdescent.run.evaluator",
+    "Executor": "layerdescent.bench.executors",
     "Registry": "layerdescent.registry",
     "get_registry": "layerdescent.registry",
     "LayerOutput": "layerdescent.task",
     "Task": "layerdescent.task",
-    "evaluate_run": "layerdescent.reevaluate",
-    "LayerwiseUpdate": "layerdescent.update",
-    "LayerBatch": "layerdescent.problem",
-    "Observation": "layerdescent.solvers",
-    "PrimalDual": "layerdescent.solvers",
-    "PrimalDualOptions": "layerdescent.solvers",
-    "Solver": "layerdescent.solvers",
-    "Tracker": "layerdescent.trackers",
-    "train": "layerdescent.trainer",
+    "evaluate_run": "layerdescent.run.reevaluate",
+    "LayerwiseUpdate": "layerdescent.core.update",
+    "LayerBatch": "layerdescent.core.problem",
+    "Observation": "layerdescent.core.solvers",
+    "PrimalDual": "layerdescent.core.solvers",
+    "PrimalDualOptions": "layerdescent.core.solvers",
+    "Solver": "layerdescent.core.solvers",
+    "Tracker": "layerdescent.run.tracking",
+    "train": "layerdescent.run.trainer",
 }
 
 if TYPE_CHECKING:  # what static tools see; at run time __getattr__ imports them
     from layerdescent.assets import Asset, cache_dir, extract, extract_from_file
-    from layerdescent.config import RunConfig, config_from_dict, load_config
-    from layerdescent.constraints import Bound, ConstraintSpec, Descent
-    from layerdescent.evaluator import evaluate
-    from layerdescent.executors import Executor
-    from layerdescent.hf import DescentTrainer
-    from layerdescent.problem import LayerBatch
+    from layerdescent.bench.executors import Executor
+    from layerdescent.core.constraints import Bound, ConstraintSpec, Descent
+    from layerdescent.core.problem import LayerBatch
+    from layerdescent.core.solvers import Observation, PrimalDual, PrimalDualOptions, Solver
+    from layerdescent.core.update import LayerwiseUpdate
+    from layerdescent.integrations.hf import DescentTrainer
     from layerdescent.prox import soft_threshold
-    from layerdescent.reevaluate import evaluate_run
     from layerdescent.registry import Registry, get_registry
-    from layerdescent.solvers import Observation, PrimalDual, PrimalDualOptions, Solver
+    from layerdescent.run.config import RunConfig, config_from_dict, load_config
+    from layerdescent.run.evaluator import evaluate
+    from layerdescent.run.reevaluate import evaluate_run
+    from layerdescent.run.tracking import Tracker
+    from layerdescent.run.trainer import train
     from layerdescent.task import LayerOutput, Task
-    from layerdescent.trackers import Tracker
-    from layerdescent.trainer import train
-    from layerdescent.update import LayerwiseUpdate
 
 
 def __getattr__(name: str) -> Any:

@@ -36,3 +36,8 @@ def register_executors(register) -> None:
 @hookspec
 def register_trackers(register) -> None:
     """Call ``register(TrackerSubclass)`` for every tracker (a listener on a run's metrics log) the plugin provides."""
+
+
+@hookspec
+def register_commands(register) -> None:
+    """Call ``register(Command(...))`` for every ``layerdescent`` subcommand the plugin provides."""

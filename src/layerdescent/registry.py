@@ -1,4 +1,4 @@
-"""Find tasks, constraint kinds, solvers, executors, trackers and assets contributed by plugins.
+"""Find tasks, constraint kinds, solvers, executors, trackers, assets and commands contributed by plugins.
 
     from layerdescent import get_registry
     registry = get_registry()            # loads entry-point group "layerdescent" once
@@ -23,23 +23,22 @@ import logging
 import os
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from importlib import metadata
-from typing import Any
+from importlib import import_module, metadata
+from typing import TYPE_CHECKING, Any
 
 import pluggy
 
-from layerdescent import constraints as builtin_constraints
-from layerdescent import executors as builtin_executors
 from layerdescent import hookspecs
-from layerdescent import solvers as builtin_solvers
-from layerdescent import trackers as builtin_trackers
-from layerdescent.assets import Asset
-from layerdescent.constraints import ConstraintSpec
 from layerdescent.errors import PluginError
-from layerdescent.executors import Executor
-from layerdescent.solvers import Solver
-from layerdescent.task import Task
-from layerdescent.trackers import Tracker
+
+if TYPE_CHECKING:
+    from layerdescent.assets import Asset
+    from layerdescent.bench.executors import Executor
+    from layerdescent.commands import Command
+    from layerdescent.core.constraints import ConstraintSpec
+    from layerdescent.core.solvers import Solver
+    from layerdescent.run.tracking import Tracker
+    from layerdescent.task import Task
 
 GROUP = "layerdescent"
 DISABLE_ENV = "LAYERDESCENT_DISABLE_PLUGINS"
@@ -64,21 +63,46 @@ def closest(name: str, choices: Iterable[str]) -> str:
     return f"; did you mean {match[0]!r}?" if match and name else ""
 
 
-_WHAT = {Task: "task", ConstraintSpec: "constraint kind", Solver: "solver", Executor: "executor", Tracker: "tracker", Asset: "asset"}
-BUILTIN = (builtin_constraints, builtin_solvers, builtin_executors, builtin_trackers)  # default plugins, named by module
+# The built-in plugins, named by module path as llm's DEFAULT_PLUGINS are: the registry imports none of them
+# at its top, so every layer may use the registry without importing the layers above it.
+DEFAULT_PLUGINS = (
+    "layerdescent.core.constraints",
+    "layerdescent.core.solvers",
+    "layerdescent.bench.executors",
+    "layerdescent.bench.trackers",
+    "layerdescent.cli.compare",  # a built-in verb through the commands hook, the path a plugin's command takes
+)
+
+
+@dataclass(frozen=True)
+class Kind:
+    """One kind of registered item: the hook that registers it, its base class by module path, its table and its key."""
+
+    hook: str
+    base: str  # "module:Class", imported when a registry is built
+    table: str
+    what: str  # how messages name one item
+    key: str = "name"  # the attribute that names an item
+
+
+KINDS = (
+    Kind("register_tasks", "layerdescent.task:Task", "tasks", "task"),
+    Kind("register_constraints", "layerdescent.core.constraints:ConstraintSpec", "constraints", "constraint kind", key="kind"),
+    Kind("register_solvers", "layerdescent.core.solvers:Solver", "solvers", "solver"),
+    Kind("register_executors", "layerdescent.bench.executors:Executor", "executors", "executor"),
+    Kind("register_trackers", "layerdescent.run.tracking:Tracker", "trackers", "tracker"),
+    Kind("register_assets", "layerdescent.assets:Asset", "assets", "asset"),
+    Kind("register_commands", "layerdescent.commands:Command", "commands", "command"),
+)
+
+
+def _resolve(path: str) -> Any:
+    module, _, name = path.partition(":")
+    return getattr(import_module(module), name)
 
 
 class Registry:
-    """Tasks, constraint kinds, solvers, executors, trackers and assets, keyed by name, with the plugins that gave them."""
-
-    _kinds: dict[str, tuple[type, str]] = {
-        "register_tasks": (Task, "tasks"),
-        "register_constraints": (ConstraintSpec, "constraints"),
-        "register_solvers": (Solver, "solvers"),
-        "register_executors": (Executor, "executors"),
-        "register_trackers": (Tracker, "trackers"),
-        "register_assets": (Asset, "assets"),
-    }
+    """Tasks, constraint kinds, solvers, executors, trackers, assets and commands, keyed by name, with the plugins that gave them."""
 
     def __init__(self, extra_plugins: Iterable[tuple[str, Any]] = (), entry_points: bool = True) -> None:
         self.tasks: dict[str, type[Task]] = {}
@@ -87,12 +111,14 @@ class Registry:
         self.executors: dict[str, type[Executor]] = {}
         self.trackers: dict[str, type[Tracker]] = {}
         self.assets: dict[str, Asset] = {}
+        self.commands: dict[str, Command] = {}
         self.plugins: dict[str, PluginInfo] = {}
         self.owner: dict[tuple[str, str], str] = {}
         self._pm = pluggy.PluginManager(GROUP)
         self._pm.add_hookspecs(hookspecs)
-        for module in BUILTIN:
-            self._add(module.__name__, module, PluginInfo(module.__name__, "layerdescent"))
+        self._bases = {kind.hook: _resolve(kind.base) for kind in KINDS}
+        for path in DEFAULT_PLUGINS:
+            self._add(path, import_module(path), PluginInfo(path, "layerdescent"))
         if entry_points:
             self._load_entry_points()
         for name, plugin in extra_plugins:
@@ -147,7 +173,7 @@ class Registry:
         ]
         if unknown:
             self._pm.unregister(plugin)
-            self._fail(info, f"unknown hook {unknown[0]!r}; known hooks: {', '.join(self._kinds)}")
+            self._fail(info, f"unknown hook {unknown[0]!r}; known hooks: {', '.join(kind.hook for kind in KINDS)}")
 
     def _fail(self, info: PluginInfo, reason: str) -> None:
         info.status, info.reason = "failed", reason
@@ -155,50 +181,52 @@ class Registry:
 
     def _collect(self, name: str, info: PluginInfo) -> None:
         """Run every hook of one plugin into a staging area; commit all of it, or nothing when any part fails."""
-        staged: dict[str, dict[str, Any]] = {attr: {} for _, attr in self._kinds.values()}
-        for hook, (base, attr) in self._kinds.items():
-            for impl in getattr(self._pm.hook, hook).get_hookimpls():
+        staged: dict[str, dict[str, Any]] = {kind.table: {} for kind in KINDS}
+        for kind in KINDS:
+            for impl in getattr(self._pm.hook, kind.hook).get_hookimpls():
                 if impl.plugin_name != name:
                     continue
                 try:
-                    impl.function(register=self._registrar(base, staged[attr], info.name))
+                    impl.function(register=self._registrar(kind, staged[kind.table]))
                 except (Exception, SystemExit, KeyboardInterrupt) as exc:
                     self._unregister(name)
-                    self._fail(info, f"{hook} raised {type(exc).__name__}: {exc}")
+                    self._fail(info, f"{kind.hook} raised {type(exc).__name__}: {exc}")
                     return
-        for hook, (base, attr) in self._kinds.items():
-            table = getattr(self, attr)
-            for key, item in staged[attr].items():
+        for kind in KINDS:
+            table = getattr(self, kind.table)
+            for key, item in staged[kind.table].items():
                 # The same pinned asset from two plugins that share it (equal name, source, checksum) is one registration.
-                if key in table and not (base is Asset and table[key] == item):
-                    owner = self.owner[(base.__name__, key)]
+                if key in table and not (kind.table == "assets" and table[key] == item):
+                    owner = self.owner[(self._bases[kind.hook].__name__, key)]
                     self._unregister(name)
                     self._fail(
                         info,
-                        f"{hook}: {_WHAT[base]} {key!r} is already registered by plugin {owner!r}; plugin {name!r} was skipped, {owner!r} kept",
+                        f"{kind.hook}: {kind.what} {key!r} is already registered by plugin {owner!r}; plugin {name!r} was skipped, {owner!r} kept",
                     )
                     return
-        for base, attr in self._kinds.values():
-            for key, item in staged[attr].items():
-                if key not in getattr(self, attr):
-                    getattr(self, attr)[key] = item
-                    self.owner[(base.__name__, key)] = name
+        for kind in KINDS:
+            for key, item in staged[kind.table].items():
+                if key not in getattr(self, kind.table):
+                    getattr(self, kind.table)[key] = item
+                    self.owner[(self._bases[kind.hook].__name__, key)] = name
 
     def _unregister(self, name: str) -> None:
         plugin = self._pm.get_plugin(name)
         if plugin is not None:
             self._pm.unregister(plugin)
 
-    def _registrar(self, base: type, table: dict[str, Any], plugin: str) -> Callable[[Any], Any]:
+    def _registrar(self, kind: Kind, table: dict[str, Any]) -> Callable[[Any], Any]:
+        base = self._bases[kind.hook]
+
         def register(item: Any) -> Any:
             ok = isinstance(item, base) or (isinstance(item, type) and issubclass(item, base))
             if not ok:
                 raise PluginError(f"registered {item!r}, which is not a {base.__name__}")
-            key = getattr(item, "kind" if base is ConstraintSpec else "name", None)
+            key = getattr(item, kind.key, None)
             if not isinstance(key, str) or not key:
                 raise PluginError(f"{item!r} has no name")
             if key in table:
-                raise PluginError(f"registers {_WHAT[base]} {key!r} twice")
+                raise PluginError(f"registers {kind.what} {key!r} twice")
             table[key] = item
             return item
 

@@ -1,12 +1,14 @@
 """The results.json schema as a reader checks it: every value a summary uses has its type, is finite and fits the layer count.
 
-    check(data, path)   # LayerdescentError naming the file and the field, e.g. "gammas[1].layer_loss[2] is 'x', not a number"
+    data = read_results(path)   # parsed and checked; LayerdescentError naming the file if it is damaged
+    check(data, path)           # LayerdescentError naming the field, e.g. "gammas[1].layer_loss[2] is 'x', not a number"
 
-:func:`layerdescent.rundir.results_table` is what a run writes; this is what a reader trusts.
+:func:`layerdescent.run.rundir.results_table` is what a run writes; this is what a reader trusts.
 """
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 from typing import Any
@@ -123,3 +125,39 @@ def check(data: dict[str, Any], path: Path) -> None:
         _check(data)
     except _Bad as bad:
         raise LayerdescentError(f"{path}: {bad}; the file is damaged or was edited: re-run or re-evaluate that run") from None
+
+
+# What a summary reads from each results.json, and of each gamma record.
+RESULT_KEYS = ("label", "task", "solver", "seed", "num_layers", "gammas")
+GAMMA_KEYS = ("gamma", "layer_loss", "descent_rate")
+
+
+def read_results(path: Path) -> dict:
+    """One results.json, checked for what a summary reads; LayerdescentError naming the file if it is damaged."""
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError:
+        raise LayerdescentError(f"{path} is not text (a binary or damaged file); re-run or re-evaluate that run") from None
+    except json.JSONDecodeError as exc:
+        raise LayerdescentError(
+            f"{path} is not valid JSON ({exc.msg} at line {exc.lineno}; truncated?); re-run or re-evaluate that run"
+        ) from None
+    except OSError as exc:
+        raise LayerdescentError(f"cannot read {path}: {exc.strerror or exc}") from None
+    if not isinstance(data, dict):
+        raise LayerdescentError(f"{path} holds a JSON {type(data).__name__}, not a results object; re-run or re-evaluate that run")
+    missing = [k for k in RESULT_KEYS if k not in data]
+    if missing:
+        raise LayerdescentError(f"{path} lacks {', '.join(map(repr, missing))}; it is not a layerdescent results.json (or is damaged)")
+    records = [data["gammas"], *(data.get("domains") or {}).values()]
+    for record in (r for rs in records for r in (rs if isinstance(rs, list) else [None])):
+        if not isinstance(record, dict) or any(k not in record for k in GAMMA_KEYS) or not isinstance(record.get("metrics", {}), dict):
+            raise LayerdescentError(f"{path}: every gamma record needs {', '.join(GAMMA_KEYS)} and a metrics table; the file is damaged")
+    if not data["gammas"]:
+        raise LayerdescentError(f"{path} records no gamma; re-run or re-evaluate that run")
+    data.setdefault("train", {})
+    for record in (r for rs in records for r in rs):
+        record.setdefault("metrics", {})
+    check(data, path)  # types, finiteness and the layer count of every value a summary reads
+    return data

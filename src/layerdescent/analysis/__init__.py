@@ -1,0 +1,1 @@
+"""What reads finished runs and judges a bench: statistics, tables, plots, the report and compare."""

@@ -1,0 +1,63 @@
+"""Paired differences between any two variants of a bench, at every gamma, on the test split and on each domain.
+
+    layerdescent compare benchmarks/results/llm primal-dual "primal-dual,lens_vocab=all"
+
+A summary pairs each variant with the baselines of its own context; variants whose task settings
+differ (two readouts of one solver, say) share no context, and this pairs them directly: A − B
+over the seeds both have, with the summary's 95% t interval (**bold** excludes 0).
+"""
+
+from __future__ import annotations
+
+from layerdescent.analysis.groups import domain_results
+from layerdescent.analysis.tables import cross_code, made_by_label, paired_cell
+from layerdescent.errors import LayerdescentError
+
+
+def pair_tables(results: list[dict], a: str, b: str) -> list[str]:
+    """Markdown: per metric, a row per evaluation set and a column per gamma, each cell A − B over paired seeds."""
+    labels = list(dict.fromkeys(r["label"] for r in results))
+    for label in (a, b):
+        if label not in labels:
+            raise LayerdescentError(f"no runs labelled {label!r}; the bench's labels are: {', '.join(labels)}")
+    seeds = sorted({r["seed"] for r in results if r["label"] == a} & {r["seed"] for r in results if r["label"] == b})
+    if not seeds:
+        raise LayerdescentError(f"{a!r} and {b!r} share no seed, so nothing can be paired")
+    sets = {"test": results, **domain_results(results)}
+    value = {
+        (r["label"], r["seed"], where, float(g["gamma"]), metric): v
+        for where, subset in sets.items()
+        for r in subset
+        for g in r["gammas"]
+        for metric, v in g["metrics"].items()
+    }
+    gammas = sorted({k[3] for k in value if k[0] in (a, b)})
+    metrics = list(dict.fromkeys(k[4] for k in value if k[0] in (a, b)))
+    lines = [f"{len(seeds)} paired seeds ({', '.join(map(str, seeds))})."]
+    if cross_code(made_by_label(results), a, b, seeds):
+        lines.append(f"**{a} and {b} were made by different code** (their recorded commits, or the keys their files record, differ).")
+    lines.append("")
+    for metric in metrics:
+        lines += [
+            f"## {metric}: {a} − {b}",
+            "",
+            "| evaluated on | " + " | ".join(f"γ={g:g}" for g in gammas) + " |",
+            "|---|" + "---|" * len(gammas),
+        ]
+        for where in sets:
+            lines.append(f"| {where} | " + " | ".join(paired_cell(value, a, b, seeds, where, gamma, metric) for gamma in gammas) + " |")
+        lines.append("")
+    return lines
+
+
+def compare_markdown(results: list[dict], a: str, b: str, command: str) -> str:
+    """The whole comparison as markdown, saying it was made by ``command``."""
+    return "\n".join(
+        [
+            f"# {a} − {b}",
+            "",
+            f"Made by `{command}`; 95% t intervals over paired seeds, **bold** excludes 0.",
+            "",
+            *pair_tables(results, a, b),
+        ]
+    )

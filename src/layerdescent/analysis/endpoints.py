@@ -1,0 +1,259 @@
+"""What a bench is judged by: its named baselines, its pre-registered primary endpoints, its tuning budgets.
+
+    [bench]
+    baselines = ["erm", "penalty"]          # solvers every constrained variant is paired with (default ["erm"])
+
+    [bench.primary]                         # fixed before any run: the family of cells that decides the claim
+    metric = "accuracy"
+    higher_is_better = true
+    gammas = [0.0, 1.6, 3.2]
+    splits = ["test"]                       # "test" and/or evaluation domains (default ["test"])
+    variants = ["primal-dual"]              # the pre-registered setting(s), judged against the baselines
+    adopted = ["alpha=0.2"]                 # optional: a setting tuned afterwards, reported beside, never instead
+
+    [bench.tuning]                          # runs spent choosing each variant's setting (default 0: untuned)
+    "alpha=0.2" = 12
+
+Each primary cell (variant x split x gamma) pairs the variant with the strongest baseline there, the
+one whose mean is best at that cell, over the seeds both have; the family's p-values are
+Holm-adjusted and its intervals are Bonferroni's (1 − 0.05/m), so a cell is "better" or "worse"
+only when its adjusted p is at most 0.05. Every other paired difference is exploratory.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from layerdescent.analysis.groups import baseline_group, domain_results, summarize
+from layerdescent.analysis.stats import holm, paired_difference
+from layerdescent.errors import ConfigError
+
+FAMILY_ALPHA = 0.05  # the family-wise error rate Holm's adjustment controls
+
+
+@dataclass(frozen=True)
+class Primary:
+    """The pre-registered family: a metric and its direction, at these gammas and splits, for these variants."""
+
+    metric: str
+    higher_is_better: bool
+    gammas: tuple[float, ...]
+    variants: tuple[str, ...]
+    splits: tuple[str, ...] = ("test",)
+    adopted: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class BenchSpec:
+    """A bench file's judging keys; the default judges against erm, with every verdict exploratory."""
+
+    baselines: tuple[str, ...] = ("erm",)
+    primary: Primary | None = None
+    tuning: dict[str, int] = field(default_factory=dict)
+
+
+PRIMARY_KEYS = {f.name for f in dataclasses.fields(Primary)}
+
+
+def _names(value, key: str) -> tuple[str, ...]:
+    if not isinstance(value, list) or not value or not all(isinstance(v, str) and v for v in value):
+        raise ConfigError(f'{key} must be a non-empty list of names, e.g. {key} = ["primal-dual"]')
+    return tuple(value)
+
+
+def parse_spec(bench: dict, variants: list[str] | None = None) -> BenchSpec:
+    """The judging keys of a ``[bench]`` table, checked; ``variants`` (the bench's run labels) are checked against when given."""
+    from layerdescent.registry import get_registry
+
+    solvers = get_registry().solvers
+    baselines = _names(bench.get("baselines", ["erm"]), "bench.baselines")
+    for name in baselines:
+        if name not in solvers:
+            raise ConfigError(f"bench.baselines: {name!r} is no registered solver (known: {', '.join(sorted(solvers))})")
+        if getattr(solvers[name], "enforces_constraints", False):
+            raise ConfigError(
+                f"bench.baselines: {name!r} enforces the constraints; a baseline is a solver the constrained variants are judged against"
+            )
+    tuning = bench.get("tuning", {})
+    if not isinstance(tuning, dict) or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in tuning.values()):
+        raise ConfigError('bench.tuning must map variant labels to the number of runs spent choosing their setting, e.g. "primal-dual" = 6')
+    primary = bench.get("primary")
+    if primary is not None:
+        primary = _primary(primary)
+    spec = BenchSpec(baselines, primary, dict(tuning))
+    if variants is not None:
+        named = [*(primary.variants + primary.adopted if primary else ()), *tuning]
+        for label in named:
+            if label not in variants:
+                where = "bench.tuning" if label in tuning else "bench.primary"
+                raise ConfigError(f"{where}: no variant is labelled {label!r} (the bench's are: {', '.join(dict.fromkeys(variants))})")
+    return spec
+
+
+def _primary(table) -> Primary:
+    """A ``[bench.primary]`` table as a Primary; ConfigError, one line, for a missing, unknown or mistyped key."""
+    if not isinstance(table, dict):
+        raise ConfigError("bench.primary must be a table: metric, higher_is_better, gammas, variants (splits, adopted optional)")
+    unknown = set(table) - PRIMARY_KEYS
+    if unknown:
+        raise ConfigError(f"unknown key bench.primary.{sorted(unknown)[0]} (allowed: {', '.join(sorted(PRIMARY_KEYS))})")
+    missing = [k for k in ("metric", "higher_is_better", "gammas", "variants") if k not in table]
+    if missing:
+        raise ConfigError(f"bench.primary lacks {missing[0]!r} (it needs metric, higher_is_better, gammas and variants)")
+    if not isinstance(table["metric"], str) or not table["metric"]:
+        raise ConfigError('bench.primary.metric must name a metric the task reports, e.g. metric = "accuracy"')
+    if not isinstance(table["higher_is_better"], bool):
+        raise ConfigError("bench.primary.higher_is_better must be true or false")
+    gammas = table["gammas"]
+    if (
+        not isinstance(gammas, list)
+        or not gammas
+        or not all(isinstance(g, (int, float)) and not isinstance(g, bool) and g >= 0 for g in gammas)
+    ):
+        raise ConfigError("bench.primary.gammas must be a non-empty list of perturbation levels >= 0, e.g. gammas = [0.0, 3.2]")
+    return Primary(
+        metric=table["metric"],
+        higher_is_better=table["higher_is_better"],
+        gammas=tuple(float(g) for g in gammas),
+        variants=_names(table["variants"], "bench.primary.variants"),
+        splits=_names(table.get("splits", ["test"]), "bench.primary.splits"),
+        adopted=_names(table["adopted"], "bench.primary.adopted") if "adopted" in table else (),
+    )
+
+
+def read_spec(path: str | Path) -> BenchSpec:
+    """The judging keys of a bench file's ``[bench]`` table."""
+    from layerdescent.run.config import read_toml
+
+    bench = read_toml(path).get("bench")
+    if not isinstance(bench, dict):
+        raise ConfigError(f"{path} has no [bench] table: --bench names the bench file the runs were made from")
+    return parse_spec(bench)
+
+
+def split_views(results: list[dict]) -> dict[str, tuple[list[dict], dict]]:
+    """Per evaluation set (``test`` first, then each domain), its results and their groups."""
+    views = {"test": results, **domain_results(results)}
+    return {name: (view, summarize(view)) for name, view in views.items()}
+
+
+def untuned(spec: BenchSpec, variant: str, baseline_label: str, baseline_solver: str) -> bool:
+    """Whether ``variant`` had tuning runs its baseline did not (erm, with no settings of its own, is never short of them)."""
+    from layerdescent.registry import get_registry
+
+    options = getattr(get_registry().solvers.get(baseline_solver), "Options", None)
+    tunable = bool(options and dataclasses.is_dataclass(options) and dataclasses.fields(options))
+    return tunable and spec.tuning.get(variant, 0) > spec.tuning.get(baseline_label, 0)
+
+
+def judge_cells(
+    results: list[dict],
+    spec: BenchSpec,
+    variants: tuple[str, ...],
+    metric: str,
+    higher_is_better: bool,
+    gammas: tuple[float, ...],
+    splits: tuple[str, ...],
+    views: dict | None = None,
+) -> list[dict]:
+    """Each (variant, split, gamma) against the strongest named baseline there; Holm over the cells given, Bonferroni intervals.
+
+    A cell a variant, split or gamma the runs lack is still counted in the family (m) and marked
+    missing, so an unfinished bench never looks like a smaller family.
+    """
+    views = views if views is not None else split_views(results)
+    sign = 1.0 if higher_is_better else -1.0
+    cells = []
+    for variant in variants:
+        for split in splits:
+            for gamma in gammas:
+                cells.append(_cell(views.get(split), spec, variant, split, float(gamma), metric, sign))
+    m = len(cells)
+    adjusted = holm([c["difference"]["p"] if c.get("difference") else None for c in cells])
+    for cell, p in zip(cells, adjusted):
+        cell["p_holm"] = p
+        if cell.get("difference"):
+            d = cell["difference"]
+            better = p is not None and p <= FAMILY_ALPHA
+            cell["verdict"] = ("better" if d["mean"] > 0 else "worse") if better else "no difference"
+            cell["simultaneous"] = paired_difference(cell["a"], cell["b"], level=1 - FAMILY_ALPHA / m)
+        else:
+            cell["verdict"] = "missing"
+    return cells
+
+
+def _cell(view, spec: BenchSpec, variant: str, split: str, gamma: float, metric: str, sign: float) -> dict:
+    """One family cell: the variant against the strongest baseline at (split, gamma), signed so > 0 favours the variant."""
+    if view is None or variant not in view[1]:
+        return {"variant": variant, "split": split, "gamma": gamma, "metric": metric}
+    return versus_strongest(*view, spec, variant, gamma, metric, sign, split)
+
+
+def versus_strongest(
+    results: list[dict], groups: dict, spec: BenchSpec, variant: str, gamma: float, metric: str, sign: float, split: str = "test"
+) -> dict:
+    """``variant`` against the named baseline with the best mean at ``gamma`` in its context, over the seeds both have.
+
+    The values are signed by ``sign`` (-1 where lower is better) so that a difference > 0 favours the
+    variant. "Better" must hold against every baseline, not the strongest alone (an intersection-union
+    test: the difference's p is the largest of the baselines' p, and it is distinct only when every
+    baseline's interval is above 0), so that "holds" means "beats erm and deep supervision".
+    ``cross_code`` says whether the two sides were made by different code, ``untuned`` whether the
+    variant had tuning runs the strongest baseline did not.
+    """
+    from layerdescent.run.provenance import differ
+
+    cell = {"variant": variant, "split": split, "gamma": gamma, "metric": metric}
+    value = {(r["label"], r["seed"], float(g["gamma"])): g["metrics"].get(metric) for r in results for g in r["gammas"]}
+    candidates = {}
+    for solver in spec.baselines:
+        label = baseline_group(groups, variant, solver)
+        stats = groups[label]["gammas"].get(gamma, {}).get("metrics", {}).get(metric) if label else None
+        if stats is not None:
+            candidates[label] = sign * stats["mean"]
+    own = groups[variant]["gammas"].get(gamma, {}).get("metrics", {}).get(metric)
+    if not candidates or own is None:
+        return cell
+    versus = {}
+    for label in candidates:
+        seeds = [
+            s
+            for s in sorted(set(groups[variant]["seeds"]) & set(groups[label]["seeds"]))
+            if value.get((variant, s, gamma)) is not None and value.get((label, s, gamma)) is not None
+        ]
+        a, b = [sign * value[variant, s, gamma] for s in seeds], [sign * value[label, s, gamma] for s in seeds]
+        versus[label] = (seeds, a, b, paired_difference(a, b) if seeds else None)
+    strongest = max(candidates, key=candidates.get)
+    seeds, a, b, difference = versus[strongest]
+    if difference is not None and difference["mean"] > 0:
+        others = [d for _, _, _, d in versus.values()]
+        better_than_all = all(d is not None and d["distinct"] and d["mean"] > 0 for d in others)
+        worst_p = None if any(d is None or d["p"] is None or d["mean"] <= 0 for d in others) else max(d["p"] for d in others)
+        difference = {**difference, "distinct": better_than_all, "p": worst_p}
+    made = {label: [] for label in (variant, strongest)}
+    for r in results:
+        if r["label"] in made and r["seed"] in seeds and "made_by" in r:
+            made[r["label"]].append(r["made_by"])
+    return {
+        **cell,
+        "baseline": strongest,
+        "baseline_solver": groups[strongest]["solver"],
+        "baselines": list(candidates),
+        "seeds": seeds,
+        "a": a,
+        "b": b,
+        "difference": difference,
+        "versus": {label: d for label, (_, _, _, d) in versus.items()},
+        "cross_code": differ(made[variant] + made[strongest]),
+        "untuned": untuned(spec, variant, strongest, groups[strongest]["solver"]),
+    }
+
+
+def primary_cells(results: list[dict], spec: BenchSpec, views: dict | None = None) -> list[dict]:
+    """The pre-registered family's cells, judged (empty for a bench without ``[bench.primary]``)."""
+    p = spec.primary
+    if p is None:
+        return []
+    return judge_cells(results, spec, p.variants, p.metric, p.higher_is_better, p.gammas, p.splits, views)

@@ -1,0 +1,176 @@
+"""The built-in trackers, TensorBoard and MLflow: listeners on a run's ``metrics.jsonl``, registered like a plugin's.
+
+    [train]
+    trackers = ["tensorboard", "mlflow"]
+
+A plugin's tracker subclasses :class:`~layerdescent.run.tracking.Tracker` and is
+registered by ``register_trackers``. The names and the packages they need are checked when a run
+trains (``check_trackers``), not when a config is read, so a recorded run still reports and
+evaluates where a tracker is missing. TensorBoard event files go to ``RUN_DIR/tensorboard``. MLflow logs one MLflow run per run, in
+``$MLFLOW_TRACKING_URI`` when it is set, else in a local file store: ``OUT/mlruns`` for a bench
+(one experiment named after the bench), ``RUN_DIR/mlruns`` for a single run. Both name a value
+the same way (``scalars``): ``train/loss/l3``, ``train/lambda/descent/2``, ``val/accuracy``.
+This module imports neither package until a tracker opens, so a config check stays light.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import re
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, ClassVar
+
+from layerdescent.hookspecs import hookimpl
+from layerdescent.optional import require
+from layerdescent.run.rundir import flat_keys
+from layerdescent.run.tracking import Tracker
+
+# Set by a bench for its workers, so a bench's runs share one store and one experiment without a config key.
+BENCH_ENV = "LAYERDESCENT_BENCH"
+STORE_ENV = "LAYERDESCENT_MLFLOW_STORE"
+RUN_DIR_TAG = "layerdescent.run_dir"
+
+
+def _test_scalars(results: dict[str, Any]) -> dict[str, float]:
+    """The final evaluation's per-layer loss and metrics at every gamma, for comparing finished runs."""
+    out: dict[str, float] = {}
+    for record in results.get("gammas", []):
+        prefix = f"test/gamma_{record['gamma']:g}"
+        out.update({f"{prefix}/loss/l{k}": v for k, v in enumerate(record["layer_loss"])})
+        out.update({f"{prefix}/{name}": v for name, v in record.get("metrics", {}).items() if isinstance(v, (int, float))})
+    return out
+
+
+class _TensorBoard(Tracker):
+    """TensorBoard event files in RUN_DIR/tensorboard; a resumed run purges what was logged after its checkpoint."""
+
+    name = "tensorboard"
+    requires: ClassVar[dict[str, str]] = {"tensorboard": "layerdescent[tensorboard]"}
+
+    def __init__(self, config: Any, run_dir: Path, start_step: int) -> None:
+        super().__init__(config, run_dir, start_step)
+        require("tensorboard", "tensorboard", "train.trackers 'tensorboard'")
+        from torch.utils.tensorboard import SummaryWriter
+
+        # metrics.jsonl is cut back to the checkpoint on resume; purge_step hides the same steps here.
+        self.writer = SummaryWriter(log_dir=str(run_dir / "tensorboard"), purge_step=start_step + 1 if start_step else None)
+
+    def log(self, step: int, values: dict[str, float]) -> None:
+        for key, value in values.items():
+            self.writer.add_scalar(key, value, step)
+        self.writer.flush()  # a killed run keeps every line it logged, as metrics.jsonl does
+
+    def close(self, results: dict[str, Any], run_dir: Path) -> None:
+        step = results["train"]["steps"]
+        for key, value in _test_scalars(results).items():
+            self.writer.add_scalar(key, value, step)
+        self.writer.close()
+
+
+class _MLflow(Tracker):
+    """One MLflow run per run, in a local file store or at $MLFLOW_TRACKING_URI; a resumed run continues it."""
+
+    name = "mlflow"
+    requires: ClassVar[dict[str, str]] = {"mlflow": "layerdescent[mlflow]"}
+
+    def __init__(self, config: Any, run_dir: Path, start_step: int) -> None:
+        super().__init__(config, run_dir, start_step)
+        require("mlflow", "mlflow", "train.trackers 'mlflow'")
+        from mlflow.tracking import MlflowClient
+
+        uri = os.environ.get("MLFLOW_TRACKING_URI") or Path(os.environ.get(STORE_ENV) or run_dir / "mlruns").resolve().as_uri()
+        if uri.startswith("file:"):
+            # MLflow 3 refuses a file store unless asked; it is the one store that needs no server and no database.
+            os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
+        self.client = client = MlflowClient(tracking_uri=uri)
+        bench = os.environ.get(BENCH_ENV, "")
+        experiment = self._experiment(os.environ.get("MLFLOW_EXPERIMENT_NAME") or bench or "layerdescent")
+        key = str(run_dir.resolve())
+        found = [r for r in self._runs(experiment, key) if r.data.tags.get(RUN_DIR_TAG) == key]
+        if found:
+            self.run_id = found[0].info.run_id
+            client.update_run(self.run_id, status="RUNNING")
+        else:
+            tags = {
+                RUN_DIR_TAG: key,
+                "variant": config.name,
+                "seed": str(config.seed),
+                "task": config.task.name,
+                "solver": config.solver.name,
+            }
+            if bench:
+                tags["bench"] = bench
+            self.run_id = client.create_run(experiment, tags=tags, run_name=f"{config.name}/seed-{config.seed}").info.run_id
+            self._params(config)
+        self._closed = False
+        atexit.register(self._fail)
+
+    def _experiment(self, name: str) -> str:
+        from mlflow.exceptions import MlflowException
+
+        found = self.client.get_experiment_by_name(name)
+        if found is not None:
+            return found.experiment_id
+        try:
+            return self.client.create_experiment(name)
+        except MlflowException:  # another run of the bench created it first
+            return self.client.get_experiment_by_name(name).experiment_id
+
+    def _runs(self, experiment: str, key: str) -> list[Any]:
+        if "'" in key:  # a quote cannot be escaped in a filter: compare every run's tag instead
+            return self.client.search_runs([experiment], max_results=50_000)
+        return self.client.search_runs([experiment], filter_string=f"tags.`{RUN_DIR_TAG}` = '{key}'")
+
+    def _params(self, config: Any) -> None:
+        from mlflow.entities import Param
+
+        flat = flat_keys(config.as_dict())
+        params = [Param(key, str(value)[:6000]) for key, value in flat.items()]
+        for start in range(0, len(params), 100):  # MLflow takes at most 100 params a call
+            self.client.log_batch(self.run_id, params=params[start : start + 100])
+
+    def log(self, step: int, values: dict[str, float]) -> None:
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        metrics = [Metric(_mlflow_key(key), value, now, step) for key, value in values.items()]
+        for start in range(0, len(metrics), 1000):
+            self.client.log_batch(self.run_id, metrics=metrics[start : start + 1000])
+
+    def close(self, results: dict[str, Any], run_dir: Path) -> None:
+        from layerdescent.analysis.report import write_report
+
+        self.log(results["train"]["steps"], _test_scalars(results))
+        self.client.log_artifact(self.run_id, str(run_dir / "results.json"))
+        self.client.log_artifact(self.run_id, str(run_dir / "config.toml"))
+        with tempfile.TemporaryDirectory() as tmp:
+            # The run alone, copied out, so its own summary never reads a results.json the store holds.
+            source = Path(tmp) / "run"
+            source.mkdir()
+            for name in ("results.json", "config.toml"):
+                shutil.copy(run_dir / name, source / name)
+            write_report(source, Path(tmp) / "plots", title=f"Run {results['label']} seed {results['seed']}")
+            self.client.log_artifacts(self.run_id, str(Path(tmp) / "plots"), "plots")
+        self.client.set_terminated(self.run_id, "FINISHED")
+        self._closed = True
+        atexit.unregister(self._fail)
+
+    def _fail(self) -> None:
+        if not self._closed:
+            self.client.set_terminated(self.run_id, "FAILED")
+
+
+def _mlflow_key(key: str) -> str:
+    """``key`` in the characters MLflow allows in a metric name (a constraint's name may hold others)."""
+    return re.sub(r"[^\w\-. :/]", "_", key)
+
+
+@hookimpl
+def register_trackers(register) -> None:
+    """The built-in trackers go through the same hook a third-party plugin uses."""
+    register(_TensorBoard)
+    register(_MLflow)

@@ -1,0 +1,68 @@
+"""The ``layerdescent`` command line: one verb a module, each a :class:`~layerdescent.commands.Command`; a plugin adds its own."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Sequence
+
+# Only light modules at the top: `--help`, `--version`, `list` and `plugins` must not import torch
+# (the commands that train import it where they need it).
+from layerdescent import __version__
+from layerdescent.cli import assets, bench, config, demo, evaluate, listing, plugins, report, run
+from layerdescent.commands import Command
+from layerdescent.errors import LayerdescentError
+from layerdescent.registry import get_registry
+
+BUILTIN = tuple(module.COMMAND for module in (listing, plugins, config, run, bench, evaluate, report, assets, demo))
+logger = logging.getLogger("layerdescent")
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports a usage mistake as one line, exit status 2."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
+def commands() -> list[Command]:
+    """The built-in verbs, then those plugins register (``compare`` among them), a name taken once."""
+    found = list(BUILTIN)
+    for name, command in get_registry().commands.items():
+        if name in {c.name for c in found}:
+            owner = get_registry().owner[("Command", name)]
+            logger.warning("layerdescent: plugin %r registers command %r, which is built in; the built-in one is kept", owner, name)
+            continue
+        found.append(command)
+    return found
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The parser of every verb, built-in and registered."""
+    parser = _Parser(prog="layerdescent", description="Train networks whose every layer must lower the loss.")
+    parser.add_argument("--version", action="version", version=f"layerdescent {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    for command in commands():
+        verb = sub.add_parser(command.name, help=command.help)
+        command.arguments(verb)
+        verb.set_defaults(command=command.name, func=command.run, resumable=command.resumable)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point; user mistakes end in one line on stderr and exit status 2."""
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except LayerdescentError as exc:
+        for line in str(exc).splitlines() or [type(exc).__name__]:  # several config mistakes: one line each
+            print(f"layerdescent: error: {line}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        again = getattr(args, "again", None) or ("the same command again" if args.resumable else None)
+        print(
+            f"layerdescent: interrupted; {again} continues from the last checkpoint" if again else "layerdescent: interrupted",
+            file=sys.stderr,
+        )
+        return 130

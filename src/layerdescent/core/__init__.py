@@ -1,0 +1,1 @@
+"""The core: constraints, the Cooper problem, solvers and the update front; no files, no configs, no loops."""

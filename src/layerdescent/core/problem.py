@@ -1,0 +1,456 @@
+"""The run's constraint specs compiled into one Cooper CMP, with multipliers, penalties and a dual optimizer.
+
+Cooper's sharp edges stay here: constraints register by attribute after ``super().__init__()``,
+each spec gets a ``DenseMultiplier`` sized to its violation vector, the dual optimizer has
+``maximize=True`` and its parameters in registration order, and resilience (a quadratic
+relaxation cost (c/2)||u||^2) is the dual weight decay 1/c, its exact closed form (u = lambda / c).
+
+A spec held per level or per sample (``levels``, ``per_sample``) gets an ``IndexedMultiplier``
+over its groups x entries instead: a group is a level of the band, a training row, or a
+(row, level) pair. Only the groups a batch holds enter its Lagrangian and its dual step, so a
+multiplier moves only when its level was drawn or its row was in the batch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import cooper
+import torch
+
+from layerdescent.core.constraints import ConstraintSpec
+from layerdescent.errors import ConfigError, PluginError
+
+
+@dataclass
+class LayerBatch:
+    """One micro-batch's per-row layer losses and where each row came from, for per-level and per-sample constraints."""
+
+    losses: torch.Tensor  # B x (L+1)
+    rows: torch.Tensor | None = None  # each row's index in the training split
+    levels: torch.Tensor | None = None  # each row's perturbation level, as an index into the band
+
+    @property
+    def means(self) -> torch.Tensor:
+        """E[l_k] over the batch, one entry per layer."""
+        return self.losses.mean(dim=0)
+
+
+@dataclass(frozen=True)
+class Grouping:
+    """How a per-level or per-sample spec's multipliers are indexed: group x entry, a group being a level, a row or a (row, level)."""
+
+    levels: tuple[int, ...]  # the band indices of the levels it holds at; empty: pooled over levels
+    band: tuple[float, ...]
+    rows: int  # training rows when per sample, else 0
+    entries: int  # violation entries per level
+
+    @classmethod
+    def of(cls, spec: ConstraintSpec, entries: int, band: tuple[float, ...], rows: int | None) -> Grouping:
+        """The grouping of ``spec`` over this band and training split; a ConfigError when it needs what the run lacks."""
+        held: tuple[int, ...] = ()
+        if spec.levels is not None:
+            wanted = band if spec.levels == "band" else spec.levels
+            if len(band) < 2 or any(g not in band for g in wanted):
+                raise ConfigError(
+                    f"constraint {spec.name!r}: levels {spec.levels!r} need a training band holding them (train.train_gamma = [...], or LayerwiseUpdate(band=...)); the band is {list(band)}"
+                )
+            held = tuple(band.index(g) for g in wanted)
+        if spec.per_sample and not rows:
+            raise ConfigError(
+                f"constraint {spec.name!r}: per_sample = true needs the training rows' count and each row's index (LayerwiseUpdate(rows=len(train_set)), backward(losses, rows=indices))"
+            )
+        return cls(held, band, (rows or 0) if spec.per_sample else 0, entries)
+
+    @property
+    def block(self) -> int:
+        """Entries per row: one per (level, entry)."""
+        return max(len(self.levels), 1) * self.entries
+
+    @property
+    def size(self) -> int:
+        """Multipliers in all: groups x entries."""
+        return max(self.rows, 1) * self.block
+
+    def labels(self, entry_labels: list[str]) -> list[str]:
+        """One label per entry of a row's block (``l3<=l2@0.8`` per level)."""
+        if not self.levels:
+            return list(entry_labels)
+        return [f"{label}@{self.band[j]:g}" for j in self.levels for label in entry_labels]
+
+    def groups(self, batch: LayerBatch) -> torch.Tensor:
+        """Each row's group id, -1 where its level is not held."""
+        n = batch.losses.shape[0]
+        device = batch.losses.device
+        slot = torch.zeros(n, dtype=torch.long, device=device)
+        valid = torch.ones(n, dtype=torch.bool, device=device)
+        if self.levels:
+            if batch.levels is None:
+                raise ConfigError("a constraint held per level needs each row's level: backward(losses, levels=band indices)")
+            lookup = torch.full((len(self.band),), -1, dtype=torch.long, device=device)
+            lookup[list(self.levels)] = torch.arange(len(self.levels), device=device)
+            slot = lookup[batch.levels.to(device)]
+            valid = slot >= 0
+        if self.rows:
+            if batch.rows is None:
+                raise ConfigError("a per-sample constraint needs each row's index: backward(losses, rows=indices into the training split)")
+            rows = batch.rows.to(device)
+            if bool(((rows < 0) | (rows >= self.rows)).any()):
+                raise ConfigError(
+                    f"a per-sample constraint got a row index outside 0..{self.rows - 1}: rows must index the training split it was built for"
+                )
+            slot = rows * max(len(self.levels), 1) + slot.clamp(min=0)
+        return torch.where(valid, slot, -1)
+
+    def sums(self, batch: LayerBatch, detach: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per-group sums of the layer losses (detached unless asked) and per-group row counts, as tables over every group."""
+        ids = self.groups(batch)
+        keep = ids >= 0
+        groups = self.size // self.entries
+        losses = batch.losses.detach() if detach else batch.losses
+        sums = torch.zeros(groups, losses.shape[1], dtype=losses.dtype, device=losses.device).index_add_(0, ids[keep], losses[keep])
+        counts = torch.zeros(groups, dtype=losses.dtype, device=losses.device).index_add_(
+            0, ids[keep], torch.ones_like(ids[keep], dtype=losses.dtype)
+        )
+        return sums, counts
+
+    def indices(self, groups: torch.Tensor) -> torch.Tensor:
+        """The flat multiplier indices of these groups' entries, group-major."""
+        return (groups[:, None] * self.entries + torch.arange(self.entries, device=groups.device)).flatten()
+
+
+def add_tables(
+    total: dict[str, tuple[torch.Tensor, torch.Tensor]], tables: dict[str, tuple[torch.Tensor, torch.Tensor]]
+) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    """Per-group loss sums and row counts added up, constraint by constraint (new tensors: neither input changes)."""
+    out = dict(total)
+    for name, (sums, counts) in tables.items():
+        out[name] = (sums, counts) if name not in out else (out[name][0] + sums, out[name][1] + counts)
+    return out
+
+
+def grouped_violation(spec: ConstraintSpec, means: torch.Tensor, state: dict[str, torch.Tensor]) -> torch.Tensor:
+    """G x entries violations of G rows of layer means (a loop over rows where the kind does not broadcast)."""
+    if spec.per_row:
+        return spec.violation(means, state)
+    return torch.stack([spec.violation(row, state) for row in means])
+
+
+class ExtraSGD(cooper.optim.ExtraSGD):
+    """Cooper's ExtraSGD, able to load a saved state (cooper-optim 1.0.1's ``__setstate__`` calls ``super(torch.optim.SGD, self)``, which fails)."""
+
+    def __setstate__(self, state: dict) -> None:
+        torch.optim.Optimizer.__setstate__(self, state)
+        for group in self.param_groups:
+            group.setdefault("nesterov", False)
+
+
+class _LayerwiseCMP(cooper.ConstrainedMinimizationProblem):
+    """The layerwise problem as a Cooper CMP: layer means in, the objective and every spec's violation out."""
+
+    def __init__(self, problem: LayerwiseProblem) -> None:
+        super().__init__()
+        self._problem = problem
+
+    def compute_cmp_state(self, layer_losses: Any, primal: bool = True, dual: bool = True) -> cooper.CMPState:
+        """The CMPState of B x (L+1) layer losses, their L+1 means or a LayerBatch (or a callable returning one, as ``roll()`` passes).
+
+        The loss is the solver's objective; ``primal = False`` (a dual pass) leaves it out and
+        ``dual = False`` leaves the dual update to a pass of its own (the window of ``dual_every``).
+        Specs held per level or per sample are observed only in a LayerBatch, which says where its rows come from.
+        """
+        batch = layer_losses() if callable(layer_losses) else layer_losses
+        return self._problem.observe(batch, primal, dual)[0]
+
+
+class LayerwiseProblem:
+    """Constraints on the per-layer mean losses, as one Cooper CMP."""
+
+    def __init__(
+        self,
+        specs: tuple[ConstraintSpec, ...],
+        num_layers: int,
+        augmented: bool = False,
+        rho: float = 1.0,
+        growth: float = 1.0,
+        tolerance: float = 1e-4,
+        band: tuple[float, ...] = (),
+        rows: int | None = None,
+    ) -> None:
+        self.specs = specs
+        self.augmented = augmented  # Cooper's augmented Lagrangian, with a penalty rho per entry
+        self.plain = tuple(spec for spec in specs if not spec.grouped)  # one multiplier per entry, observed from the layer means
+        self.needs_nonnegative = tuple(
+            spec for spec in specs if getattr(spec, "needs_nonnegative_losses", False)
+        )  # descent's (1 - alpha) margin assumes losses >= 0
+        self.num_layers = num_layers
+        self.cmp = _LayerwiseCMP(self)
+        self.labels: dict[str, list[str]] = {}
+        self.groupings: dict[str, Grouping] = {}  # the specs held per level or per sample
+        for spec in specs:
+            self.labels[spec.name] = spec.labels(num_layers)
+            size = len(self.labels[spec.name])
+            if spec.grouped:
+                if augmented:
+                    raise ConfigError(
+                        f"constraint {spec.name!r} is held per level or per sample, which the augmented Lagrangian's per-entry penalty does not scale to: use solver.formulation = 'lagrangian'"
+                    )
+                grouping = self.groupings[spec.name] = Grouping.of(spec, size, tuple(band), rows)
+                self.labels[spec.name] = grouping.labels(self.labels[spec.name])
+                setattr(
+                    self.cmp,
+                    spec.name,
+                    cooper.Constraint(
+                        cooper.ConstraintType.INEQUALITY, multiplier=cooper.multipliers.IndexedMultiplier(num_constraints=grouping.size)
+                    ),
+                )
+                continue
+            multiplier = cooper.multipliers.DenseMultiplier(num_constraints=size)
+            extra: dict[str, Any] = {}
+            if augmented:  # Cooper's augmented Lagrangian: a penalty rho per entry beside lambda
+                extra = {
+                    "formulation_type": cooper.formulations.AugmentedLagrangian,
+                    "penalty_coefficient": cooper.penalty_coefficients.DensePenaltyCoefficient(torch.full((size,), rho)),
+                }
+            setattr(self.cmp, spec.name, cooper.Constraint(cooper.ConstraintType.INEQUALITY, multiplier=multiplier, **extra))
+        self._constraints = {spec.name: getattr(self.cmp, spec.name) for spec in specs}
+        self._growth = (
+            cooper.penalty_coefficients.MultiplicativePenaltyCoefficientUpdater(growth, tolerance, has_restart=False)
+            if augmented and growth > 1
+            else None
+        )
+        self.state: dict[str, dict[str, torch.Tensor]] | None = None
+        # the last layer's mean, or a solver's own objective
+        self.objective: Callable[[torch.Tensor], torch.Tensor] = lambda means: means[-1]
+
+    def dual_optimizer(self, kind: str, lr: float, kp: float = 1.0, ki: float = 1.0, ema: float = 0.0) -> torch.optim.Optimizer:
+        """SGD or nuPI ascent on the multipliers; resilient specs get weight decay 1/c."""
+        # A grouped spec's relaxation cost enters its (sparse) dual gradient instead: weight decay would shrink every row's lambda.
+        groups = [
+            {
+                "params": [self.constraint(spec).multiplier.weight],
+                "weight_decay": 1.0 / spec.resilience if spec.resilience and not spec.grouped else 0.0,
+            }
+            for spec in self.specs
+        ]
+        if kind == "nupi":
+            return cooper.optim.nuPI(groups, lr=lr, Kp=kp, Ki=ki, ema_nu=ema, maximize=True)
+        if kind == "extra-sgd":
+            return ExtraSGD(groups, lr=lr, maximize=True)
+        return torch.optim.SGD(
+            groups, lr=lr, maximize=True, foreach=False
+        )  # a few entries: the single-tensor step, without asking each time
+
+    def dual_gradient(self, state: cooper.CMPState) -> None:
+        """Put the gradient of Cooper's dual Lagrangian on each multiplier, replacing any there: the strict violation it observed."""
+        # Both formulations' dual Lagrangian is lambda . g.detach() (Cooper's compute_dual_weighted_violation),
+        # so its gradient in lambda is g itself; written directly it skips an autograd pass that cost
+        # a small model 5% of its step. A test checks it against compute_dual_lagrangian().backward().
+        for constraint, observed in state.observed_constraints.items():
+            constraint.multiplier.weight.grad = observed.extract_violations()[1].clone()
+
+    def observe(
+        self, batch: torch.Tensor | LayerBatch, primal: bool = True, dual: bool = True
+    ) -> tuple[cooper.CMPState, dict[str, torch.Tensor], dict[str, tuple[torch.Tensor, torch.Tensor]]]:
+        """One pass over a micro-batch: its CMPState, each plain spec's violation (detached) and each grouped spec's per-group sums and counts.
+
+        ``batch`` is a LayerBatch, B x (L+1) per-row losses or their L+1 means; the violations are
+        computed once here and serve the primal Lagrangian, the non-finite check, the dual step and the log.
+        """
+        if isinstance(batch, LayerBatch):
+            means, rows = batch.means, batch
+        else:
+            means, rows = (batch.mean(dim=0) if batch.dim() == 2 else batch), None
+        violations = self.violations(means)
+        observed = {
+            self._constraints[spec.name]: cooper.ConstraintState(
+                violation=violations[spec.name], contributes_to_primal_update=primal, contributes_to_dual_update=dual
+            )
+            for spec in self.plain
+        }
+        tables: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+        if rows is not None and self.groupings:
+            for spec in self.specs:
+                if spec.grouped:
+                    observed[self.constraint(spec)], tables[spec.name] = self._grouped_state(spec, rows, primal, dual)
+        state = cooper.CMPState(loss=self.objective(means) if primal else None, observed_constraints=observed)
+        return state, {name: value.detach() for name, value in violations.items()}, tables
+
+    def primal_lagrangian(
+        self, batch: torch.Tensor | LayerBatch
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor], dict[str, tuple[torch.Tensor, torch.Tensor]]]:
+        """One micro-batch's primal Lagrangian at the current multipliers (Cooper's), with what ``observe`` gives beside it; lambda moves from a later dual pass."""
+        if self.augmented or self.groupings or isinstance(batch, LayerBatch):
+            state, violations, tables = self.observe(batch, dual=False)
+            return state.compute_primal_lagrangian().lagrangian, violations, tables
+        # The plain Lagrangian, the usual case: Cooper's sum (loss + lambda.detach() . g per constraint, by the
+        # same einsum) written directly, without its per-step stores (and the loss's defensive clone, an exact
+        # copy), which cost the small lista step 1%. A test checks it against compute_primal_lagrangian(), bit for bit.
+        means = batch.mean(dim=0) if batch.dim() == 2 else batch
+        violations = self.violations(means)
+        lagrangian = self.objective(means)
+        for spec in self.plain:
+            lagrangian = lagrangian + torch.einsum(
+                "i...,i...->", self._constraints[spec.name].multiplier.weight.detach(), violations[spec.name]
+            )
+        return lagrangian, {name: value.detach() for name, value in violations.items()}, {}
+
+    def put_dual_gradient(self, violations: dict[str, torch.Tensor], tables: dict[str, tuple[torch.Tensor, torch.Tensor]]) -> None:
+        """The dual pass from known violations: each multiplier's gradient (plain specs' from ``violations``, grouped ones' from ``tables``) and the penalties' growth."""
+        if self._growth is None:  # the usual case: the gradient of the dual Lagrangian is each violation (see dual_gradient)
+            for spec in self.plain:
+                self._constraints[spec.name].multiplier.weight.grad = violations[spec.name].clone()
+        else:  # the augmented Lagrangian's penalty updater reads Cooper's constraint states
+            state = self.dual_state(violations)
+            self.dual_gradient(state)
+            self.grow_penalties(state)
+        if self.groupings:
+            self.grouped_dual_gradient(tables)
+
+    def dual_state(self, violations: dict[str, torch.Tensor]) -> cooper.CMPState:
+        """The CMPState of a dual pass whose plain specs' violations are already known (the step's, or its window's)."""
+        observed = {
+            self._constraints[spec.name]: cooper.ConstraintState(violation=violations[spec.name], contributes_to_primal_update=False)
+            for spec in self.plain
+        }
+        return cooper.CMPState(loss=None, observed_constraints=observed)
+
+    def _grouped_state(
+        self, spec: ConstraintSpec, batch: LayerBatch, primal: bool, dual: bool
+    ) -> tuple[cooper.ConstraintState, tuple[torch.Tensor, torch.Tensor]]:
+        """A grouped spec's ConstraintState on one micro-batch (each group present, weighted by its share of the rows) and its per-group sums and counts (detached)."""
+        grouping = self.groupings[spec.name]
+        sums, counts = grouping.sums(batch, detach=False)
+        table = (sums.detach(), counts)
+        present = counts.nonzero().flatten()
+        counts = counts[present]
+        violation = grouped_violation(spec, sums[present] / counts[:, None], self.state[spec.name])
+        # Each group's term is weighted by its share of the batch's rows, so that the per-sample
+        # Lagrangian is the mean of lambda_i g_i over the rows, and a level's is E over the band.
+        share = (counts / batch.losses.shape[0])[:, None]
+        state = cooper.ConstraintState(
+            violation=(share * violation).flatten(),
+            constraint_features=grouping.indices(present.to(self.device)),
+            strict_violation=violation.flatten(),
+            contributes_to_primal_update=primal,
+            contributes_to_dual_update=dual,
+        )
+        return state, table
+
+    def group_tables(self, batch: LayerBatch) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+        """Per-group loss sums and row counts of one micro-batch, for each grouped spec (empty when there is none)."""
+        return {name: grouping.sums(batch) for name, grouping in self.groupings.items()}
+
+    def group_violations(self, tables: dict[str, tuple[torch.Tensor, torch.Tensor]]) -> dict[str, torch.Tensor]:
+        """Each grouped spec's violation per present group: G x block, NaN where a group (a level, a row) saw no row."""
+        out = {}
+        for spec in self.specs:
+            if spec.grouped and spec.name in tables:
+                grouping = self.groupings[spec.name]
+                sums, counts = tables[spec.name]
+                means = sums / counts[:, None]  # NaN where no row: 0 / 0
+                violation = grouped_violation(spec, means.to(self.device), self.state[spec.name])
+                out[spec.name] = violation.reshape(max(grouping.rows, 1), grouping.block)
+        return out
+
+    def grouped_dual_gradient(self, tables: dict[str, tuple[torch.Tensor, torch.Tensor]]) -> None:
+        """Put each grouped spec's sparse dual gradient on its multiplier: the violation of every group seen, nothing elsewhere."""
+        for spec in self.specs:
+            if not spec.grouped:
+                continue
+            grouping, weight = self.groupings[spec.name], self.constraint(spec).multiplier.weight
+            sums, counts = tables.get(spec.name, (None, torch.zeros(0)))
+            present = (counts > 0).nonzero().flatten()
+            if not len(present):
+                weight.grad = None  # nothing observed: no step, not even the relaxation's decay
+                continue
+            violation = grouped_violation(spec, (sums[present] / counts[present, None]).to(self.device), self.state[spec.name]).flatten()
+            index = grouping.indices(present.to(self.device))
+            if spec.resilience:  # the gradient of lambda.g - ||lambda||^2 / 2c at the entries seen: u = lambda / c
+                violation = violation - weight.detach()[index, 0] / spec.resilience
+            # the groups come sorted and distinct from nonzero(), so the indices are already coalesced
+            weight.grad = torch.sparse_coo_tensor(index[None], violation[:, None], weight.shape, is_coalesced=True, check_invariants=False)
+
+    def grow_penalties(self, state: cooper.CMPState) -> None:
+        """Grow the augmented Lagrangian's rho where a dual pass saw a violation above the tolerance."""
+        if self._growth is not None:
+            self._growth.step(state.observed_constraints)
+
+    def penalties(self) -> dict[str, torch.Tensor]:
+        """The augmented Lagrangian's current rho of each spec (empty for the plain Lagrangian)."""
+        return {
+            spec.name: self.constraint(spec).penalty_coefficient.value.detach()
+            for spec in self.specs
+            if self.constraint(spec).penalty_coefficient is not None
+        }
+
+    def constraint(self, spec: ConstraintSpec) -> cooper.Constraint:
+        """The Cooper constraint compiled from ``spec``."""
+        return self._constraints[spec.name]
+
+    def start(self, means: torch.Tensor) -> None:
+        """Fix what specs take from the first training batch (anchors), once per run."""
+        if self.state is None:
+            self.state = {spec.name: spec.initial_state(means.detach()) for spec in self.specs}
+
+    def violations(self, means: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Each spec's violation vector for these layer means (differentiable); specs held per level or per sample are left out."""
+        self.start(means)
+        out = {}
+        for spec in self.plain:  # the grouped are observed per group, from a LayerBatch
+            violation = spec.violation(means, self.state[spec.name])
+            # Cooper would silently broadcast a multiplier over a violation of another size.
+            if violation.shape != (len(self.labels[spec.name]),):
+                raise PluginError(
+                    f"constraint {spec.name!r} ({spec.kind}) returned a violation of shape {tuple(violation.shape)}; "
+                    f"its labels() promise {len(self.labels[spec.name])} entries"
+                )
+            out[spec.name] = violation
+        return out
+
+    def violations_of_rows(self, means: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Each plain spec's violations at S rows of layer means, S x entries (one call where the kind broadcasts over rows)."""
+        self.start(means[0])
+        return {spec.name: grouped_violation(spec, means, self.state[spec.name]) for spec in self.plain}
+
+    def multiplier_weights(self) -> list[torch.Tensor]:
+        """Each spec's multiplier tensor, in registration order (what the dual optimizer steps)."""
+        return [self._constraints[spec.name].multiplier.weight for spec in self.specs]
+
+    def multipliers(self) -> dict[str, torch.Tensor]:
+        """Current lambda of each spec: one per label, or a rows x labels table for a per-sample spec."""
+        out = {}
+        for spec in self.specs:
+            weight = self.constraint(spec).multiplier.weight.detach()
+            out[spec.name] = (
+                weight.reshape(-1, self.groupings[spec.name].block)
+                if spec.per_sample
+                else weight.flatten()
+                if spec.name in self.groupings
+                else weight
+            )
+        return out
+
+    def relaxations(self) -> dict[str, torch.Tensor]:
+        """The optimal relaxation u = lambda / c of each resilient spec."""
+        multipliers = self.multipliers()
+        return {spec.name: multipliers[spec.name] / spec.resilience for spec in self.specs if spec.resilience}
+
+    def state_dict(self) -> dict[str, Any]:
+        """Multipliers and per-spec state, for checkpoints."""
+        return {"cmp": self.cmp.state_dict(), "state": self.state}
+
+    @property
+    def device(self) -> torch.device:
+        """Where the multipliers live."""
+        return next((m.device for m in self.cmp.multipliers()), torch.device("cpu"))
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what ``state_dict`` saved."""
+        self.cmp.load_state_dict(state["cmp"])
+        saved = state["state"]
+        self.state = (
+            None if saved is None else {name: {k: v.to(self.device) for k, v in tensors.items()} for name, tensors in saved.items()}
+        )

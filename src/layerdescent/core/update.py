@@ -1,0 +1,301 @@
+"""The constrained update for any training loop: layer losses in, the loss to backward out, then the steps.
+
+    update = LayerwiseUpdate([Descent(alpha=0.05)], num_layers=4, optimizer=optimizer, dual_lr=0.5)
+    for x, y in batches:
+        update.zero_grad()
+        update.backward(layer_losses(model, x, y))      # B x (L+1) per-sample losses
+        update.step()                                   # the primal step, then the multipliers
+
+This is the front every loop calls the same way: the project's trainer, ``DescentTrainer`` and a
+user's own loop. The solver behind it owns the step (its scheme, formulation and primal
+optimizer); this object holds the log line. Under gradient accumulation call ``backward`` once per
+micro-batch (``weight`` = its share of the batch) and ``step`` once; under ``torch.distributed``
+the layer means are averaged over ranks, once per step, before anything reads them. Schemes that
+evaluate the batch twice (``alternating-primal-dual``, ``extrapolation``) need ``step(closure)``,
+a closure that calls ``backward`` on the same batch again. docs/solvers.md has the call order.
+
+A constraint held per level or per sample needs to know where each row came from:
+``LayerwiseUpdate(..., band=[0.0, 0.8, 1.6], rows=len(train_set))`` and
+``backward(losses, rows=indices, levels=band_indices)``.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from layerdescent.core.constraints import ConstraintSpec
+from layerdescent.core.divergence import multiplier_problem
+from layerdescent.core.problem import LayerBatch, LayerwiseProblem
+from layerdescent.core.solvers import Observation, Solver
+from layerdescent.errors import ConfigError
+from layerdescent.options import build_solver_options
+from layerdescent.registry import Registry, get_registry
+
+
+class LayerwiseUpdate:
+    """Descent constraints on a model's per-layer losses, solved by a registered solver through Cooper."""
+
+    def __init__(
+        self,
+        constraints: Sequence[ConstraintSpec],
+        num_layers: int,
+        optimizer: torch.optim.Optimizer,
+        solver: str = "primal-dual",
+        registry: Registry | None = None,
+        band: Sequence[float] = (),
+        rows: int | None = None,
+        **options: Any,
+    ) -> None:
+        solver_cls = (registry or get_registry()).solver(solver)
+        settings = build_solver_options(solver_cls, options)
+        problems = solver_cls.check(settings, num_layers, tuple(constraints))
+        if problems:
+            raise ConfigError("\n".join(problems))
+        problem = solver_cls.build_problem(settings, tuple(constraints), num_layers, tuple(band), rows)
+        self.solver: Solver = solver_cls(settings, problem)
+        if (
+            problem.groupings
+            and solver_cls.enforces_constraints
+            and solver_cls.observe_groups is Solver.observe_groups
+            and solver_cls.observe_step is Solver.observe_step
+        ):
+            raise ConfigError(
+                f"solver {solver_cls.name!r} does not update multipliers held per level or per sample (it does not override Solver.observe_groups); drop levels and per_sample"
+            )
+        self.solver.attach(optimizer)
+        self.problem: LayerwiseProblem = problem  # the constraints' Cooper problem (multipliers, labels, groupings)
+        self.optimizer = self.solver.optimizer  # the solver's Cooper optimizer (the model's optimizer is its primal_optimizers[0])
+        self.labels: dict[str, list[str]] = problem.labels  # each constraint's entry labels (l1<=l0, ...)
+        self._window = LogWindow(problem)
+        # the tensors the dual optimizer steps in place, checked after each step against the solver's bound (none: finiteness alone)
+        self._multipliers = problem.multiplier_weights() if self.solver.enforces_constraints else []
+        self._bound = self.solver.max_multiplier if self.solver.max_multiplier is not None else sys.float_info.max
+
+    def to(self, device: torch.device | str) -> LayerwiseUpdate:
+        """Move the multipliers (and penalties) to ``device``, where the losses are; returns self."""
+        self.problem.cmp.to(device)
+        return self
+
+    def zero_grad(self) -> None:
+        """Clear the model's gradients (each dual pass writes the multipliers' own afresh)."""
+        self.solver.zero_grad()
+
+    def loss(self, losses: torch.Tensor, rows: torch.Tensor | None = None, levels: torch.Tensor | None = None) -> torch.Tensor:
+        """The primal loss (objective plus multiplier-weighted violations) of B x (L+1) per-sample losses or L+1 means; counts nothing.
+
+        ``rows`` and ``levels`` say where each row came from, for constraints held per sample or per level.
+        """
+        return self.solver.primal_loss(self._batch(losses, rows, levels, enforced_only=True))
+
+    def forward(
+        self, losses: torch.Tensor, weight: float = 1.0, rows: torch.Tensor | None = None, levels: torch.Tensor | None = None
+    ) -> torch.Tensor | None:
+        """Count one micro-batch's losses toward this step (``weight``: its share) and return its primal loss, for a loop that runs ``backward`` itself (a Hugging Face ``Trainer``, a loss scaler); under ``torch.no_grad()`` it only counts and returns None."""
+        return self.solver.forward(self._batch(losses, rows, levels), weight)
+
+    def backward(
+        self, losses: torch.Tensor, weight: float = 1.0, rows: torch.Tensor | None = None, levels: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """Backpropagate ``weight`` x the primal loss of these layer losses and count them toward this step; return their means.
+
+        ``rows`` (each row's index in the training split) and ``levels`` (its level's index in the
+        band) feed the constraints held per sample or per level.
+        """
+        loss = self.forward(losses, weight, rows, levels)
+        if loss is not None and loss.requires_grad:
+            (loss if weight == 1.0 else loss * weight).backward()  # times 1 changes no gradient: one node less
+        return losses.detach().mean(dim=0) if losses.dim() == 2 and len(losses) else losses.detach()
+
+    def observe(self, means: torch.Tensor, weight: float = 1.0) -> None:
+        """Count L+1 layer means (detached) with ``weight`` toward this step, without a loss (a pass whose gradient is taken elsewhere)."""
+        self.solver.count(means.detach(), weight)
+
+    def observed(self) -> Observation:
+        """This step's layer means and violations so far, over every rank, without stepping (step() checks them itself)."""
+        return self.solver.observed()
+
+    def discard(self) -> None:
+        """Drop this step: its counted losses and the model's gradients (a step a loop's own code refused, e.g. one fp16's scaler skipped)."""
+        self.solver.discard()
+
+    def step(self, closure: Callable[[], Any] | None = None) -> Observation:
+        """The primal step and the multipliers' step of the solver's scheme; ``closure`` re-runs the batch's ``backward`` calls.
+
+        Returns what the step observed. A step whose layer means or violations are not finite is
+        dropped, not taken (``skipped`` says why; the gradients are cleared); ``stop`` says when a
+        multiplier left the finite range or passed ``max_multiplier`` (a loop should stop there).
+        """
+        return self._log(self.solver.step(closure))
+
+    def dual_step(self) -> Observation:
+        """The multipliers' step alone, for a loop whose own code took the primal step (a Hugging Face ``Trainer``); what it observed, as ``step`` returns it."""
+        return self._log(self.solver.step_after_primal())
+
+    def end_epoch(self) -> str | None:
+        """Epoch boundary: the dual step of ``dual_every = "epoch"``; why a multiplier must stop the run after it (as ``stop``), or None."""
+        if self.solver.end_epoch():
+            self.solver.dual_step()
+            return self._stop()
+        return None
+
+    def multipliers(self) -> dict[str, torch.Tensor]:
+        """Current lambda of each constraint."""
+        return self.problem.multipliers()
+
+    def relaxations(self) -> dict[str, torch.Tensor]:
+        """The optimal relaxation u = lambda / c of each resilient constraint."""
+        return self.problem.relaxations()
+
+    def violations(self, means: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Each constraint's violation at these layer means (positive: violated)."""
+        with torch.no_grad():
+            return self.problem.violations(means)
+
+    @property
+    def window_steps(self) -> int:
+        """Steps counted in the log line ``record()`` will return."""
+        return self._window.steps
+
+    def record(self) -> dict[str, Any]:
+        """The log line since the last call: layer losses, share of feasible steps, violations, and for constrained solvers multipliers, relaxations and penalties.
+
+        ``loss`` and ``violation`` are means over the steps since the last record (a layer a step
+        did not read, or a level it did not draw, is left out of its mean; null where no step saw it).
+        A per-sample constraint reports each entry's mean over the rows, and ``binding_rows``, the
+        share of rows with a positive multiplier.
+        """
+        out: dict[str, Any] = self._window.record() if self._window.steps else {}
+        if self.solver.enforces_constraints:
+            out["lambda"] = {k: _per_entry(v).tolist() for k, v in self.multipliers().items()}
+            out["relaxation"] = {k: _per_entry(v).tolist() for k, v in self.relaxations().items()}
+            if penalties := self.problem.penalties():
+                out["penalty"] = {k: v.tolist() for k, v in penalties.items()}
+            if binding := {k: float((v > 0).any(dim=1).double().mean()) for k, v in self.multipliers().items() if v.dim() == 2}:
+                out["binding_rows"] = binding
+        return out
+
+    def state_dict(self) -> dict[str, Any]:
+        """Optimizer, multiplier and solver state, for checkpoints."""
+        return {"solver": {"optimizer": self.optimizer.state_dict(), **self.solver.state_dict()}, "problem": self.problem.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what ``state_dict`` saved."""
+        self.optimizer.load_state_dict(state["solver"]["optimizer"])
+        self.solver.load_state_dict(state["solver"])
+        self.problem.load_state_dict(state["problem"])
+
+    def _batch(
+        self, losses: torch.Tensor, rows: torch.Tensor | None, levels: torch.Tensor | None, enforced_only: bool = False
+    ) -> torch.Tensor | LayerBatch:
+        """What the solver reads of one micro-batch: a LayerBatch where grouped constraints need each row, else the losses."""
+        if not self.problem.groupings or (enforced_only and not self.solver.enforces_constraints):
+            return losses
+        if losses.dim() != 2:
+            raise ConfigError("constraints held per level or per sample need the B x (L+1) per-row losses, not their means")
+        return LayerBatch(losses, rows, levels)
+
+    def _stop(self) -> str | None:
+        """Why the multipliers must stop the run (one not finite, or above the solver's ``max_multiplier``), or None."""
+        if self._multipliers and not bool(torch.stack([w.detach().max() for w in self._multipliers]).le(self._bound).all()):
+            return multiplier_problem(self.problem, self.solver.max_multiplier)  # one test per step; NaN fails it too
+        return None
+
+    def _log(self, seen: Observation) -> Observation:
+        """Count a taken step in the log line (its means, its violations where it brought them, its grouped constraints' per entry) and say whether a multiplier must stop the run."""
+        if seen.means is None or seen.skipped:
+            return seen
+        seen.stop = self._stop()
+        grouped = {}
+        if seen.tables and bool(torch.isfinite(seen.means).all()):  # from the step's tables, summed over ranks
+            with torch.no_grad():
+                grouped = {name: _per_entry(v, nan_safe=True) for name, v in self.problem.group_violations(seen.tables).items()}
+        self._window.add(seen.means, seen.violations, grouped)
+        return seen
+
+
+def _per_entry(value: torch.Tensor, nan_safe: bool = False) -> torch.Tensor:
+    """One value per label: a per-sample table's mean over its rows (over the rows seen, with ``nan_safe``)."""
+    if value.dim() != 2:
+        return value
+    return value.nanmean(dim=0) if nan_safe else value.mean(dim=0)
+
+
+def _seen_mean(total: Any, seen: Any) -> list[float | None]:
+    """Sums over the steps that saw each entry, divided by their count; null for an entry no step saw."""
+    return [value if count else None for value, count in zip((total / seen.clamp(min=1)).tolist(), seen.tolist())]
+
+
+class LogWindow:
+    """What one log line reports, over the steps since the last line: each step is kept as it came and folded in batches, off the step's path."""
+
+    FOLD = 64  # steps kept before they are folded into the sums (bounds memory where no line is ever asked for)
+
+    def __init__(self, problem: LayerwiseProblem) -> None:
+        self.problem = problem  # a step that brings no violations (a solver that enforces nothing) has them computed here, in one batch
+        self.reset()
+
+    def reset(self) -> None:
+        """Start a new log line."""
+        self.steps = 0
+        self.full = 0  # steps that read every layer, so whose violations are known
+        self.feasible = 0
+        self.loss: Any = None
+        self.counts: Any = None
+        self.violation: dict[str, Any] = {}
+        self.seen: dict[str, Any] = {}  # per entry, the steps that observed it (a level not drawn is NaN)
+        self._kept: list[tuple[torch.Tensor, dict[str, torch.Tensor] | None, dict[str, torch.Tensor]]] = []
+
+    def add(self, means: torch.Tensor, violations: dict[str, torch.Tensor] | None, grouped: dict[str, torch.Tensor] | None = None) -> None:
+        """Count one step's layer means and violations (None: compute them from the means when the line is made)."""
+        self.steps += 1
+        self._kept.append((means, violations, grouped or {}))
+        if len(self._kept) >= self.FOLD:
+            self._fold()
+
+    def _fold(self) -> None:
+        """Add the kept steps to the sums."""
+        if not self._kept:
+            return
+        means = torch.stack([m for m, _, _ in self._kept])
+        read = ~torch.isnan(means)  # a step that read the last layer alone leaves the others NaN
+        self.loss = _plus(self.loss, means.nan_to_num().sum(dim=0))
+        self.counts = _plus(self.counts, read.float().sum(dim=0))
+        full = read.all(dim=1).nonzero().flatten().tolist()
+        if full:
+            steps = [self._kept[i] for i in full]
+            if all(v is not None and len(v) == len(self.problem.plain) for _, v, _ in steps):
+                plain = {name: torch.stack([v[name] for _, v, _ in steps]) for name in (steps[0][1] or {})}
+            else:
+                with torch.no_grad():
+                    plain = self.problem.violations_of_rows(means[full])
+            tables = {name: torch.stack([g[name] for _, _, g in steps]) for name in steps[0][2]}
+            violations = {**plain, **tables}
+            self.full += len(full)
+            ok = torch.ones(len(full), dtype=torch.bool, device=means.device)
+            for name, value in violations.items():
+                ok &= ((value <= 0) | value.isnan()).all(dim=1)
+                self.violation[name] = _plus(self.violation.get(name), value.nan_to_num().sum(dim=0))
+                self.seen[name] = _plus(self.seen.get(name), (~value.isnan()).float().sum(dim=0))
+            self.feasible += int(ok.sum())
+        self._kept = []
+
+    def record(self) -> dict[str, Any]:
+        """The window's layer losses, share of feasible steps and violations, after which it starts again."""
+        self._fold()
+        full = max(self.full, 1)
+        record: dict[str, Any] = {
+            "loss": _seen_mean(self.loss, self.counts),  # null for a layer no step read (the last layer read alone)
+            "feasible": self.feasible / full,
+            # an entry no step of the window observed (a level not drawn) logs null; the others their mean over the steps that saw them
+            "violation": {k: _seen_mean(v, self.seen[k]) for k, v in self.violation.items()},
+        }
+        self.reset()
+        return record
+
+
+def _plus(total: torch.Tensor | None, value: torch.Tensor) -> torch.Tensor:
+    return value if total is None else total + value

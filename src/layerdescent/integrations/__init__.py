@@ -1,0 +1,1 @@
+"""Fronts for training loops that are not layerdescent's own: the Hugging Face Trainer."""

@@ -1,0 +1,132 @@
+"""Typed option dataclasses from plain tables (a TOML section, a solver's keyword arguments), one clear line per mistake.
+
+    options = build_dataclass(PrimalDualOptions, {"dual_lr": 0.1}, "solver")
+
+Every key is checked: an unknown key gets the closest valid one, a wrong type or an out-of-range
+value names the key and what is allowed (:class:`ConfigError`). Every layer reads options this way:
+a run's config, a solver built in one's own loop, an executor's or a tracker's table.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import types
+import typing
+from typing import Any, Literal, Union
+
+from layerdescent.errors import ConfigError
+from layerdescent.registry import Registry, closest, get_registry
+
+
+class Problems:
+    """ConfigErrors gathered so that one pass reports every mistake, one line each."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+
+    def add(self, exc: ConfigError, prefix: str = "") -> None:
+        for line in str(exc).splitlines():
+            self.lines.append(line if not prefix or line.startswith(prefix.split(".")[0].split("[")[0]) else f"{prefix}: {line}")
+
+    def attempt(self, fn, *args, prefix: str = ""):
+        """``fn(*args)``, or None with its ConfigError recorded."""
+        try:
+            return fn(*args)
+        except ConfigError as exc:
+            self.add(exc, prefix)
+            return None
+
+    def raise_any(self) -> None:
+        if self.lines:
+            raise ConfigError("\n".join(dict.fromkeys(self.lines)))
+
+
+def type_name(tp: Any) -> str:
+    origin = typing.get_origin(tp)
+    if origin is Literal:
+        return " or ".join(repr(a) for a in typing.get_args(tp))
+    if origin in (Union, types.UnionType):
+        return " or ".join(type_name(a) for a in typing.get_args(tp) if a is not type(None))
+    if origin is tuple:
+        item = typing.get_args(tp)[0]
+        plural = {int: "integers", float: "numbers", bool: "booleans", str: "strings"}.get(item)
+        return f"a list of {plural}" if plural else f"a list, each {type_name(item)}"
+    return {int: "an integer", float: "a number", bool: "true or false", str: "a string"}.get(tp, str(tp))
+
+
+def coerce(value: Any, tp: Any, key: str) -> Any:
+    """``value`` as type ``tp``, or ConfigError naming ``key`` and what it accepts."""
+    origin = typing.get_origin(tp)
+    if origin in (Union, types.UnionType):
+        for option in typing.get_args(tp):
+            if option is type(None) and value is None:
+                return None
+            if option is not type(None):
+                try:
+                    return coerce(value, option, key)
+                except ConfigError:
+                    continue
+    elif origin is Literal:
+        if value in typing.get_args(tp):
+            return value
+        if isinstance(value, str):
+            raise ConfigError(f"{key} = {value!r} is not allowed{closest(value, typing.get_args(tp))} (allowed: {type_name(tp)})")
+    elif origin is tuple:
+        if isinstance(value, (list, tuple)):
+            return tuple(coerce(v, typing.get_args(tp)[0], f"{key}[{i}]") for i, v in enumerate(value))
+    elif tp is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            if not math.isfinite(value):  # inf and nan pass every range check and poison the results
+                raise ConfigError(f"{key} must be a finite number, got {value}")
+            return float(value)
+    elif tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    elif isinstance(tp, type) and isinstance(value, tp):
+        return value
+    raise ConfigError(f"{key} must be {type_name(tp)}, got {value!r}")
+
+
+def build_dataclass(cls: type, data: Any, prefix: str) -> Any:
+    """Instantiate dataclass ``cls`` from a TOML table, checking every key and value (all problems at once)."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"{prefix} must be a table, got {data!r}")
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
+    kwargs, problems = {}, Problems()
+    for key, value in data.items():
+        if key not in fields:
+            problems.add(ConfigError(f"unknown key {prefix}.{key}{closest(key, fields)} (allowed: {', '.join(fields)})"))
+            continue
+        coerced = problems.attempt(coerce, value, hints[key], f"{prefix}.{key}")
+        if coerced is not None or value is None:
+            kwargs[key] = coerced
+    missing = [
+        n for n, f in fields.items() if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING and n not in data
+    ]
+    for name in missing:
+        problems.add(ConfigError(f"{prefix}.{name} is required"))
+    problems.raise_any()  # range checks only make sense on well-typed values
+    try:
+        return cls(**kwargs)
+    except ConfigError as exc:
+        message = str(exc)
+        raise ConfigError(message if message.startswith(prefix.split(".")[0].split("[")[0]) else f"{prefix}: {message}") from None
+
+
+def build_solver_options(solver_cls: type, data: dict[str, Any], registry: Registry | None = None) -> Any:
+    """The solver's Options from a [solver] table less its name; keys only another registered solver declares are dropped."""
+    fields = {f.name for f in dataclasses.fields(solver_cls.Options)}
+    # A bench's base [solver] table holds primal-dual's settings beside erm variants: they do not apply to erm.
+    others = {f.name for cls in (registry or get_registry()).solvers.values() for f in dataclasses.fields(cls.Options)} - fields
+    options = {k: v for k, v in data.items() if k not in others}
+    unknown = [k for k in options if k not in fields]
+    if unknown:
+        accepts = ", ".join(sorted(fields)) or "no options"
+        lines = []
+        for key in unknown:
+            hint = closest(key, fields) or closest(key, others)  # a typo of another solver's key, in a shared base table
+            lines.append(f"unknown key solver.{key}{hint} (solver {solver_cls.name!r} accepts: {accepts})")
+        raise ConfigError("\n".join(lines))
+    return build_dataclass(solver_cls.Options, options, "solver")

@@ -1,0 +1,1 @@
+"""One run: its config, session, training loop, evaluation, run directory and checkpoints."""

@@ -1,0 +1,226 @@
+"""What one run trains, built from its config (seeds, the splits in memory, the model, its optimizer and the constrained update), and a step's gradient pass over this rank's shards."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import random
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from layerdescent.core.divergence import check_nonnegative
+from layerdescent.core.problem import LayerBatch, LayerwiseProblem
+from layerdescent.core.update import LayerwiseUpdate
+from layerdescent.distributed import World, init_world, to_device
+from layerdescent.errors import ConfigError, DataError, PluginError
+from layerdescent.registry import Registry
+from layerdescent.run.config import RunConfig, TrainConfig
+from layerdescent.run.data import Rows
+from layerdescent.run.guard import calling
+
+
+def seed_everything(seed: int) -> None:
+    """Seed python, numpy and torch."""
+    random.seed(seed)
+    np.random.seed(seed % 2**32)  # a rank's offset seed may pass numpy's 32 bits; below them nothing changes
+    torch.manual_seed(seed)
+
+
+def epoch_steps(samples: int, train: TrainConfig) -> tuple[int, int]:
+    """Micro-batches and optimizer steps in one epoch over ``samples`` training rows."""
+    micro = math.ceil(samples / train.batch_size)
+    return micro, math.ceil(micro / train.accumulate)
+
+
+class CosineSchedule(torch.optim.lr_scheduler.LRScheduler):
+    """train.lr_schedule = "cosine": each group's lr anneals as lr * (1 + cos(pi * step / total)) / 2 to 0 at the run's last step."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer, total: int) -> None:
+        self.total = max(total, 1)
+        super().__init__(optimizer)
+
+    def get_lr(self) -> list[float]:
+        """The learning rates of step ``last_epoch``, from the step count alone."""
+        return [base * 0.5 * (1 + math.cos(math.pi * min(self.last_epoch, self.total) / self.total)) for base in self.base_lrs]
+
+    def step(self, epoch: int | None = None) -> None:
+        """Move to the next optimizer step (also after a step skipped for a non-finite loss, whose count the schedule follows)."""
+        with warnings.catch_warnings():  # a skipped first step calls this before optimizer.step(): harmless here
+            warnings.simplefilter("ignore", UserWarning)
+            super().step()
+
+    def resume(self, step: int) -> None:
+        """Put the schedule at ``step`` (a checkpoint written before the schedule kept its own state)."""
+        self.last_epoch = step
+        for group, lr in zip(self.optimizer.param_groups, self.get_lr()):
+            group["lr"] = lr
+        self._last_lr = [group["lr"] for group in self.optimizer.param_groups]
+
+
+def set_dropout(model: torch.nn.Module, rate: float, task: str) -> None:
+    """Give every dropout layer of ``model`` the rate ``train.dropout`` asks for."""
+    layers = [m for m in model.modules() if isinstance(m, torch.nn.modules.dropout._DropoutNd)]
+    if not layers:
+        raise ConfigError(f"train.dropout = {rate:g}, but task {task!r} builds a model with no dropout layer; remove train.dropout")
+    for layer in layers:
+        layer.p = rate
+
+
+@dataclass
+class Session:
+    """What a run trains: its splits in memory, model, the constrained update and the learning-rate schedule, and how a shard of a batch is read."""
+
+    rows: dict[str, Rows]
+    model: torch.nn.Module
+    update: LayerwiseUpdate
+    labels: list[str]
+    world: World = field(default_factory=World)
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+    schedule: CosineSchedule | None = None
+
+    @property
+    def problem(self) -> LayerwiseProblem:
+        """The constraints' Cooper problem (multipliers, labels)."""
+        return self.update.problem
+
+    def read_shard(
+        self, task: Any, shard: torch.Tensor, full: bool, level: int, band: tuple[float, ...], precision: str, who: str
+    ) -> tuple[torch.Tensor, LayerBatch | None]:
+        """This rank's layer means on its shard of a micro-batch (differentiable; the last layer's alone where a last-layer-only read sufficed), and the rows' LayerBatch where per-level or per-sample constraints need it.
+
+        ``level`` indexes the training band; -1 takes the shard at every level of it. Under
+        ``precision = "bf16"`` the forward pass runs in autocast and the losses leave it in float32.
+        """
+        width = len(self.labels)
+        grouped = bool(self.update.problem.groupings)
+        last_only = not (full or self.update.solver.trains_every_layer or grouped or level < 0)
+        rows = None
+        if len(shard):
+            batch = task.collate(self.rows["train"][shard])
+            if self.device.type != "cpu":  # collate builds on the CPU
+                batch = to_device(batch, self.device)
+            gamma = band[max(level, 0)]
+            with _autocast(self.device, precision):
+                last = task.last_layer_losses(self.model, batch, gamma=gamma) if last_only else None
+                if level < 0:  # every level of the band, in one step: the rows repeat once per level
+                    output = None
+                    losses = torch.cat([_float32(task.layer_losses(self.model, batch, gamma=g).losses) for g in band])
+                elif last is None:
+                    output = task.layer_losses(self.model, batch, gamma=gamma)
+            # the losses leave autocast in float32: the Lagrangian, the layer means and the dual step never see bf16
+            if level < 0:
+                means = losses.mean(dim=0)
+                rows = LayerBatch(losses, shard.repeat(len(band)), torch.arange(len(band)).repeat_interleave(len(shard)))
+            elif last is None:
+                last_only = False
+                losses = _float32(output.losses)
+                means = losses.mean(dim=0)
+                if grouped:
+                    rows = LayerBatch(losses, shard, torch.full((len(shard),), level))
+            else:
+                means = _float32(last.losses).mean(dim=0)
+            if not means.requires_grad and torch.is_grad_enabled():  # the alternating dual pass reads under no_grad
+                method = "last_layer_losses" if last_only else "layer_losses"
+                raise PluginError(
+                    f"{who}: {method} returned losses without gradients (computed under torch.no_grad() or detached): nothing would train"
+                )
+            if self.problem.needs_nonnegative and bool((means < 0).any()):  # -inf too: the check tells it apart
+                check_nonnegative(who, means, self.problem)  # a plugin's bug, which no setting fixes: raised before any step reads it
+        else:  # every rank takes the same branch: the task answers the same on every rank
+            last_only = last_only and task.overrides("last_layer_losses")
+            means = torch.zeros(1 if last_only else width, device=self.device)
+            if grouped:  # no rows, but the per-group sums still meet the other ranks' at the step
+                rows = LayerBatch(torch.zeros(0, width, device=self.device), shard, torch.zeros(0, dtype=torch.long))
+        return means, rows
+
+    def backward(
+        self,
+        task: Any,
+        group: Sequence[torch.Tensor],
+        levels: Sequence[int],
+        full: bool,
+        band: tuple[float, ...],
+        train: TrainConfig,
+        who: str,
+    ) -> None:
+        """Backpropagate the primal loss of a step's micro-batches (this rank's shard of each) through the update, then average the gradients over ranks and clip them.
+
+        ``levels`` gives each micro-batch's level in ``band`` (-1: every level); ``full`` as ``read_shard``.
+        """
+        total = sum(len(idx) for idx in group)
+        world = self.world
+        for idx, level in zip(group, levels):
+            shard = idx.tensor_split(world.size)[world.rank] if world.size > 1 else idx
+            means, batch = self.read_shard(task, shard, full, level, band, train.precision, who)
+            # this rank's share of the step, times the ranks: the update averages means and gradients over ranks, as under DDP
+            weight = len(shard) / total * world.size
+            # a plugin that changed its parameters in place after the forward pass fails here, named
+            with calling(who, "the backward pass through layer_losses"):
+                if batch is None:
+                    self.update.backward(means, weight)  # a rank whose shard is empty adds no gradient
+                else:  # per-level or per-sample constraints read each row's losses, index and level
+                    self.update.backward(batch.losses, weight, rows=batch.rows, levels=batch.levels)
+        if not torch.is_grad_enabled():  # a pass that only counts (a dual pass under no_grad)
+            return
+        if world.size > 1:  # their losses were weighted as DDP's are
+            world.average_gradients(self.model.parameters())
+        if train.grad_clip:
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), train.grad_clip)
+
+
+def _autocast(device: torch.device, precision: str) -> Any:
+    """The training forward pass's precision: autocast to bfloat16 under train.precision = "bf16", else nothing."""
+    if precision == "bf16":
+        return torch.autocast(device.type, dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+def _float32(losses: torch.Tensor) -> torch.Tensor:
+    """Losses a bf16 (or fp16) forward pass gave, in float32; any other dtype as it is, so that fp32 runs keep their numbers."""
+    return losses.float() if losses.dtype in (torch.bfloat16, torch.float16) else losses
+
+
+def build_session(config: RunConfig, task: Any, registry: Registry) -> Session:
+    """Join the data-parallel world (if any), seed, build splits, model and the constrained update of ``config``."""
+    train = config.train
+    if train.device == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(
+            "train.device = 'cuda', but this torch has no usable GPU (a CPU build, or no device visible): use 'auto' or 'cpu'"
+        )
+    world, device = init_world(train.device)
+    if train.threads:
+        torch.set_num_threads(train.threads)
+    seed_everything(config.seed)
+    splits = task.build_datasets()
+    rows = {}
+    for split in ("train", "validation", "test"):
+        if split not in splits or len(splits[split]) == 0:
+            raise DataError(f"task {task.name!r} built an empty or missing {split!r} split; check its data options")
+        rows[split] = Rows(splits[split])
+        rows[split].check_finite(split)
+    model = task.build_model().to(device)
+    if train.dropout is not None:
+        set_dropout(model, train.dropout, task.name)
+    if world.rank:  # the same initial model everywhere, independent perturbations per rank
+        seed_everything(config.seed + 1_000_003 * world.rank)
+    solver = config.solver
+    primal = registry.solver(solver.name).primal_optimizer(
+        solver.options, [p for p in model.parameters() if p.requires_grad], train
+    )  # the scheme's, e.g. extragradient
+    update = LayerwiseUpdate(
+        config.constraints,
+        task.num_layers,
+        primal,
+        solver.name,
+        registry=registry,
+        band=train.band,
+        rows=len(rows["train"]),
+        **vars(solver.options),
+    ).to(device)
+    schedule = CosineSchedule(primal, train.epochs * epoch_steps(len(rows["train"]), train)[1]) if train.lr_schedule == "cosine" else None
+    return Session(rows, model, update, [f"l{k}" for k in range(task.num_layers + 1)], world, device, schedule)

@@ -1,0 +1,108 @@
+"""Trackers: listeners on the lines a run writes to ``metrics.jsonl``; the contract and the fan-out the trainer calls.
+
+    trackers = open_trackers(config, run_dir, start_step, registry)   # in the trainer, once the log is open
+    trackers.log(record)                                               # every record written to metrics.jsonl
+    trackers.close(results, run_dir)                                   # once results.json is written
+
+The built-in trackers (TensorBoard, MLflow) live in :mod:`layerdescent.bench.trackers` and reach
+the trainer only through the registry, as a plugin's do.
+"""
+
+from __future__ import annotations
+
+import abc
+import os
+import time
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any, ClassVar
+
+from layerdescent.errors import ConfigError
+from layerdescent.optional import check_installed
+from layerdescent.registry import closest, get_registry
+
+STEP_TIME = "time/seconds_per_step"
+
+
+class Tracker(abc.ABC):
+    """A listener on a run's metrics log: subclass it, register it with ``register_trackers``, name it in ``train.trackers``.
+
+    Only rank 0 opens trackers. ``log`` gets every line the run writes to ``metrics.jsonl`` as named
+    values (``scalars``), ``close`` the run's results once ``results.json`` is written.
+    """
+
+    name: ClassVar[str] = ""  # what train.trackers names
+    requires: ClassVar[dict[str, str]] = {}  # module -> the pip requirement that installs it; checked before a run trains
+
+    def __init__(self, config: Any, run_dir: Path, start_step: int) -> None:
+        """Open for one run, once its metrics log is open; ``start_step`` is the checkpoint's step when it resumes (else 0)."""
+        self.config, self.run_dir, self.start_step = config, run_dir, start_step
+
+    @abc.abstractmethod
+    def log(self, step: int, values: dict[str, float]) -> None:
+        """Record the named values of one metrics.jsonl line, logged at optimizer step ``step``."""
+
+    def close(self, results: dict[str, Any], run_dir: Path) -> None:
+        """Take the finished run's results (results.json's content) and release what the tracker holds."""
+
+
+def check_trackers(names: Iterable[str], registry: Any = None) -> None:
+    """Raise one ConfigError for a tracker no plugin registers or whose package is missing (before a run trains)."""
+    table = (registry or get_registry()).trackers
+    for i, name in enumerate(names):
+        cls = table.get(name)
+        if cls is None:
+            raise ConfigError(
+                f"train.trackers[{i}] = {name!r} is not a registered tracker{closest(name, table)} (known: {', '.join(sorted(table))}; see `layerdescent list`)"
+            )
+        check_installed(cls.requires, f"train.trackers: {name!r}")
+
+
+def scalars(record: dict[str, Any]) -> dict[str, float]:
+    """The named values a tracker logs for one ``metrics.jsonl`` record (none for a skipped step)."""
+    out: dict[str, float] = {}
+    if record.get("event") == "train":
+        out.update({f"train/loss/l{k}": v for k, v in enumerate(record["loss"])})
+        out["train/feasible"] = record["feasible"]
+        for part in ("violation", "lambda", "relaxation"):
+            for name, values in record.get(part, {}).items():
+                out.update({f"train/{part}/{name}/{i}": v for i, v in enumerate(values)})
+    elif record.get("event") == "epoch":
+        out.update({f"val/loss/l{k}": v for k, v in enumerate(record["val_loss"])})
+        out.update({f"val/{name}": v for name, v in (record.get("val_metrics") or {}).items()})
+    return {key: float(value) for key, value in out.items() if isinstance(value, (int, float)) and not isinstance(value, bool)}
+
+
+class Trackers:
+    """The trackers of one run: each gets every record the run logs, and its results at the end."""
+
+    def __init__(self, trackers: list[Tracker], start_step: int = 0) -> None:
+        self.trackers = trackers
+        # step time as wall time between training log lines, so validation never counts as training
+        self._since, self._since_step = time.perf_counter(), start_step
+
+    def log(self, record: dict[str, Any]) -> None:
+        """Send one metrics.jsonl record to every tracker."""
+        if not self.trackers:
+            return
+        values, step, now = scalars(record), int(record.get("step", 0)), time.perf_counter()
+        if record.get("event") == "train" and step > self._since_step:
+            values[STEP_TIME] = (now - self._since) / (step - self._since_step)
+        if record.get("event") in ("train", "epoch"):
+            self._since, self._since_step = now, step
+        if values:
+            for tracker in self.trackers:
+                tracker.log(step, values)
+
+    def close(self, results: dict[str, Any], run_dir: str | Path) -> None:
+        """Hand every tracker the final results (and, for MLflow, the run's files), then close it."""
+        for tracker in self.trackers:
+            tracker.close(results, Path(run_dir))
+
+
+def open_trackers(config: Any, run_dir: str | Path, start_step: int = 0, registry: Any = None) -> Trackers:
+    """The trackers ``config.train.trackers`` names, from ``registry``, logging from ``start_step`` (only rank 0 logs)."""
+    if int(os.environ.get("RANK", "0")) != 0:
+        return Trackers([])
+    registry = registry or get_registry()
+    return Trackers([registry.tracker(name)(config, Path(run_dir), start_step) for name in config.train.trackers], start_step)

@@ -1,0 +1,316 @@
+"""The training loop shared by every solver: seeds, batches, logs, checkpoints, exact resume.
+
+    results = train(load_config("run.toml"), "runs/lista")      # writes the run directory
+    results = train(config, "runs/lista", resume=True)          # continues where it stopped
+
+The update itself is :class:`~layerdescent.core.update.LayerwiseUpdate`, the object any loop can use;
+what a run trains is built by :mod:`layerdescent.run.session`, the run directory's files are
+:mod:`layerdescent.run.rundir`'s and the stopping rules :mod:`layerdescent.run.stopping`'s.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import math
+import os
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from layerdescent.core.divergence import diverged
+from layerdescent.core.solvers import Observation
+from layerdescent.core.update import LayerwiseUpdate
+from layerdescent.distributed import World
+from layerdescent.errors import DivergenceError
+from layerdescent.registry import Registry, get_registry
+from layerdescent.run import rundir, stopping
+from layerdescent.run.checkpoint import load_checkpoint, load_model_state, restore_run, rng_state, run_payload, save_checkpoint
+from layerdescent.run.config import RunConfig, check_depth, check_steps
+from layerdescent.run.evaluator import evaluate, evaluate_all, rows_satisfied
+from layerdescent.run.guard import build_task, describe
+from layerdescent.run.progress import evaluation_in_steps, progress_bar
+from layerdescent.run.session import Session, build_session, epoch_steps
+from layerdescent.run.tracking import check_trackers, open_trackers
+
+
+@dataclass
+class Position:
+    """Where a run is: its epoch, micro-batch and step, and the best validation loss so far (early stopping)."""
+
+    epoch: int = 0
+    micro: int = 0  # micro-batches of this epoch already trained
+    step: int = 0  # optimizer steps taken (and skipped)
+    best_loss: float = math.inf  # the lowest last-layer validation loss so far
+    best_epoch: int = -1
+    best_val_loss: list[float] | None = None  # every layer's at best_epoch, for tuning and the reports
+
+    @classmethod
+    def restore(cls, saved: dict[str, Any]) -> Position:
+        """The position a checkpoint recorded (a dict, as every checkpoint holds it)."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in saved.items() if k in names})
+
+    def saved(self) -> dict[str, Any]:
+        """What a checkpoint records: a plain dict, with best_val_loss only once there is one (as before the dataclass)."""
+        out = dataclasses.asdict(self)
+        if out["best_val_loss"] is None:
+            del out["best_val_loss"]
+        return out
+
+
+class Trainer:
+    """Trains one RunConfig into one run directory."""
+
+    def __init__(self, config: RunConfig, run_dir: str | Path, registry: Registry | None = None) -> None:
+        self.config = config
+        self.run_dir = Path(run_dir)
+        self.registry = registry or get_registry()
+        self.who = describe(self.registry, config.task.name)
+        self.task = build_task(self.registry, config.task.name, config.task.options)
+        check_depth(config, self.task.num_layers, self.registry)
+        self.band = config.train.band  # the training perturbation levels
+        self.checkpoint_path, self.best_path = self.run_dir / "checkpoint.pt", self.run_dir / "best.pt"
+
+    def setup(self) -> Session:
+        """Join the data-parallel world (if any), seed, build splits, model and the constrained update."""
+        return build_session(self.config, self.task, self.registry)
+
+    def fit(self, resume: bool = False) -> dict[str, Any]:
+        """Train (or continue), evaluate on the gamma grid, write and return ``results.json``."""
+        check_trackers(self.config.train.trackers, self.registry)
+        with rundir.claim(self.run_dir) as self._claim:
+            try:
+                session = self.setup()
+                results = self._fit(session, resume)
+            except OSError as exc:
+                if exc.errno not in rundir.DISK_ERRNOS:
+                    raise
+                raise rundir.write_failure(self.run_dir, exc) from None
+        session.world.close()  # on failure the ranks exit with their error; a barrier could hang
+        return results
+
+    def _fit(self, session: Session, resume: bool) -> dict[str, Any]:
+        config, train = self.config, self.config.train
+        rows, model, update, world = session.rows, session.model, session.update, session.world
+        check_steps(train, epoch_steps(len(rows["train"]), train)[1])
+        rundir.prepare(self.run_dir, config, self.registry, resume, write=world.is_main)
+        world.barrier()
+
+        position = Position()
+        step_times: list[float] = []
+        skipped_steps = 0
+        metrics_file = self.run_dir / "metrics.jsonl"
+        if resume and self.checkpoint_path.exists():
+            state = load_checkpoint(self.checkpoint_path, self.task.name, kind="run")
+            restore_run(self.checkpoint_path, state, model, update, world.rank, self.task.name, session.schedule)
+            position, step_times = Position.restore(state["position"]), list(state["step_times"])
+            skipped_steps = int(state["skipped_steps"])
+            if session.schedule is not None and "schedule" not in state:
+                session.schedule.resume(position.step)  # a checkpoint from before the schedule kept its state
+            if world.is_main:
+                rundir.rewind_log(metrics_file, self.checkpoint_path, state["metrics_offset"])
+
+        train_set = rows["train"]
+        # batch_size is global: ranks split each batch, so a config means the same run however it
+        # is launched, and a run resumes on another number of processes on the same trajectory.
+        micro_per_epoch, steps_per_epoch = epoch_steps(len(train_set), train)
+        # Line-buffered so that `tail -f metrics.jsonl` follows a run; only rank 0 writes.
+        log = rundir.open_log(metrics_file) if world.is_main else open(os.devnull, "w")
+        self._trackers = open_trackers(config, self.run_dir, position.step, self.registry)
+
+        def checkpoint() -> None:
+            self._claim.check()  # a directory moved or unlocked under the run is no longer written
+            self._log(log, position, update)
+            log.flush()
+            rngs = world.gather(rng_state())
+            if world.is_main:
+                save_checkpoint(
+                    self.checkpoint_path,
+                    run_payload(
+                        self.task.name, model, update, session.schedule, rngs, position.saved(), step_times, skipped_steps, log.tell()
+                    ),
+                )
+
+        # a bar on a terminal, a timed line every 30 s when stderr is a pipe (a demo or bench log)
+        name, shown = f"{config.name} seed {config.seed}", train.progress and world.is_main
+        after = evaluation_in_steps(
+            len(rows[config.eval.split]), len(config.eval.gammas) * (1 + len(config.eval.domains)), train.batch_size * train.accumulate
+        )
+        bar = progress_bar(
+            train.epochs * steps_per_epoch, position.step, name, enabled=shown, after=after
+        )  # the time left covers the evaluation
+        with self._failure_recorded(position, world, "training"):
+            try:
+                while position.epoch < train.epochs and not stopping.patience_spent(train, position):
+                    order = torch.randperm(len(train_set), generator=torch.Generator().manual_seed(config.seed * 100_003 + position.epoch))
+                    micro_batches = order.split(train.batch_size)
+                    levels = self._levels(position.epoch, len(micro_batches))
+                    while position.micro < micro_per_epoch:
+                        group = micro_batches[position.micro : position.micro + train.accumulate]
+                        group_levels = levels[position.micro : position.micro + train.accumulate]
+                        start = time.perf_counter()
+                        # a last-layer solver reads every layer on a log line's first step only, where the task can read the last alone
+                        done = self.step(session, group, position.step, full=update.window_steps == 0, levels=group_levels)
+                        if done.skipped:
+                            log.write(
+                                json.dumps({"event": "skipped", "epoch": position.epoch, "step": position.step, "reason": done.skipped})
+                                + "\n"
+                            )
+                            skipped_steps += 1
+                        else:
+                            step_times.append(time.perf_counter() - start)
+                        if session.schedule is not None:
+                            session.schedule.step()
+                        position.micro += len(group)
+                        position.step += 1
+                        bar.update(1)
+                        if update.window_steps >= train.log_every:
+                            self._log(log, position, update)
+                        if train.checkpoint_every and position.step % train.checkpoint_every == 0:
+                            checkpoint()
+                    reason = update.end_epoch()
+                    if reason:
+                        raise diverged(f"end of epoch {position.epoch}: {reason}")
+                    self._log(log, position, update)
+                    if train.validate:
+                        val = evaluate(
+                            self.task, model, rows["validation"], [train.validation_gamma], config.eval.batch_size, config.eval.seed, world
+                        )[0]
+                        record = {
+                            "event": "epoch",
+                            "epoch": position.epoch,
+                            "step": position.step,
+                            "val_loss": val["layer_loss"],
+                            "val_metrics": val["metrics"],
+                        }
+                        log.write(json.dumps(record) + "\n")
+                        self._trackers.log(record)
+                        if stopping.improved(train, position, val["layer_loss"]) and world.is_main:
+                            # written before the checkpoint that records it, so a resume finds it
+                            save_checkpoint(self.best_path, {"task": self.task.name, "model": model.state_dict(), "epoch": position.epoch})
+                    position.epoch += 1
+                    position.micro = 0
+                    checkpoint()
+            finally:
+                bar.close()
+                log.close()
+
+            if step_times == [] and skipped_steps:
+                raise DivergenceError(
+                    f"every one of the {skipped_steps} training steps was skipped for a non-finite loss (train.on_nonfinite = 'skip'): "
+                    f"nothing trained, so results.json was not written; see the 'skipped' lines of {metrics_file} for the first cause"
+                )
+        with self._failure_recorded(position, world, "evaluation"):
+            if train.early_stopping:
+                world.barrier()  # rank 0 wrote best.pt
+                self.load_model(self.best_path, model, load_checkpoint(self.best_path, self.task.name, kind="model")["model"])
+            evaluation = self._evaluate(session, position, name, shown)
+            stopping.check_finite_results(evaluation, self.who)
+            satisfied = rows_satisfied(self.task, model, train_set, train.band, update, config.eval.batch_size, config.eval.seed, world)
+            results = rundir.results_table(config, self.task, position, step_times, skipped_steps, update, evaluation, satisfied)
+            if world.is_main:
+                self._claim.check()
+                rundir.finish(self.run_dir, model.state_dict(), results, train.keep_checkpoint, self.who)
+        if world.is_main:
+            self._trackers.close(results, self.run_dir)
+        return results
+
+    @contextlib.contextmanager
+    def _failure_recorded(self, position: Position, world: World, stage: str) -> Iterator[None]:
+        """Write failure.json when the block raises, so that `bench --status` says the run failed, where, and why."""
+        try:
+            yield
+        except Exception as exc:
+            if world.is_main and not self._claim.gone():  # a directory no longer this run's is not written
+                rundir.save_failure(self.run_dir, position.epoch, position.step, exc, stage)
+            raise
+
+    def _evaluate(self, session: Session, position: Position, name: str, shown: bool) -> dict[str, Any]:
+        """The final evaluation, each record saved as it is taken, so that a run interrupted here resumes at the next record."""
+        config, world = self.config, session.world
+        # the model evaluated is the one this position trained (or its best epoch), under this eval config
+        key = {"step": position.step, "epoch": position.epoch, "eval": config.as_dict()["eval"]}
+        done = rundir.partial_evaluation(self.run_dir, key)
+        if done and shown:
+            taken = len(done.get("gammas", [])) + sum(len(r) for r in done.get("domains", {}).values())
+            print(
+                f"{name} evaluation: resumed after {taken} of {len(config.eval.gammas) * (1 + len(config.eval.domains))} records",
+                file=sys.stderr,
+                flush=True,
+            )
+
+        def save(partial: dict[str, Any]) -> None:
+            if world.is_main:
+                self._claim.check()
+                rundir.save_partial_evaluation(self.run_dir, key, partial)
+
+        return evaluate_all(
+            self.task,
+            session.model,
+            session.rows[config.eval.split],
+            config.eval,
+            world,
+            lambda total: progress_bar(total, 0, f"{name} evaluation", shown, unit="batch"),
+            done,
+            save,
+        )
+
+    def load_model(self, path: Path, model: torch.nn.Module, state: dict[str, Any]) -> None:
+        """Load ``state`` into ``model``, or CheckpointError naming ``path`` when it belongs to another model."""
+        load_model_state(path, model, state, self.task.name)
+
+    def _log(self, log, position: Position, update: LayerwiseUpdate) -> None:
+        """Write the update's log line since the last one (nothing when no step was taken since)."""
+        if update.window_steps:
+            record = {"event": "train", "epoch": position.epoch, "step": position.step, **update.record()}
+            log.write(json.dumps(record) + "\n")
+            self._trackers.log(record)
+
+    def _levels(self, epoch: int, micro_batches: int) -> list[int]:
+        """Each micro-batch's level in the training band this epoch (-1: every level, gamma_sampling = 'all').
+
+        Drawn from the seed and the epoch alone, so a resumed run draws the same levels, and every
+        solver trained with the same seed sees the same level at the same step.
+        """
+        train = self.config.train
+        if train.gamma_sampling == "all":
+            return [-1] * micro_batches
+        if len(train.band) == 1:
+            return [0] * micro_batches
+        generator = torch.Generator().manual_seed(self.config.seed * 100_003 + epoch + 7_919_000)
+        return torch.randint(len(train.band), (micro_batches,), generator=generator).tolist()
+
+    def step(
+        self, session: Session, group: Sequence[torch.Tensor], step: int, full: bool = True, levels: Sequence[int] | None = None
+    ) -> Observation:
+        """One optimizer step over micro-batches of training-row indices: what it observed over every rank, or why it was skipped.
+
+        Each micro-batch is global: this rank trains on its shard, and the update averages the
+        layer means over ranks once per step, before anything reads them, so every rank sees the
+        same numbers and takes the same decision. ``full = False`` lets a solver that trains the
+        last layer alone read it alone where the task offers that (``Task.last_layer_losses``);
+        the other layers' means are then NaN.
+        """
+        update, train = session.update, self.config.train
+        levels = list(levels) if levels is not None else [0] * len(group)
+        update.zero_grad()
+        session.backward(self.task, group, levels, full, self.band, train, self.who)
+        # a scheme that evaluates the batch again (extragradient, or a dual pass after the primal step) re-runs the same micro-batches
+        seen = update.step(closure=lambda: session.backward(self.task, group, levels, True, self.band, train, self.who))
+        if seen.skipped and train.on_nonfinite != "skip":
+            raise diverged(f"step {step}: {seen.skipped}")
+        if seen.stop:
+            raise diverged(f"step {step}: {seen.stop}")
+        return seen
+
+
+def train(config: RunConfig, run_dir: str | Path, resume: bool = False, registry: Registry | None = None) -> dict[str, Any]:
+    """Train ``config`` into ``run_dir`` and return its results (see the README for the schema)."""
+    return Trainer(config, run_dir, registry).fit(resume=resume)
