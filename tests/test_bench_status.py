@@ -18,7 +18,7 @@ from test_one_line_errors import RUN, config_file, with_
 import layerdescent as ld
 from layerdescent.bench.runner import run_bench
 from layerdescent.cli import main
-from layerdescent.run import rundir
+from layerdescent.run import layout, rundir
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="tells a live holder from a stale pid through /proc")
 
@@ -56,7 +56,7 @@ def test_bench_status_tells_each_run_done_training_failed_stopped_or_pending_and
         run_bench(path, out, only=["erm", "diverges"])
     # a pid that is alive but does not hold the directory, as after a crash and the pid's reuse
     (out / "later" / "seed-0").mkdir(parents=True)
-    (out / "later" / "seed-0" / rundir.LOCK).write_text(f"{os.getpid()}\n")
+    (out / "later" / "seed-0" / layout.LOCK).write_text(f"{os.getpid()}\n")
 
     proc = subprocess.Popen(
         [*LAYERDESCENT, "bench", str(path), "--out", str(out), "--only", "long"],
@@ -130,7 +130,7 @@ def test_a_failed_run_copied_without_its_lock_is_retried_and_its_failure_goes_on
     run = out / "diverges" / "seed-0"
     with pytest.raises(ld.LayerdescentError, match="1 of 1 runs failed"):
         run_bench(path, out)
-    (run / rundir.LOCK).unlink()  # as `git clone` or a copy of the results leaves it
+    (run / layout.LOCK).unlink()  # as `git clone` or a copy of the results leaves it
     assert sorted(p.name for p in run.iterdir()) == ["config.toml", "failure.json", "metrics.jsonl"]
     with pytest.raises(ld.LayerdescentError, match="diverges seed 0: DivergenceError: step 0"):
         run_bench(path, out)  # tried again and diverged again, not refused as a folder of someone's files
@@ -139,7 +139,7 @@ def test_a_failed_run_copied_without_its_lock_is_retried_and_its_failure_goes_on
     fixed = with_(with_(RUN, "solver.max_multiplier", 1e6), "constraints", diverging["constraints"])
     with contextlib.redirect_stdout(io.StringIO()):
         assert main(["run", str(config_file(tmp_path, fixed, "fixed.toml")), "--out", str(run)]) == 0
-    assert (run / "results.json").exists() and not (run / rundir.FAILURE).exists()
+    assert (run / "results.json").exists() and not (run / layout.FAILURE).exists()
 
 
 def test_skip_failed_leaves_a_failed_run_untouched_trains_the_rest_and_still_counts_it_failed(tmp_path, monkeypatch):
@@ -182,4 +182,4 @@ def test_a_run_that_fails_in_its_final_evaluation_says_so_and_the_bench_resumes_
     monkeypatch.setattr(Trainer, "step", lambda *args, **kwargs: pytest.fail("the resumed run trained again"))
     run_bench(path, out)  # the checkpoint holds the trained model: only the evaluation runs again
     assert status(path, out)[0] == "erm seed 0: done"
-    assert not (out / "erm" / "seed-0" / rundir.FAILURE).exists()
+    assert not (out / "erm" / "seed-0" / layout.FAILURE).exists()

@@ -15,7 +15,7 @@ from test_one_line_errors import RUN, config_file, with_
 
 import layerdescent as ld
 from layerdescent.bench.runner import run_bench
-from layerdescent.run import rundir
+from layerdescent.run import layout
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 
@@ -53,7 +53,7 @@ def test_killing_a_bench_with_two_workers_kills_its_workers(tmp_path):
         stderr=subprocess.DEVNULL,
         start_new_session=True,
     )
-    locks = [out / variant / "seed-0" / rundir.LOCK for variant in ("erm", "primal-dual")]
+    locks = [out / variant / "seed-0" / layout.LOCK for variant in ("erm", "primal-dual")]
     try:
         deadline, workers = time.time() + 240, set()
         while time.time() < deadline and len(workers) < 2 and proc.poll() is None:

@@ -490,3 +490,28 @@ def test_evaluate_says_which_run_it_starts_and_shows_progress_through_its_evalua
     captured = capsys.readouterr()
     assert captured.out.splitlines()[:2] == [f"{tmp_path / 'again'}: evaluating", f"{tmp_path / 'again'}: evaluated"]
     assert any(line.startswith(f"{tmp_path / 'again'} evaluation: batch 2/2,") for line in captured.err.splitlines()), captured.err
+
+
+class CommandsPlugin:
+    """A plugin's commands: one that works, one that refuses its input, one that takes a built-in verb's name."""
+
+    @ld.hookimpl
+    def register_commands(self, register):
+        register(ld.Command("hello", "say hello", lambda args: print(f"hello {args.who}") or 0, lambda p: p.add_argument("who")))
+        register(ld.Command("refuse", "refuse", _refuse))
+        register(ld.Command("run", "a second run", lambda args: 0))
+
+
+def _refuse(args) -> int:
+    raise ld.ConfigError("refuse takes nothing here; try hello")
+
+
+def test_a_plugin_command_runs_its_errors_are_one_line_and_a_built_in_name_stays_built_in(monkeypatch, capsys, caplog):
+    from layerdescent import cli, registry
+
+    plugins = registry.Registry(extra_plugins=[("greetings", CommandsPlugin())])
+    monkeypatch.setattr(cli, "get_registry", lambda: plugins)
+    assert cli.main(["hello", "world"]) == 0 and capsys.readouterr().out == "hello world\n"
+    assert cli.main(["refuse"]) == 2 and capsys.readouterr().err == "layerdescent: error: refuse takes nothing here; try hello\n"
+    assert "plugin 'greetings' registers command 'run', which is built in; the built-in one is kept" in caplog.text
+    assert plugins.owner[("Command", "compare")] == "layerdescent.cli.compare"  # compare takes the plugins' path

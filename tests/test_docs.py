@@ -100,61 +100,128 @@ def test_docs_solver_example_registers_and_runs_from_toml_alone(tmp_path, monkey
         ld.config_from_dict(table, registry)
 
 
-def test_docs_executor_and_tracker_plugin_is_chosen_by_name_from_the_command_line_once_installed(tmp_path):
-    import copy
-    import json
+def _installed(tmp_path: Path, module: str, marker: str) -> dict[str, str]:
+    """The environment of a process that sees the docs' ``marker`` block installed as ``module`` under an entry point."""
     import os
+
+    site = tmp_path / "site"  # what `pip install .` of the plugin's package leaves on sys.path
+    dist = site / f"{module}-0.1.0.dist-info"
+    dist.mkdir(parents=True)
+    (site / f"{module}.py").write_text(_block(marker))
+    (dist / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {module.replace('_', '-')}\nVersion: 0.1.0\n")
+    (dist / "entry_points.txt").write_text(f"[layerdescent]\nextensions = {module}\n")
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")])}
+
+
+def _layerdescent(env: dict[str, str], *argv, **popen):
+    """The `layerdescent` command in a process of its own: finished, or (``popen``) running."""
     import subprocess
     import sys
+
+    command = [sys.executable, "-m", "layerdescent.cli", *map(str, argv)]
+    if popen:
+        return subprocess.Popen(command, env=env, **popen)
+    return subprocess.run(command, capture_output=True, text=True, env=env, check=False)
+
+
+def _bench_file(tmp_path: Path, **train) -> Path:
+    import copy
 
     import tomli_w
     from conftest import TINY
 
-    from layerdescent.bench.runner import run_bench
-    from layerdescent.run.tracking import scalars
-
-    site = tmp_path / "site"  # what `pip install .` of the plugin's package leaves on sys.path
-    dist = site / "my_extensions-0.1.0.dist-info"
-    dist.mkdir(parents=True)
-    (site / "my_extensions.py").write_text(_block("executor-tracker-example"))
-    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: my-extensions\nVersion: 0.1.0\n")
-    (dist / "entry_points.txt").write_text("[layerdescent]\nextensions = my_extensions\n")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")])}
-
-    def layerdescent(*argv) -> subprocess.CompletedProcess:
-        return subprocess.run(
-            [sys.executable, "-m", "layerdescent.cli", *map(str, argv)], capture_output=True, text=True, env=env, check=False
-        )
-
-    listed = layerdescent("list").stdout.splitlines()
-    assert any(line.split()[:1] == ["inline"] and line.endswith("[plugin extensions]") for line in listed), listed
-    assert any(line.split()[:1] == ["csv"] and line.endswith("[plugin extensions]") for line in listed), listed
-    assert any(
-        line.split()[:4] == ["extensions", "loaded", "my-extensions", "0.1.0"] for line in layerdescent("plugins").stdout.splitlines()
-    )
-
     table = copy.deepcopy(TINY)
-    table["train"]["epochs"] = 1
+    table["train"].update({"epochs": 1, **train})
     table["bench"] = {"seeds": [0], "variants": {"erm": {"solver": {"name": "erm"}}, "primal-dual": {}}}
     bench = tmp_path / "bench.toml"
     bench.write_text(tomli_w.dumps(table))
-    proc = layerdescent("bench", bench, "--out", tmp_path / "inline", "--executor", "inline", "--set", 'train.trackers=["csv"]')
-    assert proc.returncode == 0, proc.stderr
-    assert "primal-dual seed 0: trained [inline: 2 finished, 0 running, 0 failed, 0 waiting]" in proc.stdout
-    run_bench(bench, tmp_path / "local")  # the same runs on the built-in local executor, no tracker
+    return bench
+
+
+def _same_runs(out: Path, reference: Path) -> None:
+    """Each run of ``out`` has the results.json of ``reference``'s, timings aside, and its CSV rows are its metrics log."""
+    import json
+
+    from layerdescent.run.tracking import STEP_TIME, scalars
+
     for variant in ("erm", "primal-dual"):
-        ours, local = (json.loads((tmp_path / out / variant / "seed-0" / "results.json").read_text()) for out in ("inline", "local"))
+        ours, local = (json.loads((root / variant / "seed-0" / "results.json").read_text()) for root in (out, reference))
         for data in (ours, local):
             data.pop("eval_seconds"), data["train"].pop("step_time_median")
         assert ours == local
-        run_dir = tmp_path / "inline" / variant / "seed-0"
-        rows = {
-            (int(step), name): float(value)
+        run_dir = out / variant / "seed-0"
+        rows = [
+            (int(step), name, float(value))
             for step, name, value in (line.split(",") for line in (run_dir / "values.csv").read_text().splitlines())
-        }
+        ]
         logged = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-        want = {(record["step"], name): value for record in logged for name, value in scalars(record).items()}
-        assert want and {key: rows[key] for key in want} == want
+        want = [(record["step"], name, value) for record in logged for name, value in scalars(record).items()]
+        assert want and sorted(row for row in rows if row[1] != STEP_TIME) == sorted(want)  # each once: none lost, none twice
+
+
+def test_docs_executor_and_tracker_plugin_is_chosen_by_name_with_its_options_once_installed(tmp_path):
+    from layerdescent.bench.runner import run_bench
+
+    env = _installed(tmp_path, "my_extensions", "executor-tracker-example")
+    listed = _layerdescent(env, "list").stdout.splitlines()
+    assert any(line.split()[:1] == ["subprocess"] and line.endswith("[plugin extensions]") for line in listed), listed
+    assert any(line.split()[:1] == ["csv"] and line.endswith("[plugin extensions]") for line in listed), listed
+    assert "    nice = 0" in listed and '    file = "values.csv"' in listed  # their options, with the defaults
+    assert any(
+        line.split()[:4] == ["extensions", "loaded", "my-extensions", "0.1.0"] for line in _layerdescent(env, "plugins").stdout.splitlines()
+    )
+    bench = _bench_file(tmp_path)
+    flags = ("--executor", "subprocess", "--set", "bench.executor.nice=1", "--set", "train.trackers.csv.file='values.csv'")
+    refused = _layerdescent(env, "bench", bench, "--out", tmp_path / "refused", *flags[:2], "--set", "bench.executor.nice=40")
+    assert refused.returncode == 2 and refused.stderr == "layerdescent: error: bench.executor.nice must be in 0..19, got 40\n"
+    proc = _layerdescent(env, "bench", bench, "--out", tmp_path / "ours", *flags)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert sorted(line.split(" [")[0] for line in lines[:2]) == ["erm seed 0: trained", "primal-dual seed 0: trained"], lines
+    assert lines[1].endswith("[subprocess: 2 finished, 0 running, 0 failed, 0 waiting]"), lines
+    run_bench(bench, tmp_path / "local")  # the same runs on the built-in local executor, no tracker
+    _same_runs(tmp_path / "ours", tmp_path / "local")
+
+
+def test_a_bench_interrupted_through_a_plugin_executor_stops_its_runs_and_resumes_to_the_same_numbers(tmp_path):
+    import signal
+    import subprocess
+    import time
+
+    from layerdescent.bench.runner import run_bench
+
+    env = _installed(tmp_path, "my_extensions", "executor-tracker-example")
+    bench = _bench_file(tmp_path, epochs=40, checkpoint_every=5)
+    flags = ("--executor", "subprocess", "--set", "bench.executor.workers=1", "--set", "train.trackers.csv.file='values.csv'")
+    out = tmp_path / "ours"
+    bench_process = _layerdescent(env, "bench", bench, "--out", out, *flags, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    started = time.monotonic()
+    while not (out / "erm" / "seed-0" / "checkpoint.pt").exists():  # erm is training, past a checkpoint
+        assert bench_process.poll() is None and time.monotonic() - started < 120, bench_process.communicate()
+        time.sleep(0.05)
+    bench_process.send_signal(signal.SIGINT)
+    _, stderr = bench_process.communicate(timeout=30)  # close() stopped the run within seconds
+    assert bench_process.returncode == 130 and "interrupted; the same command again continues" in stderr, stderr
+    assert not (out / "erm" / "seed-0" / "results.json").exists()
+    run_pids = {int(p.read_text().strip() or 0) for p in out.glob("*/seed-0/.layerdescent.lock")}
+    assert not any(Path(f"/proc/{pid}").exists() for pid in run_pids if pid), "a run still trains after the bench stopped"
+    proc = _layerdescent(env, "bench", bench, "--out", out, *flags)
+    assert proc.returncode == 0, proc.stderr
+    assert "erm seed 0: resumed" in proc.stdout
+    run_bench(bench, tmp_path / "local")
+    _same_runs(out, tmp_path / "local")
+
+
+def test_docs_command_plugin_adds_a_subcommand(tmp_path):
+    env = _installed(tmp_path, "my_commands", "command-example")
+    (tmp_path / "bench" / "erm" / "seed-0").mkdir(parents=True)
+    (tmp_path / "bench" / "erm" / "seed-0" / "results.json").write_text("{}")
+    assert "count the finished runs of a bench" in _layerdescent(env, "--help").stdout
+    proc = _layerdescent(env, "count", tmp_path / "bench")
+    assert (proc.returncode, proc.stdout) == (0, "1 finished runs\n"), proc.stderr
+    assert any(
+        line.split()[:1] == ["count"] and line.endswith("[plugin extensions]") for line in _layerdescent(env, "list").stdout.splitlines()
+    )
 
 
 def test_every_hook_is_documented_in_the_plugin_guide_and_exercised_by_a_test():
@@ -242,6 +309,18 @@ def test_public_surface_table_names_exactly_the_public_names():
     table = re.search(r"<!-- public-names -->\n(.*?)\n\n", PLUGINS.read_text(), re.S).group(1)
     documented = set(re.findall(r"`([A-Za-z_]+)`", "\n".join(line.split("|")[1] for line in table.splitlines()[2:])))
     assert documented == set(ld.__all__)
+
+
+def test_the_api_reference_documents_every_public_name():
+    import importlib
+
+    text = (DOCS / "reference" / "api.md").read_text()
+    documented = set(re.findall(r"^::: ([\w.]+)$", text, re.M))
+    eager = ("layerdescent.errors", "layerdescent.hookspecs", "layerdescent.optional")  # imported by the package itself
+    for name in set(ld.__all__) - {"__version__"}:
+        module = ld._LAZY.get(name) or next(m for m in eager if hasattr(importlib.import_module(m), name))
+        assert f"{module}.{name}" in documented or module in documented, f"{name} ({module}) is not in docs/reference/api.md"
+        assert getattr(importlib.import_module(module), name) is getattr(ld, name)
 
 
 def test_module_map_names_every_module_of_the_package():

@@ -11,7 +11,7 @@ import layerdescent as ld
 from layerdescent.analysis.report import collect, summarize
 from layerdescent.errors import LayerdescentError
 from layerdescent.results import check
-from layerdescent.run import rundir
+from layerdescent.run import layout, rundir
 from layerdescent_lista import SparseCoding
 
 GAMMAS = [0.0, 0.5, 1.0]
@@ -67,7 +67,7 @@ def test_an_evaluation_interrupted_after_a_record_resumes_at_the_next_with_the_s
     monkeypatch.setattr(rundir, "save_partial_evaluation", save_then_die)
     with pytest.raises(KeyboardInterrupt):
         ld.train(_config(tiny), tmp_path / "cut")
-    assert (tmp_path / "cut" / rundir.EVALUATION_PARTIAL).exists()
+    assert (tmp_path / "cut" / layout.EVALUATION_PARTIAL).exists()
     monkeypatch.setattr(rundir, "save_partial_evaluation", original)
 
     evaluated = []
@@ -83,14 +83,14 @@ def test_an_evaluation_interrupted_after_a_record_resumes_at_the_next_with_the_s
     assert evaluated == [GAMMAS[2]] * 3  # only the third record's three batches
     assert "evaluation: resumed after 2 of 3 records" in capsys.readouterr().err
     assert _numbers(resumed) == _numbers(whole)
-    assert not (tmp_path / "cut" / rundir.EVALUATION_PARTIAL).exists()  # results.json holds every record now
+    assert not (tmp_path / "cut" / layout.EVALUATION_PARTIAL).exists()  # results.json holds every record now
 
 
 def test_a_saved_evaluation_of_another_model_is_not_reused(tmp_path):
     rundir.save_partial_evaluation(tmp_path, {"step": 8, "epoch": 1, "eval": {}}, {"gammas": [{"gamma": 0.0}]})
     assert rundir.partial_evaluation(tmp_path, {"step": 8, "epoch": 1, "eval": {}}) == {"gammas": [{"gamma": 0.0}]}
     assert rundir.partial_evaluation(tmp_path, {"step": 16, "epoch": 2, "eval": {}}) is None
-    (tmp_path / rundir.EVALUATION_PARTIAL).write_text("{not json")
+    (tmp_path / layout.EVALUATION_PARTIAL).write_text("{not json")
     assert rundir.partial_evaluation(tmp_path, {"step": 8, "epoch": 1, "eval": {}}) is None  # damaged: evaluate again
 
 

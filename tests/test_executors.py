@@ -12,8 +12,8 @@ import pytest
 from test_one_line_errors import RUN, cli, config_file, with_
 
 import layerdescent as ld
-from layerdescent.bench import executors
-from layerdescent.bench.executors import ExecutorOptions, RunsFailed
+from layerdescent.bench.executors import ExecutorChoice, ExecutorOptions, RunsFailed, SlurmOptions
+from layerdescent.bench.executors import base as executors
 from layerdescent.bench.runner import run_bench
 from layerdescent.errors import ConfigError
 from layerdescent.registry import Registry
@@ -25,7 +25,7 @@ BENCH = {
     "bench": {"seeds": [0], "variants": {"erm": {"solver": {"name": "erm"}}, "primal-dual": {}}},
 }
 VARIANTS = ("erm", "primal-dual")
-LOCAL_JOBS = {"slurm": {"cluster": "local", "time": 10}}
+LOCAL_JOBS = {"executor": {"cluster": "local", "time": 10}}  # slurm's keys, dropped for the local executor
 
 
 def results(out: Path) -> dict[str, dict]:
@@ -61,7 +61,7 @@ def test_ray_trains_the_same_runs_as_the_local_executor(reference, ray_instance,
     path, expected = reference
     seen = []
     summary = run_bench(
-        path, tmp_path / "out", executor=ExecutorOptions(name="ray", workers=2), on_run=lambda run, status: seen.append(status)
+        path, tmp_path / "out", executor=ExecutorChoice("ray", ExecutorOptions(workers=2)), on_run=lambda run, status: seen.append(status)
     )
     assert results(tmp_path / "out") == expected
     assert summary.exists() and ray_instance.is_initialized()  # the bench leaves an instance it did not start
@@ -73,7 +73,7 @@ def test_a_failed_ray_run_is_named_with_its_log_and_the_others_finish(reference,
     table["bench"]["variants"]["primal-dual"] = {"solver": {"dual_lr": 1e6, "max_multiplier": 1e-3}}  # diverges at once
     bench = config_file(tmp_path, table, "bench.toml")
     with pytest.raises(RunsFailed) as failed:
-        run_bench(bench, tmp_path / "out", executor=ExecutorOptions(name="ray"))
+        run_bench(bench, tmp_path / "out", executor=ExecutorChoice("ray"))
     lines = str(failed.value).splitlines()
     assert lines[0].startswith(f"1 of 2 runs failed; {tmp_path / 'out' / 'summary.md'} covers the runs that finished")
     assert lines[1].startswith("primal-dual seed 0: DivergenceError:")
@@ -99,11 +99,13 @@ def test_an_interrupted_bench_resumes_through_submitted_jobs_to_the_same_results
     monkeypatch.setattr(Trainer, "step", original)
     assert (out / "erm" / "seed-0" / "checkpoint.pt").exists() and not (out / "primal-dual" / "seed-0").exists()
     # submitted and left, then collected by a second call: the bench a SLURM user runs from a login node
-    assert run_bench(path, out, executor=ExecutorOptions(name="slurm", cluster="local", wait=False)) is None
+    assert run_bench(path, out, executor=ExecutorChoice("slurm", SlurmOptions(cluster="local", wait=False))) is None
     jobs = json.loads((out / ".submitit" / "jobs.json").read_text())
     assert jobs.keys() == {"erm/seed-0", "primal-dual/seed-0"}
     seen = []
-    summary = run_bench(path, out, executor=ExecutorOptions(name="slurm", cluster="local"), on_run=lambda run, status: seen.append(status))
+    summary = run_bench(
+        path, out, executor=ExecutorChoice("slurm", SlurmOptions(cluster="local")), on_run=lambda run, status: seen.append(status)
+    )
     assert summary.exists() and results(out) == expected
     assert sorted(s.split(" [")[0] for s in seen) == ["resumed", "trained"]
     assert json.loads((out / ".submitit" / "jobs.json").read_text()) == jobs  # collected, not submitted again
@@ -123,21 +125,32 @@ def test_a_worker_that_does_not_see_the_output_directory_refuses_to_train(refere
     "argv, message",
     [
         (["--executor", "local", "--no-wait"], "--no-wait is for --executor slurm"),
-        (["--executor", "local", "--ray-address", "host:6379"], "--ray-address needs --executor ray"),
-        (["--executor", "ray", "--cpus-per-run", "0"], "--cpus-per-run must be at least 1"),
-        (["--partition", "gpu"], "--partition needs --executor slurm"),
+        (["--executor", "ray", "--set", "bench.executor.cpus_per_run=0"], "bench.executor.cpus_per_run must be in 1..4096, got 0"),
+        (["--executor", "slurm", "--set", "bench.executor.partition=1"], "bench.executor.partition must be a string, got 1"),
+        (["--set", "bench.executor.adress='h:1'"], "unknown key bench.executor.adress; did you mean 'address'? (executor 'local' accepts:"),
+        (["--workers", "0"], "--workers (bench.executor.workers) must be in 1..4096, got 0"),
     ],
 )
-def test_executor_flags_that_cannot_work_are_one_line(reference, tmp_path, argv, message):
+def test_executor_options_that_cannot_work_are_one_line(reference, tmp_path, argv, message):
     path, _ = reference
     code, lines = cli("bench", str(path), "--out", str(tmp_path / "out"), *argv)
     assert code == 2 and len(lines) == 1 and message in lines[0], lines
 
 
 def test_a_misspelled_slurm_setting_gets_the_closest_name(tmp_path):
-    bench = config_file(tmp_path, {**BENCH, "bench": {**BENCH["bench"], "slurm": {"partion": "gpu"}}}, "bench.toml")
-    code, lines = cli("bench", str(bench), "--out", str(tmp_path / "out"), "--executor", "slurm")
-    assert code == 2 and len(lines) == 1 and "bench.slurm.partion" in lines[0] and "'partition'" in lines[0], lines
+    bench = config_file(tmp_path, {**BENCH, "bench": {**BENCH["bench"], "executor": {"name": "slurm", "partion": "gpu"}}}, "bench.toml")
+    code, lines = cli("bench", str(bench), "--out", str(tmp_path / "out"))
+    assert code == 2 and len(lines) == 1 and "bench.executor.partion" in lines[0] and "'partition'" in lines[0], lines
+
+
+def test_the_bench_file_chooses_its_executor_and_options_and_the_flag_overrides_the_name(tmp_path):
+    from layerdescent.bench.runner import executor_choice
+
+    table = {"name": "slurm", "partition": "gpu", "time": 120, "address": "head:6379"}
+    bench = config_file(tmp_path, {**BENCH, "bench": {**BENCH["bench"], "executor": table}}, "bench.toml")
+    assert executor_choice(bench) == ExecutorChoice("slurm", SlurmOptions(partition="gpu", time=120))  # ray's address is dropped
+    ray = executor_choice(bench, ["bench.executor.gpus_per_run=1"], "ray", workers=3)
+    assert ray.name == "ray" and (ray.options.address, ray.options.gpus_per_run, ray.options.workers) == ("head:6379", 1.0, 3)
 
 
 def test_slurm_without_a_scheduler_says_how_to_try_it_locally(tmp_path, monkeypatch):
@@ -187,7 +200,7 @@ def test_a_plugin_executor_is_chosen_by_name_and_trains_the_same_runs_as_the_loc
         path,
         tmp_path / "out",
         registry=registry,
-        executor=ExecutorOptions(name="processes", workers=2),
+        executor=ExecutorChoice("processes", ExecutorOptions(workers=2)),
         on_run=lambda run, status: seen.append(status),
     )
     assert results(tmp_path / "out") == expected and summary.exists()

@@ -416,8 +416,11 @@ def test_a_plugin_raising_keyboard_interrupt_at_import_is_a_plugin_failure_not_a
 BENCH = {**RUN, "bench": {"seeds": [0], "variants": {"erm": {"solver": {"name": "erm"}}}}}
 
 BENCH_CASES = {
-    "slurm-mem-gb-nan": (("--executor", "slurm", "--mem-gb", "nan"), "--mem-gb (bench.slurm.mem_gb) must be a number of GB"),
-    "slurm-time-absurd": (("--executor", "slurm", "--time", "99999999"), "--time (bench.slurm.time) must be in 1..527040 minutes"),
+    "slurm-mem-gb-nan": (("--executor", "slurm", "--set", "bench.executor.mem_gb=nan"), "bench.executor.mem_gb must be a number, got nan"),
+    "slurm-time-absurd": (
+        ("--executor", "slurm", "--set", "bench.executor.time=99999999"),
+        "bench.executor.time must be in 1..527040 minutes",
+    ),
     "ray-not-installed": (("--executor", "ray"), "ray"),
 }
 

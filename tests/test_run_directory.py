@@ -19,7 +19,7 @@ import layerdescent as ld
 import layerdescent.bench.runner as bench_module
 import layerdescent.run.trainer as trainer_module
 from layerdescent.bench.runner import plan, run_bench
-from layerdescent.run import rundir
+from layerdescent.run import layout, lock
 
 ROOT = Path(__file__).resolve().parents[1]
 BENCH = {**RUN, "bench": {"seeds": [0], "variants": {"erm": {"solver": {"name": "erm"}}, "primal-dual": {}}}}
@@ -35,8 +35,8 @@ HOLDER = textwrap.dedent(
     """
     import sys, time
     from pathlib import Path
-    from layerdescent.run import rundir
-    with rundir.locked(Path(sys.argv[1])):
+    from layerdescent.run import lock
+    with lock.locked(Path(sys.argv[1])):
         print("locked", flush=True)
         time.sleep(600)
     """
@@ -61,7 +61,6 @@ def test_a_second_process_is_refused_while_the_first_holds_the_run_directory_and
 
 
 def test_a_run_holds_its_lock_while_it_trains(tmp_path, monkeypatch):
-    from layerdescent.run import rundir
     from layerdescent.run.trainer import Trainer
 
     seen = {}
@@ -74,7 +73,7 @@ def test_a_run_holds_its_lock_while_it_trains(tmp_path, monkeypatch):
     monkeypatch.setattr(Trainer, "setup", setup)
     ld.train(ld.config_from_dict(RUN), tmp_path / "run")
     assert_one_line(seen["status"], seen["lines"], "is in use by another layerdescent process")
-    assert (tmp_path / "run" / rundir.LOCK).exists()
+    assert (tmp_path / "run" / layout.LOCK).exists()
 
 
 # --- item 3: a finished run is reused only under the config it was trained with ---------------------
@@ -307,7 +306,7 @@ def test_a_lock_file_planted_as_a_symlink_is_refused_and_the_file_it_points_to_i
     victim = tmp_path / "precious.txt"
     victim.write_text("keep me")
     (tmp_path / "run").mkdir()
-    (tmp_path / "run" / rundir.LOCK).symlink_to(victim)
+    (tmp_path / "run" / layout.LOCK).symlink_to(victim)
     assert_one_line(*cli("run", config_file(tmp_path, RUN), "--out", tmp_path / "run"), ".layerdescent.lock is a symbolic link")
     assert victim.read_text() == "keep me"
 
@@ -334,7 +333,7 @@ def test_deleting_the_lock_file_while_a_run_trains_does_not_let_a_second_writer_
 
     def step(self, *args, **kwargs):
         if not seen:
-            (run / rundir.LOCK).unlink()
+            (run / layout.LOCK).unlink()
             seen["second"] = cli("run", path, "--out", run, "--resume")
         return real(self, *args, **kwargs)
 
@@ -401,11 +400,11 @@ def test_evaluate_refuses_an_out_that_holds_a_bench_or_the_runs_it_reads(tmp_pat
 def test_where_a_directory_cannot_be_locked_deleting_the_lock_file_stops_the_run_before_its_next_checkpoint(tmp_path, monkeypatch):
     from layerdescent.run.trainer import Trainer
 
-    monkeypatch.setattr(rundir, "_lock_directory", lambda run_dir: None)  # as on an NFS mount: the lock file alone holds the run
+    monkeypatch.setattr(lock, "_lock_directory", lambda run_dir: None)  # as on an NFS mount: the lock file alone holds the run
     run, real = tmp_path / "run", Trainer.step
 
     def step(self, *args, **kwargs):
-        (run / rundir.LOCK).unlink(missing_ok=True)
+        (run / layout.LOCK).unlink(missing_ok=True)
         return real(self, *args, **kwargs)
 
     monkeypatch.setattr(Trainer, "step", step)

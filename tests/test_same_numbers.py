@@ -12,6 +12,10 @@ last commit before the redesign (a579cd4, whose solvers are dfa1fff's) with one 
 The video cases came later, recorded the same way at fb228b6 (the commit after issue 34, whose
 video numbers equal those of every commit since 449538a): they guard the video plugin from then on.
 
+A second Intel Xeon (model 167) was recorded the same way, at a579cd4 and fb228b6, before the
+package moved into its layers (issue 48): both gave the numbers that 864fde2 gives there, to the
+bit, and ``625d31c57c0c/`` holds 864fde2's files (which add ``eval_workload``, a count).
+
 On a machine that has one the comparison is exact; elsewhere every number must be within a
 relative 1e-4 of a recorded machine's (counts and strings exactly). Timings and the package
 version, code provenance (``code``: commit, dirty tree) and ``machine`` are the only keys left out.

@@ -213,3 +213,65 @@ def test_a_plugin_tracker_whose_package_is_missing_is_one_line_naming_its_requir
     ):
         train(config_from_dict(tracked(tiny, ["needy"]), registry), tmp_path / "run", registry=registry)
     assert not os.path.exists(tmp_path / "run")
+
+
+def test_a_tracker_takes_its_options_from_its_table_under_train_trackers_and_the_run_records_them(tiny, tmp_path):
+    registry = Registry(extra_plugins=[("memory", MemoryPlugin())])
+    tiny["train"]["trackers"] = {"tensorboard": {"folder": "events"}, "memory": {}}
+    config = config_from_dict(tiny, registry)
+    assert config.train.tracker_tables == {"tensorboard": {"folder": "events"}, "memory": {}}
+    options = tracking.tracker_options(trackers._TensorBoard, config.train.tracker_tables["tensorboard"])
+    assert options == trackers.TensorBoardOptions(folder="events")
+    assert config_from_dict(config.as_dict(), registry) == config  # the table form is what config.toml records
+
+
+@pytest.mark.parametrize(
+    "table, message",
+    [
+        ({"tensorboard": {"foldr": "x"}}, "unknown key train.trackers.tensorboard.foldr; did you mean 'folder'? (allowed: folder)"),
+        (
+            {"tensorboard": {"folder": "../up"}},
+            "train.trackers.tensorboard.folder = '../up' must be one folder name inside the run directory",
+        ),
+        ({"mlflow": {"experiment": 3}}, "train.trackers.mlflow.experiment must be a string, got 3"),
+        ({"mlflow": "on"}, "train.trackers.mlflow must be a table of that tracker's options (an empty one takes its defaults), got 'on'"),
+        ({"tensorbord": {}}, "train.trackers.tensorbord is not a registered tracker; did you mean 'tensorboard'?"),
+    ],
+)
+def test_a_wrong_tracker_option_is_one_line_before_anything_trains(tiny, tmp_path, table, message):
+    tiny["train"]["trackers"] = table
+    code, lines = cli("run", str(config_file(tmp_path, tiny)), "--out", str(tmp_path / "out"))
+    assert code == 2 and len(lines) == 1 and message in lines[0], lines
+    assert not os.path.exists(tmp_path / "out")
+
+
+def test_tensorboard_writes_its_event_files_in_the_folder_its_options_name(tiny, tmp_path):
+    pytest.importorskip("tensorboard", reason="the tensorboard tracker needs pip install 'layerdescent[tensorboard]'")
+    tiny["train"]["trackers"] = {"tensorboard": {"folder": "events"}}
+    train(config_from_dict(tiny), tmp_path / "run")
+    assert list((tmp_path / "run" / "events").glob("events.out.tfevents.*")) and not (tmp_path / "run" / "tensorboard").exists()
+
+
+def test_mlflow_logs_into_the_experiment_store_and_run_name_its_options_name(tiny, tmp_path, monkeypatch):
+    pytest.importorskip("mlflow", reason="the mlflow tracker needs pip install 'layerdescent[mlflow]'")
+    from mlflow.tracking import MlflowClient
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.delenv("MLFLOW_EXPERIMENT_NAME", raising=False)
+    store = (tmp_path / "store").as_uri()
+    tiny["train"]["trackers"] = {"mlflow": {"experiment": "lista-sweep", "tracking_uri": store, "run_name": "first try"}}
+    train(config_from_dict(tiny), tmp_path / "run")
+    client = MlflowClient(tracking_uri=store)
+    (run,) = client.search_runs([client.get_experiment_by_name("lista-sweep").experiment_id])
+    assert run.info.run_name == "first try" and run.info.status == "FINISHED"
+    assert not (tmp_path / "run" / "mlruns").exists()
+
+
+def test_a_run_resumes_with_other_tracker_options_which_change_how_it_is_watched_not_what_it_computes(tiny):
+    from layerdescent.run.rundir import config_difference
+
+    recorded = config_from_dict(tiny).as_dict()
+    tiny["train"]["trackers"] = {"tensorboard": {"folder": "events"}}
+    assert config_difference(recorded, config_from_dict(tiny)) is None
+    tiny["train"]["lr"] = 0.5
+    assert config_difference(recorded, config_from_dict(tiny)).startswith("train.lr (recorded 0.01, asked 0.5)")

@@ -37,7 +37,9 @@ _LAZY = {
     "Descent": "layerdescent.core.constraints",
     "DescentTrainer": "layerdescent.integrations.hf",
     "evaluate": "layerdescent.run.evaluator",
+    "Command": "layerdescent.commands",
     "Executor": "layerdescent.bench.executors",
+    "ExecutorOptions": "layerdescent.bench.executors",
     "Registry": "layerdescent.registry",
     "get_registry": "layerdescent.registry",
     "LayerOutput": "layerdescent.task",
@@ -55,7 +57,8 @@ _LAZY = {
 
 if TYPE_CHECKING:  # what static tools see; at run time __getattr__ imports them
     from layerdescent.assets import Asset, cache_dir, extract, extract_from_file
-    from layerdescent.bench.executors import Executor
+    from layerdescent.bench.executors import Executor, ExecutorOptions
+    from layerdescent.commands import Command
     from layerdescent.core.constraints import Bound, ConstraintSpec, Descent
     from layerdescent.core.problem import LayerBatch
     from layerdescent.core.solvers import Observation, PrimalDual, PrimalDualOptions, Solver
@@ -90,6 +93,7 @@ __all__ = [
     "AssetError",
     "Bound",
     "CheckpointError",
+    "Command",
     "ConfigError",
     "ConstraintSpec",
     "DataError",
@@ -97,6 +101,7 @@ __all__ = [
     "DescentTrainer",
     "DivergenceError",
     "Executor",
+    "ExecutorOptions",
     "LayerBatch",
     "LayerOutput",
     "LayerwiseUpdate",

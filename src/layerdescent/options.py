@@ -13,6 +13,7 @@ import dataclasses
 import math
 import types
 import typing
+from collections.abc import Iterable
 from typing import Any, Literal, Union
 
 from layerdescent.errors import ConfigError
@@ -115,18 +116,45 @@ def build_dataclass(cls: type, data: Any, prefix: str) -> Any:
         raise ConfigError(message if message.startswith(prefix.split(".")[0].split("[")[0]) else f"{prefix}: {message}") from None
 
 
-def build_solver_options(solver_cls: type, data: dict[str, Any], registry: Registry | None = None) -> Any:
-    """The solver's Options from a [solver] table less its name; keys only another registered solver declares are dropped."""
-    fields = {f.name for f in dataclasses.fields(solver_cls.Options)}
-    # A bench's base [solver] table holds primal-dual's settings beside erm variants: they do not apply to erm.
-    others = {f.name for cls in (registry or get_registry()).solvers.values() for f in dataclasses.fields(cls.Options)} - fields
+@dataclasses.dataclass(frozen=True)
+class NoOptions:
+    """The options of a plugin that takes none: an empty table, or none at all."""
+
+
+def build_options(cls: type, data: dict[str, Any], prefix: str, owner: str, siblings: Iterable[type] = ()) -> Any:
+    """``cls.Options`` from its table (less the name that chose ``cls``); keys only a sibling's Options declares are dropped.
+
+    ``owner`` names ``cls`` in messages (``solver 'erm'``); ``siblings`` are the other classes a
+    shared table may serve: a bench's base ``[solver]`` table holds primal-dual's settings beside
+    erm variants, a ``[bench.executor]`` table slurm's beside a local try.
+    """
+    fields = {f.name for f in dataclasses.fields(cls.Options)}
+    others = {f.name for sibling in siblings for f in dataclasses.fields(sibling.Options)} - fields
     options = {k: v for k, v in data.items() if k not in others}
     unknown = [k for k in options if k not in fields]
     if unknown:
         accepts = ", ".join(sorted(fields)) or "no options"
         lines = []
         for key in unknown:
-            hint = closest(key, fields) or closest(key, others)  # a typo of another solver's key, in a shared base table
-            lines.append(f"unknown key solver.{key}{hint} (solver {solver_cls.name!r} accepts: {accepts})")
+            hint = closest(key, fields) or closest(key, others)  # a typo of another's key, in a shared table
+            lines.append(f"unknown key {prefix}.{key}{hint} ({owner} accepts: {accepts})")
         raise ConfigError("\n".join(lines))
-    return build_dataclass(solver_cls.Options, options, "solver")
+    return build_dataclass(cls.Options, options, prefix)
+
+
+def build_solver_options(solver_cls: type, data: dict[str, Any], registry: Registry | None = None) -> Any:
+    """The solver's Options from a [solver] table less its name; keys only another registered solver declares are dropped."""
+    siblings = (registry or get_registry()).solvers.values()
+    return build_options(solver_cls, data, "solver", f"solver {solver_cls.name!r}", siblings)
+
+
+def flat_keys(table: Any, prefix: str = "", arrays: bool = True) -> dict[str, Any]:
+    """Dotted keys for nested tables; an array of tables is numbered (constraints.0.alpha) unless ``arrays`` is false."""
+    if arrays and isinstance(table, list) and table and all(isinstance(x, dict) for x in table):
+        table = {str(i): x for i, x in enumerate(table)}
+    if not isinstance(table, dict):
+        return {prefix.rstrip("."): table}
+    out: dict[str, Any] = {}
+    for key, value in table.items():
+        out.update(flat_keys(value, f"{prefix}{key}.", arrays))
+    return out

@@ -3,7 +3,7 @@
     data = read_results(path)   # parsed and checked; LayerdescentError naming the file if it is damaged
     check(data, path)           # LayerdescentError naming the field, e.g. "gammas[1].layer_loss[2] is 'x', not a number"
 
-:func:`layerdescent.run.rundir.results_table` is what a run writes; this is what a reader trusts.
+:func:`layerdescent.run.finish.results_table` is what a run writes; this is what a reader trusts.
 """
 
 from __future__ import annotations
@@ -14,6 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from layerdescent.errors import LayerdescentError
+
+RESULTS_SCHEMA = 1  # the version of results.json a run writes (run.finish.results_table) and this module checks
 
 
 class _Bad(Exception):

@@ -29,6 +29,9 @@ from pathlib import Path
 from layerdescent.analysis.groups import baseline_group, domain_results, summarize
 from layerdescent.analysis.stats import holm, paired_difference
 from layerdescent.errors import ConfigError
+from layerdescent.registry import get_registry
+from layerdescent.run.config import read_toml
+from layerdescent.run.provenance import differ
 
 FAMILY_ALPHA = 0.05  # the family-wise error rate Holm's adjustment controls
 
@@ -65,7 +68,6 @@ def _names(value, key: str) -> tuple[str, ...]:
 
 def parse_spec(bench: dict, variants: list[str] | None = None) -> BenchSpec:
     """The judging keys of a ``[bench]`` table, checked; ``variants`` (the bench's run labels) are checked against when given."""
-    from layerdescent.registry import get_registry
 
     solvers = get_registry().solvers
     baselines = _names(bench.get("baselines", ["erm"]), "bench.baselines")
@@ -125,7 +127,6 @@ def _primary(table) -> Primary:
 
 def read_spec(path: str | Path) -> BenchSpec:
     """The judging keys of a bench file's ``[bench]`` table."""
-    from layerdescent.run.config import read_toml
 
     bench = read_toml(path).get("bench")
     if not isinstance(bench, dict):
@@ -141,7 +142,6 @@ def split_views(results: list[dict]) -> dict[str, tuple[list[dict], dict]]:
 
 def untuned(spec: BenchSpec, variant: str, baseline_label: str, baseline_solver: str) -> bool:
     """Whether ``variant`` had tuning runs its baseline did not (erm, with no settings of its own, is never short of them)."""
-    from layerdescent.registry import get_registry
 
     options = getattr(get_registry().solvers.get(baseline_solver), "Options", None)
     tunable = bool(options and dataclasses.is_dataclass(options) and dataclasses.fields(options))
@@ -203,7 +203,6 @@ def versus_strongest(
     ``cross_code`` says whether the two sides were made by different code, ``untuned`` whether the
     variant had tuning runs the strongest baseline did not.
     """
-    from layerdescent.run.provenance import differ
 
     cell = {"variant": variant, "split": split, "gamma": gamma, "metric": metric}
     value = {(r["label"], r["seed"], float(g["gamma"])): g["metrics"].get(metric) for r in results for g in r["gammas"]}

@@ -17,6 +17,7 @@ import json
 import numpy as np
 
 from layerdescent.analysis.stats import seed_stats
+from layerdescent.registry import get_registry
 
 # How a model was trained, as opposed to what it is and what it is tested on (its context).
 TRAINING_CHOICES = ("solver", "constraints", "train", "seed", "label")
@@ -24,13 +25,11 @@ TRAINING_CHOICES = ("solver", "constraints", "train", "seed", "label")
 
 def role(solver: str, attr: str) -> bool:
     """A solver's role in the report (``baseline``, ``reference``, ``enforces_constraints``); False for one no plugin registers now."""
-    from layerdescent.registry import get_registry
 
     return bool(getattr(get_registry().solvers.get(solver), attr, False))
 
 
 def _baseline_name() -> str:
-    from layerdescent.registry import get_registry
 
     return next((name for name, cls in sorted(get_registry().solvers.items()) if cls.baseline), "baseline")
 

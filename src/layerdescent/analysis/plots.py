@@ -19,6 +19,7 @@ from layerdescent.analysis.groups import (
     role,
 )
 from layerdescent.errors import LayerdescentError
+from layerdescent.registry import get_registry
 
 
 def read_log(path: Path) -> list[dict]:
@@ -72,7 +73,6 @@ def describe_runs(groups: dict) -> tuple[str, str]:
     What gamma means comes from the task's ``perturbation_titles`` (registered plugins only), e.g.
     "γ: Gaussian embedding noise, std = γ × RMS of the word embeddings"; otherwise its name.
     """
-    from layerdescent.registry import get_registry
 
     tasks = {}  # task -> datasets, perturbations
     for grp in groups.values():

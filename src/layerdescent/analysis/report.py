@@ -18,14 +18,18 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
+from layerdescent.analysis.endpoints import BenchSpec
+
 # re-exported: the names scripts and tests have imported from here
 from layerdescent.analysis.groups import TRAINING_CHOICES, comparisons, context_titles, domain_results, metric_names, role, summarize  # noqa: F401
+from layerdescent.analysis.plots import plot
 from layerdescent.analysis.stats import paired_difference  # noqa: F401
-from layerdescent.analysis.tables import format_difference, format_stat, paired_cell  # noqa: F401
+from layerdescent.analysis.tables import format_difference, format_stat, markdown, paired_cell  # noqa: F401
 from layerdescent.errors import LayerdescentError
+from layerdescent.registry import get_registry
 from layerdescent.results import read_results
 from layerdescent.run import rundir
-from layerdescent.run.config import read_toml
+from layerdescent.run.config import EvalConfig, TrainConfig, read_toml
 from layerdescent.run.provenance import made_by
 from layerdescent.run.publish import Publication
 
@@ -53,8 +57,6 @@ def collect(root: Path) -> list[dict]:
 
 def _config(run_dir: Path) -> dict:
     """The run's recorded config.toml as a table, defaults filled in; empty when it has none."""
-    from layerdescent.registry import get_registry
-    from layerdescent.run.config import EvalConfig, TrainConfig, read_toml
 
     path = run_dir / "config.toml"
     if not path.exists():
@@ -83,9 +85,6 @@ def write_report(
     ``workers`` says how many runs trained at once, which the Cost section reports (None: unknown);
     ``spec`` (``endpoints.BenchSpec``) names the bench's baselines, primary endpoints and tuning budgets.
     """
-    from layerdescent.analysis.endpoints import BenchSpec
-    from layerdescent.analysis.plots import plot
-    from layerdescent.analysis.tables import markdown
 
     spec = spec or BenchSpec()
     root = Path(root)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+from layerdescent.analysis.endpoints import FAMILY_ALPHA, BenchSpec, judge_cells, primary_cells, untuned
 from layerdescent.analysis.groups import (
     _all_gammas,
     _baseline_name,
@@ -16,7 +17,8 @@ from layerdescent.analysis.groups import (
     metric_names,
     role,
 )
-from layerdescent.analysis.stats import paired_difference
+from layerdescent.analysis.stats import excluding_zero_by_chance, paired_difference
+from layerdescent.run.provenance import describe, differ
 
 
 def _last_digit(spread: float, mean: float = 0.0, max_digits: int = 4) -> int:
@@ -88,7 +90,6 @@ def made_by_label(results: list[dict]) -> dict[tuple[str, int], dict]:
 
 def cross_code(made: dict, label: str, ref: str, seeds: list[int]) -> bool:
     """Whether the runs of a pair, over ``seeds``, were made by different code."""
-    from layerdescent.run.provenance import differ
 
     records = [made[name, s] for name in (label, ref) for s in seeds if (name, s) in made]
     return differ(records)
@@ -112,7 +113,6 @@ def _paired_tables(
     value = {(r["label"], r["seed"], float(g["gamma"]), m): v for r in results for g in r["gammas"] for m, v in g["metrics"].items()}
     made = made_by_label(results)
     split = where.removeprefix(" on domain ") or "test"
-    from layerdescent.analysis.endpoints import untuned
 
     lines, flagged, short = [], False, False
     for metric in metrics:
@@ -248,8 +248,6 @@ FAMILY_HEADER = ["variant", "evaluated on", "γ", "strongest baseline", "Δ (> 0
 
 def primary_section(results: list[dict], spec, views: dict, tally: list[dict]) -> list[str]:
     """Markdown: the pre-registered family judged with Holm's adjustment, the adopted settings beside it, and the exploratory count."""
-    from layerdescent.analysis.endpoints import FAMILY_ALPHA, judge_cells, primary_cells
-    from layerdescent.analysis.stats import excluding_zero_by_chance
 
     distinct = sum(d["distinct"] for d in tally)
     chance = excluding_zero_by_chance(len(tally))
@@ -312,7 +310,6 @@ def tuning_section(groups: dict, spec) -> list[str]:
 
 def provenance_section(results: list[dict]) -> list[str]:
     """Markdown: which code made which variants; inferred where a run predates the record."""
-    from layerdescent.run.provenance import describe
 
     versions: dict[str, list[str]] = {}
     for r in results:
@@ -414,7 +411,6 @@ def markdown(
     spec=None,
 ) -> str:
     """The summary; ``domains`` maps each evaluation domain to its results view and their groups, ``spec`` the bench's judging keys."""
-    from layerdescent.analysis.endpoints import BenchSpec
 
     spec = spec or BenchSpec()
     gammas = _all_gammas(groups)

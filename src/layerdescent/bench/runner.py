@@ -48,11 +48,21 @@ from typing import Any
 
 from layerdescent.analysis.endpoints import BenchSpec, parse_spec
 from layerdescent.analysis.report import write_report
-from layerdescent.bench.executors import ExecutorOptions, RunFailure, executor_class, failure_report, slurm_table, worker_init
+from layerdescent.bench.executors import (
+    ExecutorChoice,
+    ExecutorOptions,
+    RunFailure,
+    choose_executor,
+    executor_class,
+    executor_table,
+    failure_report,
+    worker_init,
+)
 from layerdescent.bench.trackers import BENCH_ENV, STORE_ENV
 from layerdescent.errors import ConfigError
+from layerdescent.options import flat_keys
 from layerdescent.registry import Registry
-from layerdescent.run import publish, rundir
+from layerdescent.run import files, layout, lock, publish, rundir
 from layerdescent.run.config import RunConfig, apply_overrides, check_depth, check_seed, config_from_dict, read_toml, set_path
 from layerdescent.run.guard import build_task
 from layerdescent.run.reevaluate import evaluate_config, evaluate_run
@@ -77,16 +87,6 @@ def merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
             out[key] = merge(out[key], value)
         else:
             out[key] = copy.deepcopy(value)
-    return out
-
-
-def _flatten(table: Any, prefix: str = "") -> dict[str, Any]:
-    """``{"solver": {"dual_lr": [...]}}`` and ``{"solver.dual_lr": [...]}`` alike as dotted keys."""
-    if not isinstance(table, dict):
-        return {prefix.rstrip("."): table}
-    out: dict[str, Any] = {}
-    for key, value in table.items():
-        out.update(_flatten(value, f"{prefix}{key}.") if isinstance(value, dict) else {f"{prefix}{key}": value})
     return out
 
 
@@ -136,7 +136,7 @@ def _check_variant_name(name: Any) -> str:
     return name
 
 
-BENCH_KEYS = {"seeds", "variants", "grid", "slurm", "baselines", "primary", "tuning"}
+BENCH_KEYS = {"seeds", "variants", "grid", "executor", "baselines", "primary", "tuning"}
 
 
 def blame(line: str, variant: str, overrides: list[str], own: set[str]) -> str:
@@ -160,7 +160,7 @@ def plan(path: str | Path, out: str | Path, overrides: list[str] = (), registry:
     unknown = set(bench) - BENCH_KEYS
     if unknown:
         raise ConfigError(f"unknown key bench.{sorted(unknown)[0]} (allowed: {', '.join(sorted(BENCH_KEYS))})")
-    slurm_table(bench)
+    executor_table(bench)
     if "seed" in data:  # each run's seed comes from bench.seeds, but a mistyped one here is still a mistake
         if not isinstance(data["seed"], int) or isinstance(data["seed"], bool):
             raise ConfigError(f"seed must be an integer, got {data['seed']!r} (a bench's runs take their seeds from bench.seeds)")
@@ -169,7 +169,7 @@ def plan(path: str | Path, out: str | Path, overrides: list[str] = (), registry:
     variants = bench.get("variants", {})
     if not isinstance(variants, dict) or not variants:
         raise ConfigError('bench.variants must hold at least one table, e.g. [bench.variants.erm] solver.name = "erm"')
-    grid = _flatten(bench.get("grid", {}))
+    grid = flat_keys(bench.get("grid", {}), arrays=False)
     if not all(isinstance(v, list) and v for v in grid.values()):
         raise ConfigError('bench.grid must map dotted config keys to non-empty lists, e.g. "solver.dual_lr" = [0.1, 1.0]')
     names = {key: _grid_names(key, values) for key, values in grid.items()}
@@ -208,7 +208,7 @@ def plan(path: str | Path, out: str | Path, overrides: list[str] = (), registry:
                     check_depth(config, tasks[key].num_layers, registry)
                     check_trackers(config.train.trackers, registry)
                 except ConfigError as exc:
-                    own = {*_flatten(override), *grid}  # keys the variant or the grid set over a --set
+                    own = {*flat_keys(override, arrays=False), *grid}  # keys the variant or the grid set over a --set
                     lines = (blame(line.removeprefix("--set "), f"bench.variants.{name}", overrides, own) for line in str(exc).splitlines())
                     raise ConfigError("\n".join(dict.fromkeys(lines))) from None
                 runs.append(BenchRun(name, seed, config, Path(out) / name / f"seed-{seed}"))
@@ -264,11 +264,12 @@ def tracker_env(path: str | Path, out: str | Path) -> dict[str, str]:
     return {BENCH_ENV: Path(path).stem, STORE_ENV: str(Path(out).resolve() / "mlruns")}
 
 
-def executor_options(path: str | Path, overrides: list[str] = (), executor: str = "local", **given: Any) -> ExecutorOptions:
-    """The executor's settings: the bench file's ``[bench.slurm]`` table, then the flags that were given."""
-    table = apply_overrides(read_toml(path), list(overrides)).get("bench", {})
-    settings = slurm_table(table) if executor == "slurm" and isinstance(table, dict) else {}
-    return ExecutorOptions(name=executor, **{**settings, **{k: v for k, v in given.items() if v is not None}})
+def executor_choice(
+    path: str | Path, overrides: list[str] = (), executor: str | None = None, registry: Registry | None = None, **given: Any
+) -> ExecutorChoice:
+    """The executor a bench runs on: ``executor`` (else its ``[bench.executor]`` name), that table's options, then ``given`` (flags)."""
+    bench = apply_overrides(read_toml(path), list(overrides)).get("bench", {})
+    return choose_executor(bench if isinstance(bench, dict) else {}, executor, registry, **given)
 
 
 def select(runs: list[BenchRun], only: list[str]) -> list[BenchRun]:
@@ -290,7 +291,7 @@ def run_bench(
     on_run: Callable[[BenchRun, str], None] | None = None,
     command: str | None = None,
     workers: int = 1,
-    executor: ExecutorOptions | None = None,
+    executor: ExecutorChoice | None = None,
     only: list[str] = (),
     title: str | None = None,
     before: Callable[[int, int], None] | None = None,
@@ -304,24 +305,21 @@ def run_bench(
     Worker processes find plugins through entry points, so ``registry`` applies only to this
     process: the executor's name, and the runs themselves with one local worker.
     ``executor`` (default: the local pool of ``workers``) names any registered executor, Ray or
-    SLURM say; with ``executor.wait`` false its jobs are submitted and None is returned, with no
+    SLURM say, with its options; with ``executor.options.wait`` false its jobs are submitted and None is returned, with no
     summary yet.
     ``title`` heads the summary (default: the bench file's name); ``before(pending, total)`` is called
     once every run is checked, before any trains (the demo says there what it is about to do).
     ``skip_failed`` leaves a run that failed before (its failure.json) as it is, not retried, and
     still counted failed: a resume is exact, so a divergence would only diverge again where it did.
     """
-    executor = executor or ExecutorOptions(workers=workers)
+    executor = executor or ExecutorChoice("local", ExecutorOptions(workers=workers))
     if executor.name == "local":
-        workers = executor.workers or workers
-        if workers < 1:
-            raise ConfigError(f"--workers must be at least 1, got {workers}")
-        executor = dataclasses.replace(executor, workers=workers)
+        executor = dataclasses.replace(executor, options=dataclasses.replace(executor.options, workers=executor.options.workers or workers))
     executor_cls = executor_class(executor, registry)  # an unknown name or a missing package stops the bench before it plans
     pending, done, left = [], [], []
     runs = select(plan(path, out, overrides, registry), list(only))
     for run in runs:
-        rundir.refuse_linked_path(Path(out), run.run_dir)  # OUT/VARIANT/seed-N all inside --out
+        files.refuse_linked_path(Path(out), run.run_dir)  # OUT/VARIANT/seed-N all inside --out
         _check_same_task(run)  # before anything trains: a folder of another task's runs is never mixed in
     publish.refuse_foreign(Path(out))  # the summary and plots come last: a file of yours in their way is found first
     for run in runs:
@@ -342,9 +340,9 @@ def run_bench(
     for failure in left:
         if on_run:
             on_run(failure.run, "failed before, left as it is (--skip-failed)")
-    failures, workers = executor_cls(executor, Path(out), tracker_env(path, out), registry).run(pending, on_run)
+    failures, workers = executor_cls(executor.options, Path(out), tracker_env(path, out), registry).run(pending, on_run)
     failures += left
-    if not executor.wait:
+    if not executor.options.wait:
         return None
     command = command or " ".join(
         ["layerdescent bench", str(path), "--out", str(out), *(f"--set {o}" for o in overrides), *(f"--only '{o}'" for o in only)]
@@ -388,7 +386,7 @@ def run_state(run: BenchRun, registry: Registry | None = None) -> tuple[str, str
         return "done", ""
     epochs = run.config.train.epochs
     where = _position(rundir.last_record(run.run_dir), epochs)
-    pid = rundir.holder(run.run_dir) if run.run_dir.is_dir() else None
+    pid = lock.holder(run.run_dir) if run.run_dir.is_dir() else None
     if pid is not None:
         return "training", ", ".join(filter(None, [f"pid {pid}", where]))
     failed = rundir.failure(run.run_dir)
@@ -454,7 +452,7 @@ def time_left(runs: list[tuple[BenchRun, str, str]]) -> tuple[float, int, int] |
 
 
 # What only a trained run writes; an evaluation writes config.toml and results.json alone.
-RUN_ONLY = ("checkpoint.pt", "best.pt", "metrics.jsonl", rundir.MODEL_FILE)
+RUN_ONLY = ("checkpoint.pt", "best.pt", "metrics.jsonl", layout.MODEL_FILE)
 
 
 def _json(path: Path) -> dict[str, Any]:
@@ -473,7 +471,7 @@ def _check_evaluation_out(root: Path, out: Path, runs: list[Path]) -> None:
     if not out.is_dir():
         return
     for run_dir in runs:
-        rundir.refuse_linked_path(out, out / run_dir.relative_to(root))
+        files.refuse_linked_path(out, out / run_dir.relative_to(root))
     sources = {(out / run_dir.relative_to(root)).resolve(): run_dir for run_dir in runs}
     for target in sources:
         present = [name for name in RUN_ONLY if (target / name).exists()]

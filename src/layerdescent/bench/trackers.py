@@ -21,12 +21,15 @@ import re
 import shutil
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Union
 
+from layerdescent.errors import ConfigError
 from layerdescent.hookspecs import hookimpl
 from layerdescent.optional import require
-from layerdescent.run.rundir import flat_keys
+from layerdescent.options import flat_keys
+from layerdescent.run.files import refuse_links
 from layerdescent.run.tracking import Tracker
 
 # Set by a bench for its workers, so a bench's runs share one store and one experiment without a config key.
@@ -45,11 +48,36 @@ def _test_scalars(results: dict[str, Any]) -> dict[str, float]:
     return out
 
 
+@dataclass(frozen=True)
+class TensorBoardOptions:
+    """The TensorBoard tracker's [train.trackers.tensorboard] keys."""
+
+    folder: str = "tensorboard"
+    """The folder of the event files, inside the run directory."""
+
+    def __post_init__(self) -> None:
+        if not self.folder or self.folder in (".", "..") or "/" in self.folder or "\\" in self.folder:
+            raise ConfigError(f"train.trackers.tensorboard.folder = {self.folder!r} must be one folder name inside the run directory")
+
+
+@dataclass(frozen=True)
+class MLflowOptions:
+    """The MLflow tracker's [train.trackers.mlflow] keys."""
+
+    experiment: Union[str, None] = None
+    """The MLflow experiment; unset: $MLFLOW_EXPERIMENT_NAME, else the bench file's name, else `layerdescent`."""
+    tracking_uri: Union[str, None] = None
+    """Where the runs are logged; unset: $MLFLOW_TRACKING_URI, else a local file store (OUT/mlruns for a bench, RUN_DIR/mlruns for a run)."""
+    run_name: Union[str, None] = None
+    """The MLflow run's name; unset: VARIANT/seed-N."""
+
+
 class _TensorBoard(Tracker):
     """TensorBoard event files in RUN_DIR/tensorboard; a resumed run purges what was logged after its checkpoint."""
 
     name = "tensorboard"
     requires: ClassVar[dict[str, str]] = {"tensorboard": "layerdescent[tensorboard]"}
+    Options = TensorBoardOptions
 
     def __init__(self, config: Any, run_dir: Path, start_step: int) -> None:
         super().__init__(config, run_dir, start_step)
@@ -57,7 +85,8 @@ class _TensorBoard(Tracker):
         from torch.utils.tensorboard import SummaryWriter
 
         # metrics.jsonl is cut back to the checkpoint on resume; purge_step hides the same steps here.
-        self.writer = SummaryWriter(log_dir=str(run_dir / "tensorboard"), purge_step=start_step + 1 if start_step else None)
+        refuse_links(self.run_dir, (), folders=(self.options.folder,))  # the event files stay inside the run directory
+        self.writer = SummaryWriter(log_dir=str(self.run_dir / self.options.folder), purge_step=start_step + 1 if start_step else None)
 
     def log(self, step: int, values: dict[str, float]) -> None:
         for key, value in values.items():
@@ -76,19 +105,25 @@ class _MLflow(Tracker):
 
     name = "mlflow"
     requires: ClassVar[dict[str, str]] = {"mlflow": "layerdescent[mlflow]"}
+    Options = MLflowOptions
 
     def __init__(self, config: Any, run_dir: Path, start_step: int) -> None:
         super().__init__(config, run_dir, start_step)
         require("mlflow", "mlflow", "train.trackers 'mlflow'")
         from mlflow.tracking import MlflowClient
 
-        uri = os.environ.get("MLFLOW_TRACKING_URI") or Path(os.environ.get(STORE_ENV) or run_dir / "mlruns").resolve().as_uri()
+        options = self.options
+        uri = (
+            options.tracking_uri
+            or os.environ.get("MLFLOW_TRACKING_URI")
+            or Path(os.environ.get(STORE_ENV) or run_dir / "mlruns").resolve().as_uri()
+        )
         if uri.startswith("file:"):
             # MLflow 3 refuses a file store unless asked; it is the one store that needs no server and no database.
             os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
         self.client = client = MlflowClient(tracking_uri=uri)
         bench = os.environ.get(BENCH_ENV, "")
-        experiment = self._experiment(os.environ.get("MLFLOW_EXPERIMENT_NAME") or bench or "layerdescent")
+        experiment = self._experiment(options.experiment or os.environ.get("MLFLOW_EXPERIMENT_NAME") or bench or "layerdescent")
         key = str(run_dir.resolve())
         found = [r for r in self._runs(experiment, key) if r.data.tags.get(RUN_DIR_TAG) == key]
         if found:
@@ -104,7 +139,9 @@ class _MLflow(Tracker):
             }
             if bench:
                 tags["bench"] = bench
-            self.run_id = client.create_run(experiment, tags=tags, run_name=f"{config.name}/seed-{config.seed}").info.run_id
+            self.run_id = client.create_run(
+                experiment, tags=tags, run_name=options.run_name or f"{config.name}/seed-{config.seed}"
+            ).info.run_id
             self._params(config)
         self._closed = False
         atexit.register(self._fail)

@@ -8,12 +8,10 @@ from typing import Any
 
 from layerdescent.cli.run import overrides
 from layerdescent.commands import Command
-from layerdescent.errors import ConfigError
-from layerdescent.registry import get_registry
 
 
 def run(args: argparse.Namespace) -> int:
-    from layerdescent.bench.runner import STATES, bench_status, executor_options, run_bench, time_left
+    from layerdescent.bench.runner import STATES, bench_status, executor_choice, run_bench, time_left
     from layerdescent.run.progress import clock
 
     out = Path(args.out) if args.out else Path("runs") / f"bench-{Path(args.config).stem}"
@@ -34,40 +32,13 @@ def run(args: argparse.Namespace) -> int:
                 f"(from the step times of {read} finished run{'s' * (read != 1)}; evaluations not counted)"
             )
         return 0
-    workers = 1 if args.workers is None and args.executor == "local" else args.workers
-    given = {
-        "workers": workers,
-        "ray_address": args.ray_address,
-        "cpus_per_run": args.cpus_per_run,
-        "gpus_per_run": args.gpus_per_run,
-        "partition": args.partition,
-        "time": args.time,
-        "mem_gb": args.mem_gb,
-        **({"wait": False} if args.no_wait else {}),
-    }
-    remote = {
-        "--ray-address": args.ray_address,
-        "--cpus-per-run": args.cpus_per_run,
-        "--gpus-per-run": args.gpus_per_run,
-        "--partition": args.partition,
-        "--time": args.time,
-        "--mem-gb": args.mem_gb,
-    }
-    for flag, value in remote.items():
-        # the per-run resources mean something to every executor but local, whose runs take one thread each
-        wanted = (
-            ["ray"]
-            if flag == "--ray-address"
-            else ["slurm"]
-            if flag in ("--partition", "--time", "--mem-gb")
-            else sorted(set(get_registry().executors) - {"local"})
-        )
-        if value is not None and args.executor not in wanted:
-            raise ConfigError(f"{flag} needs --executor {' or '.join(wanted)}")
-    executor = executor_options(args.config, args.set, args.executor, **given)
+    workers = args.workers
+    executor = executor_choice(args.config, args.set, args.executor, workers=workers, wait=False if args.no_wait else None)
+    if executor.name == "local" and workers is None:
+        workers = 1
     flags = [
         *(["--workers", str(workers)] if workers not in (1, None) else []),
-        *(["--executor", args.executor] if args.executor != "local" else []),
+        *(["--executor", args.executor] if args.executor else []),
     ]
     command = " ".join(
         [
@@ -84,7 +55,7 @@ def run(args: argparse.Namespace) -> int:
         args.config,
         out,
         args.set,
-        on_run=status,
+        on_run=tell,
         workers=workers or 1,
         command=command,
         executor=executor,
@@ -100,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def status(run: Any, status: str) -> None:
+def tell(run: Any, status: str) -> None:
     """A bench or demo run's status line, naming its variant and seed."""
     print(f"{run.variant} seed {run.seed}: {status}", flush=True)
 
@@ -129,20 +100,14 @@ def arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--workers",
         type=int,
-        help="runs trained at once (local: processes of one torch thread each, default 1; ray, slurm: default as many as fit)",
+        help="runs trained at once (local: processes of one torch thread each, default 1; ray, slurm: default as many as fit); bench.executor.workers",
     )
     parser.add_argument(
         "--executor",
-        default="local",
         metavar="NAME",
-        help="where runs train: local (a process pool, the default), ray (Ray tasks), slurm (SLURM jobs via submitit), or one a plugin registers (`layerdescent list`)",
+        help="where runs train: local (a process pool, the default), ray (Ray tasks), slurm (SLURM jobs via submitit), or one a plugin registers "
+        "(`layerdescent list`); default: [bench.executor] name. Its options: [bench.executor] or --set bench.executor.KEY=VALUE",
     )
-    parser.add_argument("--ray-address", help="join this Ray cluster (default: start a local Ray instance)")
-    parser.add_argument("--cpus-per-run", type=int, help="CPUs (and torch threads) per run on ray or slurm (default 1)")
-    parser.add_argument("--gpus-per-run", type=float, help="GPUs per run on ray or slurm (default 0)")
-    parser.add_argument("--partition", help="SLURM partition (default: [bench.slurm] partition, else the cluster's)")
-    parser.add_argument("--time", type=int, help="minutes a SLURM job may run (default: [bench.slurm] time, else 60)")
-    parser.add_argument("--mem-gb", type=float, help="memory per SLURM job in GB")
     parser.add_argument("--no-wait", action="store_true", help="slurm: submit the jobs and return; the same command again collects them")
 
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from layerdescent import assets
-from layerdescent.cli.bench import status
+from layerdescent.cli.bench import tell
 from layerdescent.cli.run import overrides
 from layerdescent.commands import Command
 from layerdescent.errors import ConfigError
@@ -114,7 +114,7 @@ def run(args: argparse.Namespace) -> int:
         demo.config,
         out,
         args.set,
-        on_run=status,
+        on_run=tell,
         command=command,
         workers=workers,
         title=f"Demo: ERM vs primal-dual descent constraints on {args.task}",

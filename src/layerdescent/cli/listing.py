@@ -24,13 +24,17 @@ def run(args: argparse.Namespace) -> int:
         for name, cls in sorted(table.items()):
             doc = (cls.__doc__ or "").strip().splitlines()[0] if cls.__doc__ else ""
             print(f"  {name:24} {doc}  [plugin {registry.owner[(base, name)]}]")
-            for option in dataclasses.fields(cls.Options) if base == "Solver" else ():
+            for option in dataclasses.fields(cls.Options) if hasattr(cls, "Options") else ():  # solvers and executors
                 print(f"    {option.name} = {_option_default(option)}")
+    if registry.commands:
+        print("commands (registered by plugins):")
+        for name, command in sorted(registry.commands.items()):
+            print(f"  {name:24} {command.help}  [plugin {registry.owner[('Command', name)]}]")
     return 0
 
 
 def _option_default(option: dataclasses.Field) -> str:
-    """A solver option's default as TOML would write it."""
+    """An option's default as TOML would write it."""
     value = option.default
     if value is None:
         return "(unset)"

@@ -4,17 +4,19 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-import torch
-
 from layerdescent.errors import DivergenceError, PluginError
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # solvers import this module where torch is not yet loaded (the registry, `layerdescent list`)
+    import torch
+
     from layerdescent.core.problem import LayerwiseProblem
     from layerdescent.core.solvers import Observation
 
 
 def nonfinite(what: str, values: torch.Tensor, labels: list[str]) -> str | None:
     """Why ``values`` cannot be trained on (naming the entry and the quantity), or None."""
+    import torch
+
     if bool(torch.isfinite(values).all()):
         return None
     bad = int((~torch.isfinite(values)).nonzero().flatten()[0])
@@ -53,6 +55,8 @@ def multiplier_problem(problem: LayerwiseProblem, bound: float | None) -> str | 
 
 def check_nonnegative(who: str, means: torch.Tensor, problem: LayerwiseProblem) -> None:
     """Raise PluginError when a constraint that assumes losses >= 0 (descent's (1 - alpha) margin) sees a negative mean loss."""
+    import torch
+
     needing = problem.needs_nonnegative
     negative = (means < 0) & torch.isfinite(means)  # a non-finite mean is the step's to skip, not the plugin's fault
     if needing and bool(negative.any()):

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal, Union
 from layerdescent.core.divergence import why_not_finite
 from layerdescent.errors import ConfigError
 from layerdescent.hookspecs import hookimpl
+from layerdescent.options import NoOptions
 
 if TYPE_CHECKING:  # the registry loads solvers without torch or cooper; their methods run in training
     import cooper
@@ -33,11 +34,6 @@ if TYPE_CHECKING:  # the registry loads solvers without torch or cooper; their m
     from layerdescent.run.config import TrainConfig
 
 Tables = dict  # constraint name -> (per-group loss sums G x (L+1), per-group row counts G)
-
-
-@dataclass(frozen=True)
-class NoOptions:
-    """A solver with no [solver] keys beyond ``name``."""
 
 
 @dataclass

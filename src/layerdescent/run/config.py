@@ -120,8 +120,8 @@ class TrainConfig:
     """What a NaN or infinite loss does: `stop` the run, or `skip` that step (logged and counted)."""
     keep_checkpoint: bool = False
     """Keep `checkpoint.pt` (optimizer state) once the run finished, to train it further."""
-    trackers: tuple[str, ...] = ()
-    """Registered listeners on the metrics log (`layerdescent list` shows them): `tensorboard`, `mlflow`, or a plugin's."""
+    trackers: Union[tuple[str, ...], dict] = ()
+    """Registered listeners on the metrics log (`layerdescent list` shows them): a list of names, each at its defaults, or a table of their options, `[train.trackers.mlflow]`."""
 
     def __post_init__(self) -> None:
         for key in ("epochs", "batch_size", "accumulate", "log_every"):
@@ -155,6 +155,17 @@ class TrainConfig:
         # whether each tracker is registered and its package installed is checked when a run trains
         # (check_trackers), so that report and evaluate still read a recorded run on a machine without it
         _require(len(set(self.trackers)) == len(self.trackers), "train.trackers", "lists a tracker twice")
+        for name, table in self.tracker_tables.items():
+            _require(
+                isinstance(table, dict),
+                f"train.trackers.{name}",
+                f"must be a table of that tracker's options (an empty one takes its defaults), got {table!r}",
+            )
+
+    @property
+    def tracker_tables(self) -> dict[str, dict[str, Any]]:
+        """Each tracker's options table by name: empty for a tracker named in a list."""
+        return dict(self.trackers) if isinstance(self.trackers, dict) else {name: {} for name in self.trackers}
 
     @property
     def band(self) -> tuple[float, ...]:
@@ -351,7 +362,7 @@ def _depth(value: Any, limit: int) -> int:
 
 def config_from_dict(data: dict[str, Any], registry: Registry | None = None) -> RunConfig:
     """Validate a config table (as parsed from TOML) into a RunConfig; every mistake is reported, one line each."""
-    from layerdescent.run.guard import build_task  # guard imports task, which this module must not need first
+    from layerdescent.run.guard import build_task  # torch and datasets: a config is read where neither is loaded yet (the CLI)
 
     registry = registry or get_registry()
     if _depth(data, MAX_DEPTH + 1) > MAX_DEPTH:

@@ -42,62 +42,71 @@ def evaluate(
     rows = dataset if isinstance(dataset, Rows) else Rows(dataset)
     if len(rows) == 0:
         raise DataError("cannot evaluate on an empty dataset")
+    was_training = model.training
+    model.eval()
+    try:
+        return [_at_gamma(task, model, rows, float(gamma), batch_size, seed, world, bar) for gamma in gammas]
+    finally:
+        model.train(was_training)
+
+
+def _at_gamma(
+    task: Task, model: torch.nn.Module, rows: Rows, gamma: float, batch_size: int, seed: int, world: World, bar: Any
+) -> dict[str, Any]:
+    """One gamma's record: this rank's batches read out at every layer, the sums reduced over ranks."""
     device = next(model.parameters(), torch.empty(0)).device
     rng_devices = [device] if device.type == "cuda" else []
     layers = task.num_layers + 1
-    was_training = model.training
-    model.eval()
-    records = []
+    metrics = task.metrics().to(device)
+    per_layer = None  # one metric collection per layer, made when a batch brings layer_preds
+    loss_sum = torch.zeros(layers, dtype=torch.float64, device=device)
+    descents = torch.zeros(layers - 1, dtype=torch.float64, device=device)
+    count = torch.zeros((), dtype=torch.float64, device=device)
+    for k, start in enumerate(range(0, len(rows), batch_size)):
+        if k % world.size != world.rank:
+            continue
+        with torch.random.fork_rng(devices=rng_devices):
+            torch.manual_seed(seed * 1_000_003 + k)
+            batch = to_device(task.collate(rows[start : start + batch_size]), device)
+            out = task.layer_losses(model, batch, gamma=gamma)
+        if bar is not None:
+            bar.update(1)
+        losses = out.losses.detach().double()
+        loss_sum += losses.sum(0)
+        descents += (losses[:, 1:] < losses[:, :-1]).sum(0)
+        count += losses.shape[0]
+        if out.preds is not None:
+            _update(task, metrics, out.preds, out.target)
+        if out.layer_preds is not None:
+            per_layer = per_layer or [task.metrics().to(device) for _ in range(layers)]
+            for k, layer_metrics in enumerate(per_layer):
+                layer_metrics.update(out.layer_preds[:, k], out.target)
+    loss_sum, descents, count = world.sum(loss_sum), world.sum(descents), world.sum(count)
+    computed = metrics.compute() if len(metrics) else {}  # torchmetrics reduces over ranks itself
+    record = {
+        "gamma": gamma,
+        "layer_loss": (loss_sum / count).tolist(),
+        "descent_rate": (descents / count).tolist(),
+        "metrics": {name: float(value) for name, value in computed.items()},
+        "samples": int(count.item()),
+    }
+    if world.size > 1 and bool(world.sum(torch.tensor(float(per_layer is not None), device=device)) > 0):
+        per_layer = per_layer or [task.metrics().to(device) for _ in range(layers)]  # every rank joins the metrics' reduction
+    if per_layer and len(per_layer[0]):
+        layer_values = [m.compute() for m in per_layer]
+        record["layer_metrics"] = {name: [float(v[name]) for v in layer_values] for name in layer_values[0]}
+    return record
+
+
+def _update(task: Task, metrics: Any, preds: torch.Tensor, target: torch.Tensor) -> None:
+    """``metrics.update(preds, target)``, or one PluginError line naming the task whose own metrics reject its outputs."""
     try:
-        for gamma in gammas:
-            metrics = task.metrics().to(device)
-            per_layer = None  # one metric collection per layer, made when a batch brings layer_preds
-            loss_sum = torch.zeros(layers, dtype=torch.float64, device=device)
-            descents = torch.zeros(layers - 1, dtype=torch.float64, device=device)
-            count = torch.zeros((), dtype=torch.float64, device=device)
-            for k, start in enumerate(range(0, len(rows), batch_size)):
-                if k % world.size != world.rank:
-                    continue
-                with torch.random.fork_rng(devices=rng_devices):
-                    torch.manual_seed(seed * 1_000_003 + k)
-                    batch = to_device(task.collate(rows[start : start + batch_size]), device)
-                    out = task.layer_losses(model, batch, gamma=float(gamma))
-                if bar is not None:
-                    bar.update(1)
-                losses = out.losses.detach().double()
-                loss_sum += losses.sum(0)
-                descents += (losses[:, 1:] < losses[:, :-1]).sum(0)
-                count += losses.shape[0]
-                if out.preds is not None:
-                    try:
-                        metrics.update(out.preds, out.target)
-                    except Exception as exc:  # a task's preds and target that its own metrics reject
-                        who = getattr(task, "_who", f"task {task.name!r}")
-                        raise PluginError(
-                            f"{who}: metrics().update with LayerOutput.preds and .target raised {type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:200]}"
-                        ) from None
-                if out.layer_preds is not None:
-                    per_layer = per_layer or [task.metrics().to(device) for _ in range(layers)]
-                    for k, layer_metrics in enumerate(per_layer):
-                        layer_metrics.update(out.layer_preds[:, k], out.target)
-            loss_sum, descents, count = world.sum(loss_sum), world.sum(descents), world.sum(count)
-            computed = metrics.compute() if len(metrics) else {}  # torchmetrics reduces over ranks itself
-            record = {
-                "gamma": float(gamma),
-                "layer_loss": (loss_sum / count).tolist(),
-                "descent_rate": (descents / count).tolist(),
-                "metrics": {name: float(value) for name, value in computed.items()},
-                "samples": int(count.item()),
-            }
-            if world.size > 1 and bool(world.sum(torch.tensor(float(per_layer is not None), device=device)) > 0):
-                per_layer = per_layer or [task.metrics().to(device) for _ in range(layers)]  # every rank joins the metrics' reduction
-            if per_layer and len(per_layer[0]):
-                layer_values = [m.compute() for m in per_layer]
-                record["layer_metrics"] = {name: [float(v[name]) for v in layer_values] for name in layer_values[0]}
-            records.append(record)
-    finally:
-        model.train(was_training)
-    return records
+        metrics.update(preds, target)
+    except Exception as exc:
+        who = getattr(task, "_who", f"task {task.name!r}")
+        raise PluginError(
+            f"{who}: metrics().update with LayerOutput.preds and .target raised {type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:200]}"
+        ) from None
 
 
 def domain_rows(task: Task, name: str, samples: int = 0, seed: int = 1234) -> Rows:

@@ -15,12 +15,12 @@ import json
 import subprocess
 from pathlib import Path
 
+from layerdescent import __version__
+
 
 @functools.lru_cache(maxsize=1)
 def code() -> dict:
     """The package version and, when it is imported from a git checkout, the commit and whether tracked files differ from it."""
-    from layerdescent import __version__
-
     here = Path(__file__).resolve().parent
     record = {"version": __version__, "commit": None, "dirty": None}
     try:

@@ -27,7 +27,7 @@ from types import TracebackType
 from typing import Any
 
 from layerdescent.errors import ConfigError, LayerdescentError
-from layerdescent.run import rundir
+from layerdescent.run.files import refuse_links, write_atomic
 
 MANIFEST = ".layerdescent-report.json"
 STAGE = ".layerdescent-report-"  # + pid: the private folder a report is made in
@@ -176,7 +176,7 @@ class Publication:
                 f"{self.folder / theirs[0]} was not written by layerdescent (or was changed since): the report would replace it; "
                 f"move it away, or report --out another directory"
             )
-        rundir.refuse_links(self.folder, (MANIFEST,))
+        refuse_links(self.folder, (MANIFEST,))
         files = {name: hashes for name, hashes in owned(self.folder).items() if os.path.lexists(self.folder / name)}
         new = {name: _sha256(self.stage / name) for name in names}
         try:
@@ -191,4 +191,4 @@ class Publication:
 
     def _record(self, files: dict[str, list[str]]) -> None:
         made = {k: v for k, v in self._made.items() if v not in (None, "")}
-        rundir.write_atomic(self.folder / MANIFEST, json.dumps({**made, "files": files}, indent=2, sort_keys=True) + "\n")
+        write_atomic(self.folder / MANIFEST, json.dumps({**made, "files": files}, indent=2, sort_keys=True) + "\n")

@@ -13,8 +13,13 @@ import tomli_w
 from layerdescent.errors import ConfigError
 from layerdescent.registry import Registry
 from layerdescent.results import read_results  # the same checks a summary makes
-from layerdescent.run import provenance, rundir
+from layerdescent.run import files, lock, provenance, rundir
+from layerdescent.run.checkpoint import load_checkpoint, load_model_file
 from layerdescent.run.config import RunConfig, load_config
+from layerdescent.run.evaluator import evaluate_all
+from layerdescent.run.progress import progress_bar
+from layerdescent.run.stopping import check_finite_results
+from layerdescent.run.trainer import Trainer
 
 # What a re-evaluation may change: how the finished model is tested, never how it was trained.
 REEVALUATE_KEYS = ("task.perturbation", "eval.")
@@ -36,11 +41,6 @@ def evaluate_run(
     run_dir: str | Path, out: str | Path, overrides: Sequence[str] = (), registry: Registry | None = None, threads: int | None = None
 ) -> dict[str, Any]:
     """Test a finished run's final model again (another perturbation or gamma grid) into ``out``; ``threads`` overrides train.threads."""
-    from layerdescent.run.checkpoint import load_checkpoint, load_model_file
-    from layerdescent.run.evaluator import evaluate_all
-    from layerdescent.run.progress import progress_bar
-    from layerdescent.run.stopping import check_finite_results
-    from layerdescent.run.trainer import Trainer
 
     run_dir, out = Path(run_dir), Path(out)
     config = evaluate_config(run_dir, overrides, registry)
@@ -51,7 +51,7 @@ def evaluate_run(
         raise ConfigError(f"--out must differ from the run directory {run_dir}: its results would be overwritten")
     recorded = read_results(run_dir / "results.json")
     trainer = Trainer(config, out, registry)
-    with rundir.claim(out) as held:
+    with lock.claim(out) as held:
         session = trainer.setup()
         # The model that was tested: the best validation epoch's when early stopping kept one.
         if model_file.suffix == ".safetensors":
@@ -79,7 +79,7 @@ def evaluate_run(
         }
         if session.world.is_main:
             held.check()  # an --out moved or replaced while the model was tested is not written into
-            rundir.write_atomic(out / "config.toml", tomli_w.dumps(config.as_dict()))
-            rundir.write_atomic(out / "results.json", json.dumps(results, indent=2) + "\n")
+            files.write_atomic(out / "config.toml", tomli_w.dumps(config.as_dict()))
+            files.write_atomic(out / "results.json", json.dumps(results, indent=2) + "\n")
     session.world.close()
     return results

@@ -19,6 +19,7 @@ from typing import Any, ClassVar
 
 from layerdescent.errors import ConfigError
 from layerdescent.optional import check_installed
+from layerdescent.options import NoOptions, build_dataclass
 from layerdescent.registry import closest, get_registry
 
 STEP_TIME = "time/seconds_per_step"
@@ -33,10 +34,18 @@ class Tracker(abc.ABC):
 
     name: ClassVar[str] = ""  # what train.trackers names
     requires: ClassVar[dict[str, str]] = {}  # module -> the pip requirement that installs it; checked before a run trains
+    Options: ClassVar[type] = NoOptions  # its keys under [train.trackers.NAME]
 
     def __init__(self, config: Any, run_dir: Path, start_step: int) -> None:
-        """Open for one run, once its metrics log is open; ``start_step`` is the checkpoint's step when it resumes (else 0)."""
-        self.config, self.run_dir, self.start_step = config, run_dir, start_step
+        """Open for one run, once its metrics log is open; ``start_step`` is the checkpoint's step when it resumes (else 0).
+
+        ``self.options`` holds its ``[train.trackers.NAME]`` table as ``Options``. On resume the run's
+        ``metrics.jsonl`` is cut back to the checkpoint and ``log`` is called again from ``start_step + 1``:
+        a tracker that keeps records of its own drops those past ``start_step`` here, so that an
+        interrupted run ends with the records of one that never stopped.
+        """
+        self.config, self.run_dir, self.start_step = config, Path(run_dir), start_step
+        self.options = tracker_options(type(self), config.train.tracker_tables.get(self.name, {}))
 
     @abc.abstractmethod
     def log(self, step: int, values: dict[str, float]) -> None:
@@ -46,15 +55,23 @@ class Tracker(abc.ABC):
         """Take the finished run's results (results.json's content) and release what the tracker holds."""
 
 
-def check_trackers(names: Iterable[str], registry: Any = None) -> None:
-    """Raise one ConfigError for a tracker no plugin registers or whose package is missing (before a run trains)."""
+def tracker_options(cls: type[Tracker], table: dict[str, Any]) -> Any:
+    """``cls.Options`` from its ``[train.trackers.NAME]`` table, or one ConfigError line per mistake."""
+    return build_dataclass(cls.Options, table, f"train.trackers.{cls.name}")
+
+
+def check_trackers(trackers: Iterable[str] | dict[str, Any], registry: Any = None) -> None:
+    """Raise one ConfigError for a tracker no plugin registers, whose package is missing, or whose options are wrong (before a run trains)."""
     table = (registry or get_registry()).trackers
-    for i, name in enumerate(names):
+    tables = trackers if isinstance(trackers, dict) else {name: {} for name in trackers}
+    for i, (name, options) in enumerate(tables.items()):
+        key = f"train.trackers.{name}" if isinstance(trackers, dict) else f"train.trackers[{i}] = {name!r}"
         cls = table.get(name)
         if cls is None:
             raise ConfigError(
-                f"train.trackers[{i}] = {name!r} is not a registered tracker{closest(name, table)} (known: {', '.join(sorted(table))}; see `layerdescent list`)"
+                f"{key} is not a registered tracker{closest(name, table)} (known: {', '.join(sorted(table))}; see `layerdescent list`)"
             )
+        tracker_options(cls, options)
         check_installed(cls.requires, f"train.trackers: {name!r}")
 
 

@@ -18,7 +18,7 @@ import os
 import sys
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +30,7 @@ from layerdescent.core.update import LayerwiseUpdate
 from layerdescent.distributed import World
 from layerdescent.errors import DivergenceError
 from layerdescent.registry import Registry, get_registry
-from layerdescent.run import rundir, stopping
+from layerdescent.run import files, finish, lock, rundir, stopping
 from layerdescent.run.checkpoint import load_checkpoint, load_model_state, restore_run, rng_state, run_payload, save_checkpoint
 from layerdescent.run.config import RunConfig, check_depth, check_steps
 from layerdescent.run.evaluator import evaluate, evaluate_all, rows_satisfied
@@ -65,6 +65,20 @@ class Position:
         return out
 
 
+@dataclass
+class _Loop:
+    """What the training loop carries from step to step: the session, where it is, its step times and skips, its log and bar."""
+
+    session: Session
+    position: Position
+    step_times: list[float] = field(default_factory=list)
+    skipped_steps: int = 0
+    log: Any = None
+    bar: Any = None
+    name: str = ""  # how progress lines name the run
+    shown: bool = False  # whether this rank draws progress
+
+
 class Trainer:
     """Trains one RunConfig into one run directory."""
 
@@ -85,141 +99,176 @@ class Trainer:
     def fit(self, resume: bool = False) -> dict[str, Any]:
         """Train (or continue), evaluate on the gamma grid, write and return ``results.json``."""
         check_trackers(self.config.train.trackers, self.registry)
-        with rundir.claim(self.run_dir) as self._claim:
+        with lock.claim(self.run_dir) as self._claim:
             try:
                 session = self.setup()
                 results = self._fit(session, resume)
             except OSError as exc:
-                if exc.errno not in rundir.DISK_ERRNOS:
+                if exc.errno not in files.DISK_ERRNOS:
                     raise
-                raise rundir.write_failure(self.run_dir, exc) from None
+                raise files.write_failure(self.run_dir, exc) from None
         session.world.close()  # on failure the ranks exit with their error; a barrier could hang
         return results
 
     def _fit(self, session: Session, resume: bool) -> dict[str, Any]:
-        config, train = self.config, self.config.train
-        rows, model, update, world = session.rows, session.model, session.update, session.world
-        check_steps(train, epoch_steps(len(rows["train"]), train)[1])
+        config, world = self.config, session.world
+        check_steps(config.train, epoch_steps(len(session.rows["train"]), config.train)[1])
         rundir.prepare(self.run_dir, config, self.registry, resume, write=world.is_main)
         world.barrier()
+        loop = self._open(session, resume)
+        with self._failure_recorded(loop.position, world, "training"):
+            try:
+                while loop.position.epoch < config.train.epochs and not stopping.patience_spent(config.train, loop.position):
+                    self._epoch(loop)
+                    self._end_epoch(loop)
+            finally:
+                loop.bar.close()
+                loop.log.close()
+            if loop.step_times == [] and loop.skipped_steps:
+                raise DivergenceError(
+                    f"every one of the {loop.skipped_steps} training steps was skipped for a non-finite loss (train.on_nonfinite = 'skip'): "
+                    f"nothing trained, so results.json was not written; see the 'skipped' lines of {self.run_dir / 'metrics.jsonl'} for the first cause"
+                )
+        with self._failure_recorded(loop.position, world, "evaluation"):
+            results = self._test(loop)
+        if world.is_main:
+            self._trackers.close(results, self.run_dir)
+        return results
 
-        position = Position()
-        step_times: list[float] = []
-        skipped_steps = 0
+    def _open(self, session: Session, resume: bool) -> _Loop:
+        """The loop's state, from the checkpoint when resuming; the metrics log (cut back to it), the trackers and the progress bar opened."""
+        config, train, world = self.config, self.config.train, session.world
+        loop = _Loop(session, Position())
         metrics_file = self.run_dir / "metrics.jsonl"
         if resume and self.checkpoint_path.exists():
             state = load_checkpoint(self.checkpoint_path, self.task.name, kind="run")
-            restore_run(self.checkpoint_path, state, model, update, world.rank, self.task.name, session.schedule)
-            position, step_times = Position.restore(state["position"]), list(state["step_times"])
-            skipped_steps = int(state["skipped_steps"])
+            restore_run(self.checkpoint_path, state, session.model, session.update, world.rank, self.task.name, session.schedule)
+            loop.position, loop.step_times = Position.restore(state["position"]), list(state["step_times"])
+            loop.skipped_steps = int(state["skipped_steps"])
             if session.schedule is not None and "schedule" not in state:
-                session.schedule.resume(position.step)  # a checkpoint from before the schedule kept its state
+                session.schedule.resume(loop.position.step)  # a checkpoint from before the schedule kept its state
             if world.is_main:
                 rundir.rewind_log(metrics_file, self.checkpoint_path, state["metrics_offset"])
+        # Line-buffered so that `tail -f metrics.jsonl` follows a run; only rank 0 writes.
+        loop.log = files.open_log(metrics_file) if world.is_main else open(os.devnull, "w")
+        self._trackers = open_trackers(config, self.run_dir, loop.position.step, self.registry)
+        # a bar on a terminal, a timed line every 30 s when stderr is a pipe (a demo or bench log)
+        loop.name, loop.shown = f"{config.name} seed {config.seed}", train.progress and world.is_main
+        after = evaluation_in_steps(
+            len(session.rows[config.eval.split]),
+            len(config.eval.gammas) * (1 + len(config.eval.domains)),
+            train.batch_size * train.accumulate,
+        )
+        steps_per_epoch = epoch_steps(len(session.rows["train"]), train)[1]
+        # the time left covers the evaluation
+        loop.bar = progress_bar(train.epochs * steps_per_epoch, loop.position.step, loop.name, enabled=loop.shown, after=after)
+        return loop
 
-        train_set = rows["train"]
+    def _epoch(self, loop: _Loop) -> None:
+        """The optimizer steps left in this epoch, each logged, and checkpointed every train.checkpoint_every."""
+        config, train, session, position = self.config, self.config.train, loop.session, loop.position
+        train_set, update = session.rows["train"], session.update
         # batch_size is global: ranks split each batch, so a config means the same run however it
         # is launched, and a run resumes on another number of processes on the same trajectory.
-        micro_per_epoch, steps_per_epoch = epoch_steps(len(train_set), train)
-        # Line-buffered so that `tail -f metrics.jsonl` follows a run; only rank 0 writes.
-        log = rundir.open_log(metrics_file) if world.is_main else open(os.devnull, "w")
-        self._trackers = open_trackers(config, self.run_dir, position.step, self.registry)
-
-        def checkpoint() -> None:
-            self._claim.check()  # a directory moved or unlocked under the run is no longer written
-            self._log(log, position, update)
-            log.flush()
-            rngs = world.gather(rng_state())
-            if world.is_main:
-                save_checkpoint(
-                    self.checkpoint_path,
-                    run_payload(
-                        self.task.name, model, update, session.schedule, rngs, position.saved(), step_times, skipped_steps, log.tell()
-                    ),
+        micro_per_epoch = epoch_steps(len(train_set), train)[0]
+        order = torch.randperm(len(train_set), generator=torch.Generator().manual_seed(config.seed * 100_003 + position.epoch))
+        micro_batches = order.split(train.batch_size)
+        levels = self._levels(position.epoch, len(micro_batches))
+        while position.micro < micro_per_epoch:
+            group = micro_batches[position.micro : position.micro + train.accumulate]
+            group_levels = levels[position.micro : position.micro + train.accumulate]
+            start = time.perf_counter()
+            # a last-layer solver reads every layer on a log line's first step only, where the task can read the last alone
+            done = self.step(session, group, position.step, full=update.window_steps == 0, levels=group_levels)
+            if done.skipped:
+                loop.log.write(
+                    json.dumps({"event": "skipped", "epoch": position.epoch, "step": position.step, "reason": done.skipped}) + "\n"
                 )
+                loop.skipped_steps += 1
+            else:
+                loop.step_times.append(time.perf_counter() - start)
+            if session.schedule is not None:
+                session.schedule.step()
+            position.micro += len(group)
+            position.step += 1
+            loop.bar.update(1)
+            if update.window_steps >= train.log_every:
+                self._log(loop.log, position, update)
+            if train.checkpoint_every and position.step % train.checkpoint_every == 0:
+                self._checkpoint(loop)
 
-        # a bar on a terminal, a timed line every 30 s when stderr is a pipe (a demo or bench log)
-        name, shown = f"{config.name} seed {config.seed}", train.progress and world.is_main
-        after = evaluation_in_steps(
-            len(rows[config.eval.split]), len(config.eval.gammas) * (1 + len(config.eval.domains)), train.batch_size * train.accumulate
+    def _end_epoch(self, loop: _Loop) -> None:
+        """The epoch's dual step where the solver takes one, its log line, the validation (and early stopping's best model), a checkpoint."""
+        config, train, session, position = self.config, self.config.train, loop.session, loop.position
+        reason = session.update.end_epoch()
+        if reason:
+            raise diverged(f"end of epoch {position.epoch}: {reason}")
+        self._log(loop.log, position, session.update)
+        if train.validate:
+            val = evaluate(
+                self.task,
+                session.model,
+                session.rows["validation"],
+                [train.validation_gamma],
+                config.eval.batch_size,
+                config.eval.seed,
+                session.world,
+            )[0]
+            record = {
+                "event": "epoch",
+                "epoch": position.epoch,
+                "step": position.step,
+                "val_loss": val["layer_loss"],
+                "val_metrics": val["metrics"],
+            }
+            loop.log.write(json.dumps(record) + "\n")
+            self._trackers.log(record)
+            if stopping.improved(train, position, val["layer_loss"]) and session.world.is_main:
+                # written before the checkpoint that records it, so a resume finds it
+                save_checkpoint(self.best_path, {"task": self.task.name, "model": session.model.state_dict(), "epoch": position.epoch})
+        position.epoch += 1
+        position.micro = 0
+        self._checkpoint(loop)
+
+    def _checkpoint(self, loop: _Loop) -> None:
+        """The log line so far and a checkpoint of everything a resume needs, on rank 0, once the claim on the directory is checked."""
+        self._claim.check()  # a directory moved or unlocked under the run is no longer written
+        session = loop.session
+        self._log(loop.log, loop.position, session.update)
+        loop.log.flush()
+        rngs = session.world.gather(rng_state())
+        if session.world.is_main:
+            payload = run_payload(
+                self.task.name,
+                session.model,
+                session.update,
+                session.schedule,
+                rngs,
+                loop.position.saved(),
+                loop.step_times,
+                loop.skipped_steps,
+                loop.log.tell(),
+            )
+            save_checkpoint(self.checkpoint_path, payload)
+
+    def _test(self, loop: _Loop) -> dict[str, Any]:
+        """The final (or best) model tested at every gamma and domain, and results.json written with the run's record."""
+        config, train, session = self.config, self.config.train, loop.session
+        model, world = session.model, session.world
+        if train.early_stopping:
+            world.barrier()  # rank 0 wrote best.pt
+            self.load_model(self.best_path, model, load_checkpoint(self.best_path, self.task.name, kind="model")["model"])
+        evaluation = self._evaluate(session, loop.position, loop.name, loop.shown)
+        stopping.check_finite_results(evaluation, self.who)
+        satisfied = rows_satisfied(
+            self.task, model, session.rows["train"], train.band, session.update, config.eval.batch_size, config.eval.seed, world
         )
-        bar = progress_bar(
-            train.epochs * steps_per_epoch, position.step, name, enabled=shown, after=after
-        )  # the time left covers the evaluation
-        with self._failure_recorded(position, world, "training"):
-            try:
-                while position.epoch < train.epochs and not stopping.patience_spent(train, position):
-                    order = torch.randperm(len(train_set), generator=torch.Generator().manual_seed(config.seed * 100_003 + position.epoch))
-                    micro_batches = order.split(train.batch_size)
-                    levels = self._levels(position.epoch, len(micro_batches))
-                    while position.micro < micro_per_epoch:
-                        group = micro_batches[position.micro : position.micro + train.accumulate]
-                        group_levels = levels[position.micro : position.micro + train.accumulate]
-                        start = time.perf_counter()
-                        # a last-layer solver reads every layer on a log line's first step only, where the task can read the last alone
-                        done = self.step(session, group, position.step, full=update.window_steps == 0, levels=group_levels)
-                        if done.skipped:
-                            log.write(
-                                json.dumps({"event": "skipped", "epoch": position.epoch, "step": position.step, "reason": done.skipped})
-                                + "\n"
-                            )
-                            skipped_steps += 1
-                        else:
-                            step_times.append(time.perf_counter() - start)
-                        if session.schedule is not None:
-                            session.schedule.step()
-                        position.micro += len(group)
-                        position.step += 1
-                        bar.update(1)
-                        if update.window_steps >= train.log_every:
-                            self._log(log, position, update)
-                        if train.checkpoint_every and position.step % train.checkpoint_every == 0:
-                            checkpoint()
-                    reason = update.end_epoch()
-                    if reason:
-                        raise diverged(f"end of epoch {position.epoch}: {reason}")
-                    self._log(log, position, update)
-                    if train.validate:
-                        val = evaluate(
-                            self.task, model, rows["validation"], [train.validation_gamma], config.eval.batch_size, config.eval.seed, world
-                        )[0]
-                        record = {
-                            "event": "epoch",
-                            "epoch": position.epoch,
-                            "step": position.step,
-                            "val_loss": val["layer_loss"],
-                            "val_metrics": val["metrics"],
-                        }
-                        log.write(json.dumps(record) + "\n")
-                        self._trackers.log(record)
-                        if stopping.improved(train, position, val["layer_loss"]) and world.is_main:
-                            # written before the checkpoint that records it, so a resume finds it
-                            save_checkpoint(self.best_path, {"task": self.task.name, "model": model.state_dict(), "epoch": position.epoch})
-                    position.epoch += 1
-                    position.micro = 0
-                    checkpoint()
-            finally:
-                bar.close()
-                log.close()
-
-            if step_times == [] and skipped_steps:
-                raise DivergenceError(
-                    f"every one of the {skipped_steps} training steps was skipped for a non-finite loss (train.on_nonfinite = 'skip'): "
-                    f"nothing trained, so results.json was not written; see the 'skipped' lines of {metrics_file} for the first cause"
-                )
-        with self._failure_recorded(position, world, "evaluation"):
-            if train.early_stopping:
-                world.barrier()  # rank 0 wrote best.pt
-                self.load_model(self.best_path, model, load_checkpoint(self.best_path, self.task.name, kind="model")["model"])
-            evaluation = self._evaluate(session, position, name, shown)
-            stopping.check_finite_results(evaluation, self.who)
-            satisfied = rows_satisfied(self.task, model, train_set, train.band, update, config.eval.batch_size, config.eval.seed, world)
-            results = rundir.results_table(config, self.task, position, step_times, skipped_steps, update, evaluation, satisfied)
-            if world.is_main:
-                self._claim.check()
-                rundir.finish(self.run_dir, model.state_dict(), results, train.keep_checkpoint, self.who)
+        results = finish.results_table(
+            config, self.task, loop.position, loop.step_times, loop.skipped_steps, session.update, evaluation, satisfied
+        )
         if world.is_main:
-            self._trackers.close(results, self.run_dir)
+            self._claim.check()
+            finish.finish(self.run_dir, model.state_dict(), results, train.keep_checkpoint, self.who)
         return results
 
     @contextlib.contextmanager
