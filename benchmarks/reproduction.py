@@ -49,7 +49,7 @@ from layerdescent.analysis.report import (
     write_report,
 )
 from layerdescent.analysis.stats import excluding_zero_by_chance
-from layerdescent.run.config import read_toml
+from layerdescent.run.config_file import read_toml
 
 ROOT = Path(__file__).resolve().parent
 SAME_NUMBERS = ("tests/test_same_numbers.py", "a579cd4")  # the test that pins each solver's numbers, and to which commit's

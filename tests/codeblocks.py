@@ -58,7 +58,7 @@ def check_toml(block: Block) -> None:
     """A TOML block is a run config, a bench file or table of one, or a plugin's pyproject.toml; each is validated as such."""
     import layerdescent as ld
     from layerdescent.analysis.endpoints import parse_spec
-    from layerdescent.run.config import tomllib
+    from layerdescent.run.config_file import tomllib
 
     table = tomllib.loads(block.code)
     if "project" in table:
@@ -76,7 +76,7 @@ def check_toml(block: Block) -> None:
 def check_shell(block: Block) -> None:
     """Each command of a shell block: layerdescent's parsed by its own CLI, pip's extras and scripts' paths checked to exist."""
     from layerdescent.cli import build_parser
-    from layerdescent.run.config import tomllib
+    from layerdescent.run.config_file import tomllib
 
     extras = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"])
     text = block.code.replace("\\\n", " ")

@@ -260,7 +260,7 @@ def test_fetching_an_unknown_asset_is_one_line(capsys):
 
 
 def test_bench_grid_crosses_every_variant_with_every_combination(tmp_path):
-    from layerdescent.bench.runner import plan
+    from layerdescent.bench.plan import plan
 
     bench = textwrap.dedent(GOOD) + textwrap.dedent(
         """
@@ -283,7 +283,7 @@ def test_bench_grid_crosses_every_variant_with_every_combination(tmp_path):
 
 
 def test_a_bench_variant_may_run_its_own_seeds(tmp_path):
-    from layerdescent.bench.runner import plan
+    from layerdescent.bench.plan import plan
 
     bench = (
         textwrap.dedent(GOOD)

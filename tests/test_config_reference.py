@@ -9,7 +9,8 @@ from pathlib import Path
 import layerdescent as ld
 from layerdescent.cli import main
 from layerdescent.registry import Registry
-from layerdescent.run.config import EvalConfig, TrainConfig, tomllib
+from layerdescent.run.config import EvalConfig, TrainConfig
+from layerdescent.run.config_file import tomllib
 from layerdescent.run.config_keys import dataclass_keys, default_config, reference_markdown, task_keys
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -58,7 +58,7 @@ def test_docs_plugin_example_registers_and_trains_under_descent_constraints(tmp_
 
 
 def test_docs_annotated_config_is_a_valid_config_with_every_section():
-    from layerdescent.run.config import tomllib
+    from layerdescent.run.config_file import tomllib
 
     block = _block("annotated-config", DOCS / "configuration.md", "toml")
     config = ld.config_from_dict(tomllib.loads(block))
@@ -238,7 +238,7 @@ def test_every_hook_is_documented_in_the_plugin_guide_and_exercised_by_a_test():
 
 def test_docs_bench_judging_example_is_a_valid_bench_table():
     from layerdescent.analysis.endpoints import parse_spec
-    from layerdescent.run.config import tomllib
+    from layerdescent.run.config_file import tomllib
 
     block = _block("bench-judging-example", DOCS / "benchmarks.md", "toml")
     bench = tomllib.loads(block)["bench"]
@@ -285,7 +285,7 @@ def test_docs_annotated_config_differs_from_the_defaults_only_where_it_says_so()
 
 def assert_defaults_unless_marked(block: str) -> None:
     """Every key of a TOML example is at its default, unless its line (or its table's line) says `not the default`."""
-    from layerdescent.run.config import tomllib
+    from layerdescent.run.config_file import tomllib
     from layerdescent.run.config_keys import defaults_toml
 
     table = tomllib.loads(block)

@@ -113,7 +113,7 @@ def test_an_interrupted_bench_resumes_through_submitted_jobs_to_the_same_results
 
 def test_a_worker_that_does_not_see_the_output_directory_refuses_to_train(reference, tmp_path):
     path, _ = reference
-    from layerdescent.bench.runner import plan
+    from layerdescent.bench.plan import plan
 
     (run,) = [r for r in plan(path, tmp_path / "out") if r.variant == "erm"]
     with pytest.raises(ConfigError, match="put --out on a filesystem every worker sees"):

@@ -28,3 +28,25 @@ def test_the_registry_names_its_built_in_plugins_by_module_path_and_imports_none
     loaded = registry.Registry(entry_points=False)
     assert {info.name for info in loaded.plugins.values()} == set(registry.DEFAULT_PLUGINS)
     assert all(info.status == "loaded" for info in loaded.plugins.values())
+
+
+def test_no_module_imports_another_that_imports_it_back_even_inside_a_function():
+    grimp = pytest.importorskip("grimp", reason="the import graph needs pip install 'layerdescent[test]' (import-linter brings grimp)")
+    graph = grimp.build_graph("layerdescent", exclude_type_checking_imports=True)
+    modules = sorted(m for m in graph.modules if m.startswith("layerdescent"))
+    state: dict[str, str] = {}  # "open" while on the path being walked, "done" once every module below it was
+
+    def walk(module: str, path: list[str]) -> list[str] | None:
+        state[module] = "open"
+        for imported in sorted(graph.find_modules_directly_imported_by(module)):
+            if not imported.startswith("layerdescent"):
+                continue
+            if state.get(imported) == "open":
+                return [*path, module, imported]
+            if imported not in state and (cycle := walk(imported, [*path, module])):
+                return cycle
+        state[module] = "done"
+        return None
+
+    cycles = [cycle for module in modules if module not in state and (cycle := walk(module, []))]
+    assert not cycles, f"an import cycle: {' -> '.join(cycles[0])}"

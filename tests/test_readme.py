@@ -13,7 +13,7 @@ from test_docs import assert_defaults_unless_marked
 
 import layerdescent as ld
 from layerdescent.registry import Registry
-from layerdescent.run.config import tomllib
+from layerdescent.run.config_file import tomllib
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 BLOCKS = {b.marker: b for b in blocks(README)}

@@ -16,9 +16,11 @@ import tomli_w
 from test_one_line_errors import RUN, assert_one_line, cli, config_file, with_
 
 import layerdescent as ld
+import layerdescent.bench.plan as plan_module
 import layerdescent.bench.runner as bench_module
 import layerdescent.run.trainer as trainer_module
-from layerdescent.bench.runner import plan, run_bench
+from layerdescent.bench.plan import plan
+from layerdescent.bench.runner import run_bench
 from layerdescent.run import layout, lock
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -164,7 +166,7 @@ def test_a_grid_over_paths_names_runs_by_the_last_part():
     table = {**RUN, "bench": {"variants": {"erm": {"solver": {"name": "erm"}}}, "grid": {"label": ["one", "two"]}}}
     names = {run.run_dir.parent.name for run in plan_table(table)}
     assert names == {"erm,label=one", "erm,label=two"}
-    assert bench_module._short("/models/a/roberta/") == "roberta" and bench_module._short("..") == "_"
+    assert plan_module._short("/models/a/roberta/") == "roberta" and plan_module._short("..") == "_"
 
 
 def test_a_run_label_that_climbs_out_is_refused_before_anything_is_written(tmp_path):

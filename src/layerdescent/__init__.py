@@ -46,11 +46,11 @@ _LAZY = {
     "Task": "layerdescent.task",
     "evaluate_run": "layerdescent.run.reevaluate",
     "LayerwiseUpdate": "layerdescent.core.update",
-    "LayerBatch": "layerdescent.core.problem",
-    "Observation": "layerdescent.core.solvers",
+    "LayerBatch": "layerdescent.core.grouping",
+    "Observation": "layerdescent.core.solver",
     "PrimalDual": "layerdescent.core.solvers",
     "PrimalDualOptions": "layerdescent.core.solvers",
-    "Solver": "layerdescent.core.solvers",
+    "Solver": "layerdescent.core.solver",
     "Tracker": "layerdescent.run.tracking",
     "train": "layerdescent.run.trainer",
 }
@@ -60,8 +60,9 @@ if TYPE_CHECKING:  # what static tools see; at run time __getattr__ imports them
     from layerdescent.bench.executors import Executor, ExecutorOptions
     from layerdescent.commands import Command
     from layerdescent.core.constraints import Bound, ConstraintSpec, Descent
-    from layerdescent.core.problem import LayerBatch
-    from layerdescent.core.solvers import Observation, PrimalDual, PrimalDualOptions, Solver
+    from layerdescent.core.grouping import LayerBatch
+    from layerdescent.core.solver import Observation, Solver
+    from layerdescent.core.solvers import PrimalDual, PrimalDualOptions
     from layerdescent.core.update import LayerwiseUpdate
     from layerdescent.integrations.hf import DescentTrainer
     from layerdescent.prox import soft_threshold

@@ -53,7 +53,7 @@ def type_name(tp: Any) -> str:
         item = typing.get_args(tp)[0]
         plural = {int: "integers", float: "numbers", bool: "booleans", str: "strings"}.get(item)
         return f"a list of {plural}" if plural else f"a list, each {type_name(item)}"
-    return {int: "an integer", float: "a number", bool: "true or false", str: "a string"}.get(tp, str(tp))
+    return {int: "an integer", float: "a number", bool: "true or false", str: "a string", dict: "a table"}.get(tp, str(tp))
 
 
 def coerce(value: Any, tp: Any, key: str) -> Any:

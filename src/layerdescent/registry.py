@@ -36,7 +36,7 @@ if TYPE_CHECKING:
     from layerdescent.bench.executors import Executor
     from layerdescent.commands import Command
     from layerdescent.core.constraints import ConstraintSpec
-    from layerdescent.core.solvers import Solver
+    from layerdescent.core.solver import Solver
     from layerdescent.run.tracking import Tracker
     from layerdescent.task import Task
 
@@ -88,7 +88,7 @@ class Kind:
 KINDS = (
     Kind("register_tasks", "layerdescent.task:Task", "tasks", "task"),
     Kind("register_constraints", "layerdescent.core.constraints:ConstraintSpec", "constraints", "constraint kind", key="kind"),
-    Kind("register_solvers", "layerdescent.core.solvers:Solver", "solvers", "solver"),
+    Kind("register_solvers", "layerdescent.core.solver:Solver", "solvers", "solver"),
     Kind("register_executors", "layerdescent.bench.executors:Executor", "executors", "executor"),
     Kind("register_trackers", "layerdescent.run.tracking:Tracker", "trackers", "tracker"),
     Kind("register_assets", "layerdescent.assets:Asset", "assets", "asset"),

@@ -36,11 +36,6 @@ class LayerOutput:
         if self.losses.dim() != 2:
             raise ValueError(f"LayerOutput.losses must be B x (L+1), got shape {tuple(self.losses.shape)}")
 
-    @property
-    def layer_means(self) -> torch.Tensor:
-        """E[l_k] over the batch, one entry per layer."""
-        return self.losses.mean(dim=0)
-
 
 class Task(abc.ABC):
     """A learning problem whose model exposes a loss at every layer; it knows nothing of solvers.

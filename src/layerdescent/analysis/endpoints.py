@@ -30,7 +30,7 @@ from layerdescent.analysis.groups import baseline_group, domain_results, summari
 from layerdescent.analysis.stats import holm, paired_difference
 from layerdescent.errors import ConfigError
 from layerdescent.registry import get_registry
-from layerdescent.run.config import read_toml
+from layerdescent.run.config_file import read_toml
 from layerdescent.run.provenance import differ
 
 FAMILY_ALPHA = 0.05  # the family-wise error rate Holm's adjustment controls

@@ -29,7 +29,8 @@ from layerdescent.errors import LayerdescentError
 from layerdescent.registry import get_registry
 from layerdescent.results import read_results
 from layerdescent.run import rundir
-from layerdescent.run.config import EvalConfig, TrainConfig, read_toml
+from layerdescent.run.config import EvalConfig, TrainConfig
+from layerdescent.run.config_file import read_toml
 from layerdescent.run.provenance import made_by
 from layerdescent.run.publish import Publication
 

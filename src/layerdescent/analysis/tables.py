@@ -1,4 +1,7 @@
-"""The summary's markdown: numbers to the precision their spread supports, and every table of summary.md."""
+"""The summary's markdown: numbers to the precision their spread supports, and every table of summary.md.
+
+Over 400 lines: one function a table of summary.md; issue 47 moves the judging tables into the declared plan.
+"""
 
 from __future__ import annotations
 

@@ -73,7 +73,7 @@ class MLflowOptions:
 
 
 class _TensorBoard(Tracker):
-    """TensorBoard event files in RUN_DIR/tensorboard; a resumed run purges what was logged after its checkpoint."""
+    """TensorBoard event files in RUN_DIR/tensorboard (its `folder`); a resumed run purges what was logged after its checkpoint."""
 
     name = "tensorboard"
     requires: ClassVar[dict[str, str]] = {"tensorboard": "layerdescent[tensorboard]"}

@@ -11,7 +11,8 @@ from layerdescent.commands import Command
 
 
 def run(args: argparse.Namespace) -> int:
-    from layerdescent.bench.runner import STATES, bench_status, executor_choice, run_bench, time_left
+    from layerdescent.bench.runner import executor_choice, run_bench
+    from layerdescent.bench.status import STATES, bench_status, time_left
     from layerdescent.run.progress import clock
 
     out = Path(args.out) if args.out else Path("runs") / f"bench-{Path(args.config).stem}"

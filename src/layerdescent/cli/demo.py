@@ -13,7 +13,7 @@ from layerdescent.cli.run import overrides
 from layerdescent.commands import Command
 from layerdescent.errors import ConfigError
 from layerdescent.registry import get_registry
-from layerdescent.run.config import apply_overrides, read_toml
+from layerdescent.run.config_file import apply_overrides, read_toml
 
 HERE = Path(__file__).resolve().parent.parent  # the demos' bench files ship beside the package's root modules
 
@@ -62,7 +62,7 @@ def _demo_task(name: str) -> str:
 
 def _fetch_required_assets(config: Path, overrides: Sequence[str]) -> None:
     """Fetch what the config's task reads and the cache lacks, before any timed work starts."""
-    from layerdescent.bench.runner import blame
+    from layerdescent.bench.plan import blame
     from layerdescent.run.config import config_from_dict
     from layerdescent.run.guard import build_task
 

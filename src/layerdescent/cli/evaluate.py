@@ -11,7 +11,7 @@ from layerdescent.errors import ConfigError
 
 
 def run(args: argparse.Namespace) -> int:
-    from layerdescent.bench.runner import evaluate_bench
+    from layerdescent.bench.evaluation import evaluate_bench
 
     if Path(args.out).exists() and not Path(args.out).is_dir():
         raise ConfigError(f"--out {args.out} is a file, not a directory: name a directory for the new results")

@@ -10,7 +10,7 @@ if TYPE_CHECKING:  # solvers import this module where torch is not yet loaded (t
     import torch
 
     from layerdescent.core.problem import LayerwiseProblem
-    from layerdescent.core.solvers import Observation
+    from layerdescent.core.solver import Observation
 
 
 def nonfinite(what: str, values: torch.Tensor, labels: list[str]) -> str | None:

@@ -29,8 +29,9 @@ import torch
 
 from layerdescent.core.constraints import ConstraintSpec
 from layerdescent.core.divergence import multiplier_problem
-from layerdescent.core.problem import LayerBatch, LayerwiseProblem
-from layerdescent.core.solvers import Observation, Solver
+from layerdescent.core.grouping import LayerBatch
+from layerdescent.core.problem import LayerwiseProblem
+from layerdescent.core.solver import Observation, Solver
 from layerdescent.errors import ConfigError
 from layerdescent.options import build_solver_options
 from layerdescent.registry import Registry, get_registry

@@ -5,6 +5,9 @@
 
 Every key is checked: an unknown key or name gets the closest valid one, a wrong type or an
 out-of-range value names the key and what is allowed (:class:`ConfigError`).
+
+Over 400 lines on purpose: the config tables and their checks, each key with the docstring that
+``layerdescent config --reference`` prints as its documentation.
 """
 
 from __future__ import annotations
@@ -23,17 +26,17 @@ from layerdescent.core.solvers import PrimalDualOptions
 from layerdescent.errors import ConfigError
 from layerdescent.options import Problems, build_dataclass, build_solver_options, coerce
 from layerdescent.registry import Registry, closest, get_registry
+from layerdescent.run.config_file import apply_overrides, read_toml
 
 if sys.version_info >= (3, 11):
-    import tomllib
+    pass
 else:  # pragma: no cover - exercised on Python 3.10 only
-    import tomli as tomllib
+    pass
 
 SEED_MAX = 2**32 - 1  # numpy's seeds are 32-bit; a larger one would crash after training
 # More torch threads than this segfaults or thrashes; a recorded config must still load on a smaller machine.
 MAX_THREADS = max(256, 4 * (os.cpu_count() or 1))
 MAX_LABEL = 200  # a label names a directory: one path component, well under the 255-byte limit
-MAX_CONFIG_BYTES = 10 * 2**20  # read at most this much, so /dev/zero or a huge file is refused, not swallowed
 MAX_DEPTH = 64  # tables and arrays nested deeper than this are not a config
 # Far above any real run, so that an extra digit is refused in one line instead of training until killed.
 MAX_EPOCHS = 1_000_000
@@ -445,72 +448,6 @@ def check_depth(config: RunConfig, num_layers: int, registry: Registry | None = 
     for i, spec in enumerate(config.constraints):
         problems.attempt(spec.check_layers, num_layers, prefix=f"constraints[{i}]")
     problems.raise_any()
-
-
-def read_toml(path: str | Path) -> dict[str, Any]:
-    """Parse a TOML file; a missing, unreadable, binary, huge or malformed file is one clear line."""
-    path = Path(path)
-    try:
-        if path.is_dir():
-            raise ConfigError(f"config file {path} is a directory; give the path of a .toml file")
-        if path.is_char_device() or path.is_block_device():
-            raise ConfigError(f"config file {path} is a device, not a file; give the path of a .toml file")
-        with path.open("rb") as handle:
-            raw = handle.read(MAX_CONFIG_BYTES + 1)  # a device such as /dev/zero never ends
-    except FileNotFoundError:
-        raise ConfigError(f"config file {path} does not exist") from None
-    except OSError as exc:
-        raise ConfigError(f"config file {path} cannot be read: {exc.strerror or exc}") from None
-    if len(raw) > MAX_CONFIG_BYTES:
-        raise ConfigError(f"config file {path} is larger than {MAX_CONFIG_BYTES >> 20} MiB; that is not a run config")
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise ConfigError(f"config file {path} is not UTF-8 text (byte {exc.start}); is it a binary file?") from None
-    try:
-        return tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{path} is not valid TOML: {exc}") from None
-    except RecursionError:
-        raise ConfigError(f"{path} nests tables or arrays too deeply; that is not a run config") from None
-
-
-def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
-    """Apply ``key.path=value`` strings (value parsed as TOML, else taken as a string)."""
-    data = copy.deepcopy(data)
-    for item in overrides:
-        key, sep, raw = item.partition("=")
-        if not sep or not key.strip():
-            raise ConfigError(f"--set {item!r} must look like key=value, e.g. solver.dual_lr=0.1")
-        try:
-            value = tomllib.loads(f"v = {raw}")["v"]
-        except (tomllib.TOMLDecodeError, RecursionError):
-            value = raw
-        set_path(data, key.strip(), value)
-    return data
-
-
-def set_path(data: Any, dotted: str, value: Any) -> None:
-    """Set ``data[a][b][0][c] = value`` for the dotted path ``a.b.0.c``."""
-    parts = dotted.split(".")
-    node = data
-    for depth, part in enumerate(parts):
-        last = depth == len(parts) - 1
-        where = ".".join(parts[: depth + 1])
-        if isinstance(node, list):
-            if not part.isdigit() or int(part) >= len(node):
-                raise ConfigError(f"--set {dotted}: {where} is not an index of a list of {len(node)}")
-            index: Any = int(part)
-        elif isinstance(node, dict):
-            index = part
-            if not last:
-                node.setdefault(part, {})
-        else:
-            raise ConfigError(f"--set {dotted}: {'.'.join(parts[:depth])} is not a table")
-        if last:
-            node[index] = value
-        else:
-            node = node[index]
 
 
 def load_config(path: str | Path, overrides: list[str] = (), registry: Registry | None = None, bench: bool = True) -> RunConfig:

@@ -146,7 +146,31 @@ def reference_markdown(registry: Registry | None = None) -> str:
     for kind, spec_cls in sorted(registry.constraints.items()):
         out += [f"### kind `{kind}`", "", _first_line(spec_cls.__doc__), "", *_table(dataclass_keys(spec_cls, "constraints"))]
     out += ["## [eval]", "", _first_line(EvalConfig.__doc__), "", *_table(dataclass_keys(EvalConfig, "eval"))]
+    out += [
+        "## [train.trackers.NAME]",
+        "",
+        "`train.trackers` names trackers in a list, each at its defaults, or as tables of their options, checked when the run trains.",
+        "",
+    ]
+    out += _plugins_with_options("tracker", registry.trackers, "train.trackers")
+    out += [
+        "## [bench.executor]",
+        "",
+        "In a bench file: `name` picks a registered executor (default `local`; `--executor` overrides it); the other keys are its options.",
+        "",
+    ]
+    out += _plugins_with_options("executor", registry.executors, "bench.executor")
     return "\n".join(out).rstrip("\n") + "\n"
+
+
+def _plugins_with_options(what: str, table: dict[str, type], prefix: str) -> list[str]:
+    """A section per registered tracker or executor: its first docstring line and its options' table."""
+    out: list[str] = []
+    for name, cls in sorted(table.items()):
+        keys = dataclass_keys(cls.Options, prefix)
+        out += [f"### {what} `{name}`", "", _first_line(cls.__doc__), ""]
+        out += _table(keys) if keys else ["No options.", ""]
+    return out
 
 
 def default_config(task: str = DEFAULT_TASK, solver: str = "primal-dual", registry: Registry | None = None) -> RunConfig:

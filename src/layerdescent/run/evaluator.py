@@ -10,7 +10,7 @@ from typing import Any
 import datasets
 import torch
 
-from layerdescent.core.problem import LayerBatch, add_tables
+from layerdescent.core.grouping import LayerBatch, add_tables
 from layerdescent.distributed import World, to_device
 from layerdescent.errors import DataError, LayerdescentError, PluginError
 from layerdescent.run.config import EvalConfig

@@ -7,7 +7,7 @@ from typing import Any
 
 from layerdescent import __version__
 from layerdescent.errors import DivergenceError
-from layerdescent.results import RESULTS_SCHEMA
+from layerdescent.results import RESULTS_SCHEMA, check
 from layerdescent.run import provenance
 from layerdescent.run.files import write_atomic
 from layerdescent.run.layout import EVALUATION_PARTIAL, MODEL_FILE
@@ -78,7 +78,6 @@ def _constraint_record(labels: list[str], value: Any, relaxation: Any, satisfied
 
 def finish(run_dir: Path, model_state: dict[str, Any], results: dict[str, Any], keep_checkpoint: bool, who: str = "the model") -> None:
     """Write the tested model and results.json; drop optimizer state unless asked to keep it (it is most of the bytes); ``who`` names the task in errors."""
-    import json
 
     import torch  # this module is loaded by the registry's executors, where torch is not yet needed
 
@@ -94,9 +93,17 @@ def finish(run_dir: Path, model_state: dict[str, Any], results: dict[str, Any], 
             f"neither {MODEL_FILE} nor results.json was written; fix how the task builds or updates it"
         )
     save_model_file(run_dir / MODEL_FILE, model_state)
-    write_atomic(run_dir / "results.json", json.dumps(results, indent=2) + "\n")
+    write_results(run_dir / "results.json", results)
     (run_dir / EVALUATION_PARTIAL).unlink(missing_ok=True)  # results.json holds every record now
     if not keep_checkpoint:
         for stale in (run_dir / "checkpoint.pt", run_dir / "best.pt"):
             stale.unlink(missing_ok=True)
             previous_path(stale).unlink(missing_ok=True)
+
+
+def write_results(path: Path, results: dict[str, Any]) -> None:
+    """Write ``results`` to ``path`` once the schema every reader applies (:func:`layerdescent.results.check`) accepts them."""
+    import json
+
+    check(results, path)  # a run never writes what a report would refuse to read
+    write_atomic(path, json.dumps(results, indent=2) + "\n")

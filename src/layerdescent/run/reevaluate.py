@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -13,7 +12,7 @@ import tomli_w
 from layerdescent.errors import ConfigError
 from layerdescent.registry import Registry
 from layerdescent.results import read_results  # the same checks a summary makes
-from layerdescent.run import files, lock, provenance, rundir
+from layerdescent.run import files, finish, lock, provenance, rundir
 from layerdescent.run.checkpoint import load_checkpoint, load_model_file
 from layerdescent.run.config import RunConfig, load_config
 from layerdescent.run.evaluator import evaluate_all
@@ -80,6 +79,6 @@ def evaluate_run(
         if session.world.is_main:
             held.check()  # an --out moved or replaced while the model was tested is not written into
             files.write_atomic(out / "config.toml", tomli_w.dumps(config.as_dict()))
-            files.write_atomic(out / "results.json", json.dumps(results, indent=2) + "\n")
+            finish.write_results(out / "results.json", results)
     session.world.close()
     return results

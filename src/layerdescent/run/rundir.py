@@ -1,14 +1,12 @@
-"""The run directory: its lock, what it may already hold, its recorded config, its log, and the results.json (or failure.json) it ends with.
+"""The run directory: what it may already hold, its recorded config, its log, a failure, and an interrupted evaluation's records.
 
-with locked(run_dir) as was_run:     # one process at a time; the lock dies with its holder
-    refuse_foreign(run_dir, was_run)  # never overwrite files a person put there
-with claim(run_dir) as held: ...     # both, on the rank that writes; held.check() before each checkpoint
-write_atomic(path, text)             # every file is replaced whole, never written through a link
-    ...
-config_difference(recorded_table, config)   # "train.lr (recorded 0.003, asked 0.01)" or None
-prepare(run_dir, config, registry, resume)  # record the config; a resume must ask for the recorded one
-results_table(...)                          # the results.json schema; finish() writes it beside the model
-partial_evaluation(run_dir, key)            # an interrupted evaluation's records, where ``key`` (model and eval config) matches
+    prepare(run_dir, config, registry, resume)  # record the config; a resume must ask for the recorded one
+    config_difference(recorded_table, config)   # "train.lr (recorded 0.003, asked 0.01)" or None
+    partial_evaluation(run_dir, key)            # an interrupted evaluation's records, where ``key`` (model and eval config) matches
+
+The names of its files are :mod:`layerdescent.run.layout`'s, its lock :mod:`layerdescent.run.lock`'s,
+how each file is written :mod:`layerdescent.run.files`'s, and the results.json it ends with
+:mod:`layerdescent.run.finish`'s.
 """
 
 from __future__ import annotations
@@ -19,7 +17,8 @@ from typing import Any
 
 from layerdescent.errors import CheckpointError, ConfigError, LayerdescentError
 from layerdescent.options import flat_keys
-from layerdescent.run.config import config_from_dict, read_toml
+from layerdescent.run.config import config_from_dict
+from layerdescent.run.config_file import read_toml
 from layerdescent.run.files import open_own, write_atomic
 from layerdescent.run.layout import EVALUATION_PARTIAL, EXECUTION_KEYS, FAILURE, MODEL_FILE, TRACKER_STORES, WRITES
 
@@ -189,3 +188,25 @@ def final_model_file(run_dir: Path, config: Any) -> Path:
         if (run_dir / name).exists():
             return run_dir / name
     raise ConfigError(f"{run_dir} has neither {MODEL_FILE} nor a checkpoint, so its model is gone: re-run it to evaluate it again")
+
+
+def json_object(path: Path) -> dict[str, Any]:
+    """The JSON object in ``path``, or an empty one where it holds none (a damaged file is then no match for anything)."""
+    import json
+
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def conflict(run_dir: Path, config: Any, registry: Any = None) -> str | None:
+    """How a run already in ``run_dir`` differs from ``config`` ("finished under another config, first at ..."), or None."""
+    recorded = run_dir / "config.toml"
+    finished = (run_dir / "results.json").exists()
+    if recorded.exists() and (finished or (run_dir / "checkpoint.pt").exists()):
+        difference = config_difference(read_toml(recorded), config, registry)
+        if difference:
+            return f"{'finished' if finished else 'started'} under another config, first at {difference}"
+    return None

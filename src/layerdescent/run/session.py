@@ -14,7 +14,8 @@ import numpy as np
 import torch
 
 from layerdescent.core.divergence import check_nonnegative
-from layerdescent.core.problem import LayerBatch, LayerwiseProblem
+from layerdescent.core.grouping import LayerBatch
+from layerdescent.core.problem import LayerwiseProblem
 from layerdescent.core.update import LayerwiseUpdate
 from layerdescent.distributed import World, init_world, to_device
 from layerdescent.errors import ConfigError, DataError, PluginError

@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from layerdescent.core.divergence import diverged
-from layerdescent.core.solvers import Observation
+from layerdescent.core.solver import Observation
 from layerdescent.core.update import LayerwiseUpdate
 from layerdescent.distributed import World
 from layerdescent.errors import DivergenceError

@@ -57,9 +57,12 @@ class RunsFailed(LayerdescentError):
 class ExecutorOptions:
     """What every executor takes: how many runs train at once, the threads of each, and whether the bench waits for them."""
 
-    workers: Union[int, None] = None  # runs at once; unset: one for local, as many as the executor's resources allow elsewhere
-    cpus_per_run: int = 1  # CPUs, and torch threads, of each run (local runs take one thread each)
-    wait: bool = True  # false (--no-wait): submit the jobs and return; for executors whose jobs outlive the bench
+    workers: Union[int, None] = None
+    """Runs at once; unset: one for local, as many as the executor's resources allow elsewhere."""
+    cpus_per_run: int = 1
+    """CPUs, and torch threads, of each run (local runs take one thread each)."""
+    wait: bool = True
+    """False (--no-wait): submit the jobs and return; for executors whose jobs outlive the bench."""
 
     def __post_init__(self) -> None:
         if self.workers is not None and not 1 <= self.workers <= MAX_WORKERS:

@@ -14,8 +14,10 @@ from layerdescent.optional import require
 class RayOptions(ExecutorOptions):
     """The Ray executor's [bench.executor] keys."""
 
-    address: Union[str, None] = None  # join this Ray cluster (HOST:PORT); unset: start a local Ray instance
-    gpus_per_run: float = 0.0  # GPUs each run's task asks for
+    address: Union[str, None] = None
+    """Join this Ray cluster (HOST:PORT); unset: start a local Ray instance."""
+    gpus_per_run: float = 0.0
+    """GPUs each run's task asks for."""
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -23,12 +23,18 @@ ACTIVE_SLURM_STATES = ("PENDING", "RUNNING", "REQUEUED", "CONFIGURING", "COMPLET
 class SlurmOptions(ExecutorOptions):
     """The SLURM executor's [bench.executor] keys."""
 
-    partition: Union[str, None] = None  # unset: the cluster's default partition
-    time: int = 60  # minutes a job may run
-    mem_gb: Union[float, None] = None  # memory per job in GB; unset: the partition's default
-    gpus_per_run: float = 0.0  # GPUs per job
+    partition: Union[str, None] = None
+    """The SLURM partition; unset: the cluster's default."""
+    time: int = 60
+    """Minutes a job may run."""
+    mem_gb: Union[float, None] = None
+    """Memory per job in GB; unset: the partition's default."""
+    gpus_per_run: float = 0.0
+    """GPUs per job."""
     account: Union[str, None] = None
-    cluster: Literal["slurm", "local"] = "slurm"  # local: the jobs as processes here, for trying a bench out
+    """The SLURM account jobs are charged to; unset: the user's default."""
+    cluster: Literal["slurm", "local"] = "slurm"
+    """`slurm`, or `local`: the jobs as processes here, for trying a bench out."""
 
     def __post_init__(self) -> None:
         super().__post_init__()

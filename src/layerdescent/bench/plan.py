@@ -1,0 +1,206 @@
+"""A bench file's plan: its variants x grid points x seeds, each run's config checked before any run trains."""
+
+from __future__ import annotations
+
+import copy
+import fnmatch
+import itertools
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from layerdescent.analysis.endpoints import BenchSpec, parse_spec
+from layerdescent.bench.executors import (
+    executor_table,
+)
+from layerdescent.errors import ConfigError
+from layerdescent.options import flat_keys
+from layerdescent.registry import Registry
+from layerdescent.run.config import RunConfig, check_depth, check_seed, config_from_dict
+from layerdescent.run.config_file import apply_overrides, read_toml, set_path
+from layerdescent.run.guard import build_task
+from layerdescent.run.tracking import check_trackers
+
+
+@dataclass(frozen=True)
+class BenchRun:
+    """One variant at one seed, and where it runs."""
+
+    variant: str
+    seed: int
+    config: RunConfig
+    run_dir: Path
+
+
+def merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
+    """``base`` with ``override``'s tables merged in recursively (arrays replaced whole)."""
+    out = copy.deepcopy(base)
+    for key, value in override.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = merge(out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+def _short(value: Any, exact: bool = False) -> str:
+    """A grid value as it appears in a run's name (and directory); ``exact`` keeps every digit of a float."""
+    if isinstance(value, float):
+        return repr(value) if exact else f"{value:g}"
+    if isinstance(value, str):
+        # A path (a model directory) is named by its last part: a name is one path component.
+        tail = value.replace("\\", "/").rstrip("/").rsplit("/", 1)[-1]
+        return tail if tail not in ("", ".", "..") else "_"
+    return str(value)
+
+
+def _grid_names(key: str, values: list[Any]) -> list[str]:
+    """How each value of one grid key appears in run names: distinct values get distinct names, or ConfigError."""
+    for exact in (False, True):
+        names = [_short(v, exact) for v in values]
+        if len(set(names)) == len(names):
+            return names
+    first = next(n for n in names if names.count(n) > 1)
+    clashing = [v for v, n in zip(values, names) if n == first]
+    raise ConfigError(
+        f"bench.grid.{key}: values {clashing[0]!r} and {clashing[1]!r} would share the run name {first!r}; give the grid distinct values"
+    )
+
+
+MAX_RUNS = 10_000  # runs in one bench: far above any real sweep, and a typo'd grid or seed list is refused before it is planned
+
+
+def _check_seeds(seeds: Any, key: str) -> list[int]:
+    if not isinstance(seeds, list) or not seeds or not all(isinstance(s, int) and not isinstance(s, bool) for s in seeds):
+        raise ConfigError(f"{key} must be a non-empty list of integers")
+    if len(set(seeds)) != len(seeds):
+        raise ConfigError(f"{key} lists a seed twice")
+    for i, seed in enumerate(seeds):
+        check_seed(seed, f"{key}[{i}]")
+    return seeds
+
+
+def _check_variant_name(name: Any) -> str:
+    """A variant's name, refused in one line unless it can name one directory."""
+    if not isinstance(name, str) or not name or name in (".", "..") or "/" in name or "\\" in name or "\0" in name:
+        raise ConfigError(
+            f"bench.variants.{name!r} is not a plain name: a variant's name is one directory under --out (no '/', not '.' or '..')"
+        )
+    return name
+
+
+BENCH_KEYS = {"seeds", "variants", "grid", "executor", "baselines", "primary", "tuning"}
+
+
+def blame(line: str, variant: str, overrides: list[str], own: set[str]) -> str:
+    """A config error's line prefixed with what the user typed: the ``--set`` it concerns (unless the variant's ``own`` keys replace it), else the variant."""
+    for override in overrides:
+        key = override.partition("=")[0].strip()
+        if (
+            key not in own
+            and any(line.startswith(f"{start}{key}{end}") for start in ("", "unknown key ") for end in (" ", ";", "[", ":", "."))
+        ) or line == f"unknown key {key}":
+            return f"--set {override}: {line}"
+    return f"{variant}: {line}"
+
+
+def plan(path: str | Path, out: str | Path, overrides: list[str] = (), registry: Registry | None = None) -> list[BenchRun]:
+    """Validate every run of a bench file before any of them trains."""
+    data = apply_overrides(read_toml(path), list(overrides))
+    bench = data.pop("bench", None)
+    if not isinstance(bench, dict):
+        raise ConfigError(f"{path} has no [bench] table (a plain run file goes to `layerdescent run`)")
+    unknown = set(bench) - BENCH_KEYS
+    if unknown:
+        raise ConfigError(f"unknown key bench.{sorted(unknown)[0]} (allowed: {', '.join(sorted(BENCH_KEYS))})")
+    executor_table(bench)
+    if "seed" in data:  # each run's seed comes from bench.seeds, but a mistyped one here is still a mistake
+        if not isinstance(data["seed"], int) or isinstance(data["seed"], bool):
+            raise ConfigError(f"seed must be an integer, got {data['seed']!r} (a bench's runs take their seeds from bench.seeds)")
+        check_seed(data["seed"], "seed")
+    seeds = _check_seeds(bench.get("seeds", [0]), "bench.seeds")
+    variants = bench.get("variants", {})
+    if not isinstance(variants, dict) or not variants:
+        raise ConfigError('bench.variants must hold at least one table, e.g. [bench.variants.erm] solver.name = "erm"')
+    grid = flat_keys(bench.get("grid", {}), arrays=False)
+    if not all(isinstance(v, list) and v for v in grid.values()):
+        raise ConfigError('bench.grid must map dotted config keys to non-empty lists, e.g. "solver.dual_lr" = [0.1, 1.0]')
+    names = {key: _grid_names(key, values) for key, values in grid.items()}
+    points = math.prod(len(values) for values in grid.values())
+    count = (
+        sum(len(v.get("seeds", seeds)) if isinstance(v, dict) and isinstance(v.get("seeds", seeds), list) else 1 for v in variants.values())
+        * points
+    )
+    if count > MAX_RUNS:
+        raise ConfigError(
+            f"the bench has {count:,} runs (variants x grid points x seeds); at most {MAX_RUNS:,}: split it into several bench files"
+        )
+    runs, where, tasks = [], {}, {}
+    for variant, override in variants.items():
+        _check_variant_name(variant)
+        if not isinstance(override, dict):
+            raise ConfigError(f"bench.variants.{variant} must be a table of config overrides")
+        override = dict(override)
+        # e.g. one seed for an ablation beside three-seed baselines
+        variant_seeds = _check_seeds(override.pop("seeds", seeds), f"bench.variants.{variant}.seeds")
+        for point in itertools.product(*(range(len(v)) for v in grid.values())):
+            name = ",".join([variant, *(f"{key.rsplit('.', 1)[-1]}={names[key][i]}" for key, i in zip(grid, point))])
+            if name in where and where[name] != (variant, point):
+                raise ConfigError(f"bench: variant {where[name][0]!r} and variant {variant!r} both name a run {name!r}; rename one of them")
+            where[name] = (variant, point)
+            for seed in variant_seeds:
+                merged = merge(data, {**override, "seed": seed, "label": name})
+                try:
+                    for key, i in zip(grid, point):
+                        set_path(merged, key, copy.deepcopy(grid[key][i]))
+                    config = config_from_dict(merged, registry)
+                    # the depth needs the built task; variants mostly share one, so it is built once each
+                    key = repr(sorted(config.task.options.items())) + config.task.name
+                    if key not in tasks:
+                        tasks[key] = build_task(registry, config.task.name, config.task.options)
+                    check_depth(config, tasks[key].num_layers, registry)
+                    check_trackers(config.train.trackers, registry)
+                except ConfigError as exc:
+                    own = {*flat_keys(override, arrays=False), *grid}  # keys the variant or the grid set over a --set
+                    lines = (blame(line.removeprefix("--set "), f"bench.variants.{name}", overrides, own) for line in str(exc).splitlines())
+                    raise ConfigError("\n".join(dict.fromkeys(lines))) from None
+                runs.append(BenchRun(name, seed, config, Path(out) / name / f"seed-{seed}"))
+    spec = parse_spec(bench, [run.variant for run in runs])  # a bad [bench.primary] or baseline fails before anything trains
+    if spec.primary:
+        _check_primary(spec.primary, runs, tasks)
+    return runs
+
+
+def _check_primary(primary, runs: list[BenchRun], tasks: dict) -> None:
+    """The primary metric is one the variants' task reports, and each primary split is test or a domain they are evaluated on."""
+    for run in runs:
+        if run.variant not in primary.variants + primary.adopted:
+            continue
+        task = tasks[repr(sorted(run.config.task.options.items())) + run.config.task.name]
+        metrics = list(task.metrics().keys())
+        if primary.metric not in metrics:
+            raise ConfigError(
+                f"bench.primary.metric: {primary.metric!r} is not a metric of task {run.config.task.name!r} (it reports: {', '.join(metrics) or 'none'})"
+            )
+        for split in primary.splits:
+            if split != "test" and split not in run.config.eval.domains:
+                raise ConfigError(
+                    f"bench.primary.splits: variant {run.variant!r} is not evaluated on {split!r} (test, or one of its eval.domains: {', '.join(run.config.eval.domains) or 'none'})"
+                )
+
+
+def bench_spec(path: str | Path, overrides: list[str] = ()) -> BenchSpec:
+    """The bench file's judging keys: its baselines, primary endpoints and tuning budgets."""
+    return parse_spec(apply_overrides(read_toml(path), list(overrides)).get("bench", {}))
+
+
+def select(runs: list[BenchRun], only: list[str]) -> list[BenchRun]:
+    """The runs whose variant label matches one of the shell-style patterns ``only`` (all runs when it is empty)."""
+    if not only:
+        return runs
+    chosen = [run for run in runs if any(fnmatch.fnmatchcase(run.variant, pattern) for pattern in only)]
+    if not chosen:
+        labels = ", ".join(dict.fromkeys(run.variant for run in runs))
+        raise ConfigError(f"--only {' '.join(only)} matches no variant; the bench's are: {labels} (patterns as in the shell: * ? [seq])")
+    return chosen
