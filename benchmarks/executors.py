@@ -44,7 +44,7 @@ def bench_file(folder: Path) -> Path:
     table["bench"] = {
         "seeds": [0, 1],
         "variants": {"erm": table["bench"]["variants"]["erm"], "primal-dual": table["bench"]["variants"]["primal-dual"]},
-        "slurm": {"cluster": "local", "time": 60},  # no scheduler here: submitit runs the jobs as local processes
+        "executor": {"cluster": "local", "time": 60},  # slurm's: no scheduler here, submitit runs the jobs as local processes
     }
     table["train"]["progress"] = False
     path = folder / "lista2x2.toml"

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import SMALL_LISTA_TASK
+from helpers import assert_defaults_unless_marked, docs_block
 
 import layerdescent as ld
 from layerdescent.registry import Registry
@@ -16,10 +17,6 @@ from layerdescent.registry import Registry
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
 PLUGINS = DOCS / "plugins.md"
-
-
-def _block(marker: str, page: Path = PLUGINS, lang: str = "python") -> str:
-    return re.search(rf"<!-- {marker} -->\n```{lang}\n(.*?)```", page.read_text(), re.S).group(1)
 
 
 # A lista small enough to train one epoch in a test, for the plugin examples that must train.
@@ -32,13 +29,13 @@ def _plugin_module(name: str, marker: str, monkeypatch) -> types.ModuleType:
 
     module = types.ModuleType(name)
     monkeypatch.setitem(sys.modules, name, module)
-    exec(compile(_block(marker), f"docs/plugins.md:{name}.py", "exec"), module.__dict__)
+    exec(compile(docs_block(marker), f"docs/plugins.md:{name}.py", "exec"), module.__dict__)
     return module
 
 
 def _plugin_example() -> types.ModuleType:
     module = types.ModuleType("my_plugin")
-    exec(compile(_block("plugin-example"), "docs/plugins.md:my_plugin.py", "exec"), module.__dict__)
+    exec(compile(docs_block("plugin-example"), "docs/plugins.md:my_plugin.py", "exec"), module.__dict__)
     return module
 
 
@@ -60,7 +57,7 @@ def test_docs_plugin_example_registers_and_trains_under_descent_constraints(tmp_
 def test_docs_annotated_config_is_a_valid_config_with_every_section():
     from layerdescent.run.config_file import tomllib
 
-    block = _block("annotated-config", DOCS / "configuration.md", "toml")
+    block = docs_block("annotated-config", DOCS / "configuration.md", "toml")
     config = ld.config_from_dict(tomllib.loads(block))
     assert config.solver.name == "primal-dual" and config.constraints[0].reference == "detached"
     assert config.train.on_nonfinite == "stop" and config.eval.gammas == (0.0, 0.1, 0.3, 0.5, 1.0)
@@ -81,7 +78,7 @@ def test_docs_constraint_example_registers_checks_its_options_and_trains(tmp_pat
 
 def test_docs_loop_example_trains_under_descent_constraints_exactly_as_written():
     namespace: dict = {}
-    exec(compile(_block("loop-example", DOCS / "own-loop.md"), "docs/own-loop.md:loop", "exec"), namespace)
+    exec(compile(docs_block("loop-example", DOCS / "own-loop.md"), "docs/own-loop.md:loop", "exec"), namespace)
     update, losses = namespace["update"], namespace["losses"]
     means = torch.stack(losses, dim=1).mean(0).detach()
     assert means[-1] < means[0] * 0.5  # the last layer improved on the input's estimate
@@ -107,7 +104,7 @@ def _installed(tmp_path: Path, module: str, marker: str) -> dict[str, str]:
     site = tmp_path / "site"  # what `pip install .` of the plugin's package leaves on sys.path
     dist = site / f"{module}-0.1.0.dist-info"
     dist.mkdir(parents=True)
-    (site / f"{module}.py").write_text(_block(marker))
+    (site / f"{module}.py").write_text(docs_block(marker))
     (dist / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {module.replace('_', '-')}\nVersion: 0.1.0\n")
     (dist / "entry_points.txt").write_text(f"[layerdescent]\nextensions = {module}\n")
     return {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")])}
@@ -229,7 +226,7 @@ def test_every_hook_is_documented_in_the_plugin_guide_and_exercised_by_a_test():
 
     hooks = [name for name in dir(hookspecs) if name.startswith("register_")]
     text = PLUGINS.read_text()
-    tests = "".join(p.read_text() for p in Path(__file__).parent.glob("test_*.py") if p.name != Path(__file__).name)
+    tests = "".join(p.read_text() for p in Path(__file__).parent.rglob("test_*.py") if p.name != Path(__file__).name)
     assert len(hooks) >= 4
     for hook in hooks:
         assert f"`{hook}(register)`" in text or f"def {hook}(register)" in text, f"{hook} is not documented in docs/plugins.md"
@@ -240,7 +237,7 @@ def test_docs_bench_judging_example_is_a_valid_bench_table():
     from layerdescent.analysis.endpoints import parse_spec
     from layerdescent.run.config_file import tomllib
 
-    block = _block("bench-judging-example", DOCS / "benchmarks.md", "toml")
+    block = docs_block("bench-judging-example", DOCS / "benchmarks.md", "toml")
     bench = tomllib.loads(block)["bench"]
     spec = parse_spec(bench, list(bench["variants"]))
     assert spec.baselines == ("erm", "penalty") and spec.tuning == {"alpha=0.2": 12}
@@ -280,29 +277,7 @@ def test_the_docs_have_code_blocks_of_every_checked_language():
 
 
 def test_docs_annotated_config_differs_from_the_defaults_only_where_it_says_so():
-    assert_defaults_unless_marked(_block("annotated-config", DOCS / "configuration.md", "toml"))
-
-
-def assert_defaults_unless_marked(block: str) -> None:
-    """Every key of a TOML example is at its default, unless its line (or its table's line) says `not the default`."""
-    from layerdescent.run.config_file import tomllib
-    from layerdescent.run.config_keys import defaults_toml
-
-    table = tomllib.loads(block)
-    defaults = tomllib.loads(defaults_toml(table["task"]["name"], table.get("solver", {}).get("name", "primal-dual")))
-    section, marked_table = None, False
-    for line in block.splitlines():
-        head = re.match(r"^\[+([a-z_]+)\]+", line)
-        if head:
-            section, marked_table = head.group(1), "not the default" in line
-            continue
-        key = re.match(r"^([a-z_]+) = ", line)
-        if not key or marked_table or "not the default" in line:
-            continue
-        name = key.group(1)
-        value = table[section][name] if section else table[name]
-        default = defaults[section].get(name) if section else defaults[name]
-        assert value == default, f"{section}.{name} = {value!r} is not the default {default!r}: say `not the default` on its line"
+    assert_defaults_unless_marked(docs_block("annotated-config", DOCS / "configuration.md", "toml"))
 
 
 def test_public_surface_table_names_exactly_the_public_names():

@@ -50,3 +50,14 @@ def test_no_module_imports_another_that_imports_it_back_even_inside_a_function()
 
     cycles = [cycle for module in modules if module not in state and (cycle := walk(module, []))]
     assert not cycles, f"an import cycle: {' -> '.join(cycles[0])}"
+
+
+def test_the_tests_mirror_the_packages_and_share_helpers_only_through_helpers_and_conftest():
+    tests = Path(__file__).parent
+    for path in tests.rglob("test_*.py"):
+        imported = [line for line in path.read_text().splitlines() if line.strip().startswith(("from test_", "import test_"))]
+        assert not imported, (
+            f"{path.relative_to(tests)} imports another test module ({imported[0].strip()}): move what it shares to tests/helpers.py"
+        )
+    layers = {p.name for p in (ROOT / "src" / "layerdescent").iterdir() if p.is_dir() and (p / "__init__.py").exists()}
+    assert layers <= {p.name for p in tests.iterdir() if p.is_dir()}, "every layer of the package has a folder of tests"

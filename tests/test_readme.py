@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 from codeblocks import blocks, check_shell, in_tmp, run_python
-from test_docs import assert_defaults_unless_marked
+from helpers import assert_defaults_unless_marked
 
 import layerdescent as ld
 from layerdescent.registry import Registry

@@ -31,20 +31,13 @@ from pathlib import Path
 
 import pytest
 from conftest import TINY
+from helpers import TEXT
 
 import layerdescent as ld
 from layerdescent.run.provenance import machine
 
 RECORDED = Path(__file__).parent / "data" / "same_numbers"
 TIMING_KEYS = ("step_time_median", "eval_seconds", "layerdescent", "code", "machine")
-
-TEXT = {
-    "task": {"name": "text-classification", "model_path": "tiny", "dataset": "synthetic", "synthetic_size": 200, "max_length": 16},
-    "train": {"epochs": 1, "batch_size": 32, "lr": 1e-3, "progress": False, "log_every": 2, "threads": 1, "train_gamma": 0.5},
-    "solver": {"name": "primal-dual", "dual_lr": 1.0},
-    "constraints": [{"kind": "descent", "alpha": 0.05}],
-    "eval": {"gammas": [0.0, 1.0], "batch_size": 64},
-}
 
 
 VIDEO = {

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_docs import _block
+from helpers import docs_block
 
 import layerdescent as ld
 from layerdescent.registry import Registry
@@ -23,7 +23,7 @@ def guide(monkeypatch) -> types.ModuleType:
     """The guide's dual method, as the module a user would write (dataclasses look their module up)."""
     module = types.ModuleType("capped_decay")
     monkeypatch.setitem(sys.modules, "capped_decay", module)
-    exec(compile(_block("dual-method", GUIDE), "docs/solvers.md:capped_decay.py", "exec"), module.__dict__)
+    exec(compile(docs_block("dual-method", GUIDE), "docs/solvers.md:capped_decay.py", "exec"), module.__dict__)
     return module
 
 

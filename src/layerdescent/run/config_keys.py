@@ -132,11 +132,12 @@ def reference_markdown(registry: Registry | None = None) -> str:
     for name, task_cls in sorted(registry.tasks.items()):
         out += [f"### task `{name}`", "", _first_line(task_cls.__doc__), "", *_table(task_keys(task_cls))]
     out += ["## [train]", "", _first_line(TrainConfig.__doc__), "", *_table(dataclass_keys(TrainConfig, "train"))]
-    out += ["## [solver]", "", "`name` picks a registered solver (default `primal-dual`); the other keys are that solver's options.", ""]
-    for name, solver_cls in sorted(registry.solvers.items()):
-        keys = dataclass_keys(solver_cls.Options, "solver")
-        out += [f"### solver `{name}`", "", _first_line(solver_cls.__doc__), ""]
-        out += _table(keys) if keys else ["No options.", ""]
+    out += _plugins_with_options(
+        "[solver]",
+        "`name` picks a registered solver (default `primal-dual`); the other keys are that solver's options.",
+        registry.solvers,
+        "solver",
+    )
     out += [
         "## [[constraints]]",
         "",
@@ -146,26 +147,25 @@ def reference_markdown(registry: Registry | None = None) -> str:
     for kind, spec_cls in sorted(registry.constraints.items()):
         out += [f"### kind `{kind}`", "", _first_line(spec_cls.__doc__), "", *_table(dataclass_keys(spec_cls, "constraints"))]
     out += ["## [eval]", "", _first_line(EvalConfig.__doc__), "", *_table(dataclass_keys(EvalConfig, "eval"))]
-    out += [
-        "## [train.trackers.NAME]",
-        "",
+    out += _plugins_with_options(
+        "[train.trackers.NAME]",
         "`train.trackers` names trackers in a list, each at its defaults, or as tables of their options, checked when the run trains.",
-        "",
-    ]
-    out += _plugins_with_options("tracker", registry.trackers, "train.trackers")
-    out += [
-        "## [bench.executor]",
-        "",
+        registry.trackers,
+        "train.trackers",
+    )
+    out += _plugins_with_options(
+        "[bench.executor]",
         "In a bench file: `name` picks a registered executor (default `local`; `--executor` overrides it); the other keys are its options.",
-        "",
-    ]
-    out += _plugins_with_options("executor", registry.executors, "bench.executor")
+        registry.executors,
+        "bench.executor",
+    )
     return "\n".join(out).rstrip("\n") + "\n"
 
 
-def _plugins_with_options(what: str, table: dict[str, type], prefix: str) -> list[str]:
-    """A section per registered tracker or executor: its first docstring line and its options' table."""
-    out: list[str] = []
+def _plugins_with_options(title: str, intro: str, table: dict[str, type], prefix: str) -> list[str]:
+    """The section of a config table whose plugins (solvers, trackers, executors) each bring options: one table per plugin."""
+    what = prefix.split(".")[-1].removesuffix("s")  # solver, tracker, executor
+    out = [f"## {title}", "", intro, ""]
     for name, cls in sorted(table.items()):
         keys = dataclass_keys(cls.Options, prefix)
         out += [f"### {what} `{name}`", "", _first_line(cls.__doc__), ""]

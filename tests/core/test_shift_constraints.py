@@ -12,8 +12,7 @@ from typing import ClassVar
 
 import pytest
 import torch
-from test_crash_safety import RUNNER
-from test_one_line_errors import assert_one_line, cli, config_file
+from helpers import RUNNER, assert_one_line, cli, config_file
 
 import layerdescent as ld
 from layerdescent.run.checkpoint import load_checkpoint
@@ -272,8 +271,7 @@ def test_a_recorded_config_without_the_shift_options_is_unchanged(tiny):
 
 
 def test_the_endpoints_script_reproduces_the_committed_lista_shift_endpoints(tmp_path):
-    from test_endpoints import REPO
-    from test_report import run_benchmark_script
+    from helpers import REPO, run_benchmark_script
 
     out = tmp_path / "endpoints.md"
     committed = REPO / "benchmarks/results/lista_shift/endpoints.md"

@@ -5,12 +5,11 @@ from __future__ import annotations
 import json
 import math
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import fake_results, reproduction_report, run_benchmark_script
 
 from layerdescent.analysis.report import collect, format_difference, paired_difference, summarize, write_report
 from layerdescent.errors import LayerdescentError
@@ -20,30 +19,6 @@ RUNS = {
     ("erm", "erm"): {0: (1.0, 4.0, 0.002), 1: (3.0, 6.0, 0.004)},
     ("primal-dual", "primal-dual"): {0: (0.5, 2.0, 0.006), 1: (0.5, 3.0, 0.006)},
 }
-
-
-def fake_results(label: str, solver: str, seed: int, mse0: float, mse1: float, step_time: float) -> dict:
-    return {
-        "schema": 1,
-        "label": label,
-        "task": "lista",
-        "solver": solver,
-        "seed": seed,
-        "num_layers": 2,
-        "split": "test",
-        "train": {"steps": 20, "epochs": 1, "step_time_median": step_time},
-        "constraints": {"descent": {"labels": ["l1<=l0", "l2<=l1"], "lambda": [0.1 * (seed + 1), 0.0]}},
-        "gammas": [
-            {
-                "gamma": g,
-                "layer_loss": [2.0 * mse, 1.5 * mse, mse],
-                "descent_rate": [0.9, 0.5 + 0.1 * seed],
-                "metrics": {"mse": mse, "snr_db": 10.0 - mse},
-                "samples": 100,
-            }
-            for g, mse in ((0.0, mse0), (1.0, mse1))
-        ],
-    }
 
 
 def fake_log(solver: str) -> str:
@@ -252,27 +227,6 @@ def test_a_run_recorded_before_a_task_option_existed_pairs_with_one_that_records
     text = write_report(tmp_path).read_text()
     # paired, and flagged: a run that records an option the other lacks was made by other code
     assert "| primal-dual − erm ‡ |" in text.split("### mse")[1]
-
-
-def run_benchmark_script(name: str, *args: str) -> subprocess.CompletedProcess:
-    """benchmarks/NAME run with ``args`` as a user would, its output captured."""
-    script = Path(__file__).parents[1] / "benchmarks" / name
-    return subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True)
-
-
-def assert_script_remakes(tmp_path: Path, committed: Path, name: str, *args: str) -> None:
-    """benchmarks/NAME ``args`` --out a fresh file writes ``committed`` again, all but its third line (the command, naming the --out)."""
-    out = tmp_path / committed.name
-    run_benchmark_script(name, *args, "--out", str(out)).check_returncode()
-    made, kept = out.read_text().splitlines(), committed.read_text().splitlines()
-    assert made[:2] == kept[:2] and made[3:] == kept[3:], f"benchmarks/{name} no longer makes {committed}"
-
-
-def reproduction_report(root) -> str:
-    """The text benchmarks/reproduction.py writes for the results/ folder under ``root``."""
-    out = root / "REPORT.md"
-    run_benchmark_script("reproduction.py", "--root", str(root), "--out", str(out)).check_returncode()
-    return out.read_text()
 
 
 def verdict_rows(text: str) -> dict[str, list[str]]:

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import ClassVar
 
 import pytest
-from test_one_line_errors import cli, config_file
+from helpers import cli, config_file
 
 import layerdescent as ld
 from layerdescent.bench import trackers

@@ -9,7 +9,7 @@ import os
 from pathlib import Path
 
 import pytest
-from test_one_line_errors import RUN, cli, config_file, with_
+from helpers import RUN, cli, config_file, with_
 
 import layerdescent as ld
 from layerdescent.bench.executors import ExecutorChoice, ExecutorOptions, RunsFailed, SlurmOptions

@@ -6,8 +6,7 @@ import importlib.util
 import json
 from pathlib import Path
 
-from test_endpoints import REPO
-from test_report import assert_script_remakes, run_benchmark_script
+from helpers import REPO, assert_script_remakes, run_benchmark_script
 
 spec = importlib.util.spec_from_file_location("tuning_rule", REPO / "benchmarks" / "tuning_rule.py")
 tuning_rule = importlib.util.module_from_spec(spec)

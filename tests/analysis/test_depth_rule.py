@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 
-from test_endpoints import REPO
-from test_report import assert_script_remakes
+from helpers import REPO, assert_script_remakes
 
 spec = importlib.util.spec_from_file_location("depth_rule", REPO / "benchmarks" / "depth_rule.py")
 depth_rule = importlib.util.module_from_spec(spec)

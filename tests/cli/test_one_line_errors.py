@@ -18,56 +18,15 @@ from pathlib import Path
 
 import datasets
 import pytest
-import tomli_w
 import torch
 import torchmetrics
-from conftest import LAYERDESCENT, SMALL_LISTA_TASK
+from conftest import LAYERDESCENT
+from helpers import RUN, assert_one_line, cli, config_file, with_
 
 import layerdescent.registry as registry_module
 from layerdescent import LayerOutput, Task, hookimpl
 from layerdescent.cli import main
 from layerdescent.registry import Registry
-
-TASK = SMALL_LISTA_TASK
-RUN = {
-    "task": TASK,
-    "train": {"epochs": 1, "batch_size": 32, "lr": 0.01, "progress": False, "threads": 1},
-    "solver": {"name": "primal-dual", "dual_lr": 0.5},
-    "constraints": [{"kind": "descent", "alpha": 0.05}],
-    "eval": {"gammas": [0.0, 0.5]},
-}
-
-
-def cli(*argv: str) -> tuple[int, list[str]]:
-    """Exit status and stderr lines of one in-process CLI call."""
-    err = io.StringIO()
-    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
-        status = main([str(a) for a in argv])
-    return status, err.getvalue().splitlines()
-
-
-def assert_one_line(status: int, lines: list[str], *needles: str) -> None:
-    assert status == 2, lines
-    errors = [line for line in lines if line.startswith("layerdescent: error: ")]
-    assert len(errors) == 1 and not any("Traceback" in line for line in lines), lines
-    for needle in needles:
-        assert needle in errors[0], errors[0]
-
-
-def config_file(tmp_path: Path, table: dict, name: str = "run.toml") -> Path:
-    path = tmp_path / name
-    path.write_text(tomli_w.dumps(table))
-    return path
-
-
-def with_(table: dict, dotted: str, value) -> dict:
-    table = json.loads(json.dumps(table))
-    node, parts = table, dotted.split(".")
-    for part in parts[:-1]:
-        node = node[int(part)] if isinstance(node, list) else node.setdefault(part, {})
-    node[parts[-1]] = value
-    return table
-
 
 # --- config -------------------------------------------------------------------------------------
 

@@ -7,12 +7,12 @@ import os
 import signal
 import subprocess
 import sys
-import textwrap
 import time
 
 import pytest
 import torch
 from conftest import lista_task
+from helpers import RUNNER
 
 import layerdescent as ld
 from layerdescent.run.checkpoint import VERSION, load_checkpoint, previous_path, save_checkpoint
@@ -34,42 +34,6 @@ CONFIG = {
     "constraints": [{"kind": "descent", "alpha": 0.05, "reference": "anchored"}],
     "eval": {"gammas": [0.0, 0.5]},
 }
-
-# Runs the config in a fresh interpreter; with MODE it SIGKILLs itself at a chosen moment.
-RUNNER = textwrap.dedent(
-    """
-    import json, os, signal, sys
-    import layerdescent as ld
-    import layerdescent.run.checkpoint as checkpoint
-    from layerdescent.run.trainer import Trainer
-
-    config, out, mode, n = json.loads(sys.argv[1]), sys.argv[2], sys.argv[3], int(sys.argv[4])
-    calls = {"step": 0, "save": 0}
-
-    def die():
-        os.kill(os.getpid(), signal.SIGKILL)
-
-    if mode == "step":
-        original_step = Trainer.step
-        def step(self, *args, **kwargs):
-            calls["step"] += 1
-            if calls["step"] == n:
-                die()
-            return original_step(self, *args, **kwargs)
-        Trainer.step = step
-    elif mode == "checkpoint-write":
-        original_save = checkpoint.torch.save
-        def save(obj, handle):
-            calls["save"] += 1
-            if calls["save"] == n:
-                handle.write(b"half a checkpoint")
-                handle.flush()
-                die()
-            return original_save(obj, handle)
-        checkpoint.torch.save = save
-    ld.train(ld.config_from_dict(config), out, resume=mode == "resume")
-    """
-)
 
 
 def run(tmp_path, out, mode="none", n=0, wait=True):

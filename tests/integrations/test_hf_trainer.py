@@ -11,7 +11,7 @@ import torch
 
 import layerdescent as ld
 
-GUIDE = Path(__file__).resolve().parents[1] / "docs" / "own-loop.md"  # where the Trainer example lives
+GUIDE = Path(__file__).resolve().parents[2] / "docs" / "own-loop.md"  # where the Trainer example lives
 needs_hf = pytest.mark.skipif(
     importlib.util.find_spec("transformers") is None or importlib.util.find_spec("accelerate") is None,
     reason="the Trainer integration needs transformers and accelerate (pip install 'layerdescent[hf]')",

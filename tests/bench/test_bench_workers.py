@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 from conftest import LAYERDESCENT
-from test_one_line_errors import RUN, config_file, with_
+from helpers import RUN, config_file, with_
 
 import layerdescent as ld
 from layerdescent.bench.runner import run_bench

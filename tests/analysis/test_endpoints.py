@@ -7,7 +7,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from test_report import assert_script_remakes, fake_results, reproduction_report
+from helpers import REPO, assert_script_remakes, fake_results, reproduction_report
 
 from layerdescent.analysis.endpoints import BenchSpec, Primary, judge_cells, parse_spec
 from layerdescent.analysis.groups import ablated_keys, ablations
@@ -16,7 +16,6 @@ from layerdescent.analysis.stats import holm
 from layerdescent.cli import main
 from layerdescent.errors import ConfigError
 
-REPO = Path(__file__).parents[1]
 # mse at gamma 1 per seed: primal-dual beats erm clearly in every seed, and ties penalty
 AT_GAMMA_1 = {"erm": (0.50, 0.52, 0.51), "penalty": (0.300, 0.321, 0.309), "primal-dual": (0.301, 0.320, 0.310)}
 

@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-SCRIPT = Path(__file__).parents[1] / "benchmarks" / "figures.py"
+SCRIPT = Path(__file__).parents[2] / "benchmarks" / "figures.py"
 
 
 def _record(gamma: float, loss: float, metric: str, value: float) -> dict:

@@ -8,8 +8,7 @@ import pytest
 import tomllib
 import torch
 from conftest import TINY
-from test_report import run_benchmark_script
-from test_same_numbers import TEXT
+from helpers import TEXT, run_benchmark_script
 
 import layerdescent as ld
 from layerdescent.errors import ConfigError

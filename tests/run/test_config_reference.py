@@ -13,7 +13,7 @@ from layerdescent.run.config import EvalConfig, TrainConfig
 from layerdescent.run.config_file import tomllib
 from layerdescent.run.config_keys import dataclass_keys, default_config, reference_markdown, task_keys
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PAGE = ROOT / "docs" / "reference" / "configuration.md"
 BUNDLED = ("lista", "language", "text-classification", "llm-finetuning", "video-denoising")
 

@@ -5,8 +5,7 @@ from __future__ import annotations
 import importlib.util
 
 import pytest
-from test_endpoints import REPO
-from test_report import assert_script_remakes
+from helpers import REPO, assert_script_remakes
 
 spec = importlib.util.spec_from_file_location("figure2_panels", REPO / "benchmarks" / "figure2_panels.py")
 panels = importlib.util.module_from_spec(spec)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import tomli_w
-from test_one_line_errors import RUN, assert_one_line, cli, config_file, with_
+from helpers import RUN, assert_one_line, cli, config_file, with_
 
 import layerdescent as ld
 import layerdescent.bench.plan as plan_module
@@ -23,7 +23,7 @@ from layerdescent.bench.plan import plan
 from layerdescent.bench.runner import run_bench
 from layerdescent.run import layout, lock
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 BENCH = {**RUN, "bench": {"seeds": [0], "variants": {"erm": {"solver": {"name": "erm"}}, "primal-dual": {}}}}
 
 
