@@ -246,7 +246,7 @@ class Executor:
     to ``workers`` runs submitted: ``submit(run)`` starts ``self.job(run)`` on a worker and returns
     a handle, ``ready(handles)`` returns those whose job ended, ``outcome(handle)`` returns its
     status or raises its error. ``close`` comes last however the bench ends, an interrupt
-    (SIGINT, SIGTERM) included: it must stop every run still training, and return within seconds.
+    (Ctrl-C, SIGINT) included: it must stop every run still training, and return within seconds.
     A stopped run keeps its last checkpoint, so the same bench command resumes it exactly.
     """
 
