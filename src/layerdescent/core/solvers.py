@@ -20,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, Union
 
+from layerdescent.core.penalty import Penalty
 from layerdescent.core.solver import Observation, PrimalSettings, Solver, Tables, _means
 from layerdescent.errors import ConfigError
 from layerdescent.hookspecs import hookimpl
@@ -37,45 +38,6 @@ class ERM(Solver):
     name = "erm"
     baseline = True
     trains_every_layer = False
-
-
-@dataclass(frozen=True)
-class PenaltyOptions:
-    """``penalty``'s keys: the layer weights (all equal by default)."""
-
-    penalty_weights: Union[tuple[float, ...], None] = None
-    """A weight per layer 0..L; unset weighs all equally."""
-
-    def __post_init__(self) -> None:
-        if self.penalty_weights is not None:
-            if not all(w >= 0 for w in self.penalty_weights):
-                raise ConfigError("solver.penalty_weights must all be >= 0")
-            if sum(self.penalty_weights) <= 0:
-                raise ConfigError("solver.penalty_weights must not all be 0")
-
-
-class Penalty(Solver):
-    """Deep supervision: a fixed convex combination of all layer losses."""
-
-    name = "penalty"
-    Options = PenaltyOptions
-    reference = True
-
-    @classmethod
-    def check(cls, options: PenaltyOptions, num_layers: int, constraints: tuple) -> list[str]:
-        weights = options.penalty_weights
-        if weights is not None and len(weights) != num_layers + 1:
-            return [f"solver.penalty_weights has {len(weights)} entries; it needs one per layer 0..{num_layers}"]
-        return []
-
-    def objective(self, means: torch.Tensor) -> torch.Tensor:
-        weights = self.options.penalty_weights
-        if weights is None:
-            return means.mean()
-        import torch
-
-        w = torch.tensor(weights, dtype=means.dtype, device=means.device)
-        return (w * means).sum() / w.sum()
 
 
 @dataclass(frozen=True)

@@ -32,6 +32,8 @@ from layerdescent.run.config import EvalConfig, RunConfig, TrainConfig, _option_
 STATED_RANGES = {
     "train.threads": ">= 0, <= max(256, 4 x cores)",
     "solver.penalty_weights": "each >= 0, not all 0; one per layer 0..L",
+    "solver.rho": "> 0",
+    "solver.scale": ">= 0",
     "constraints.levels": '`"band"`, or a list of levels of `train.train_gamma`\'s band',
     "constraints.layers": "each in 1..L or -L..-1, none twice",
 }
