@@ -1,6 +1,7 @@
-"""The tuning rule of video_deep.toml, read from its tuning runs' validation losses (never test): each architecture's adopted settings.
+"""The tuning rules of video_deep.toml and lista_band2.toml, read from their tuning runs' validation losses (never test): the adopted settings.
 
     python benchmarks/tuning_rule.py benchmarks/results/video_deep --out benchmarks/results/video_deep/tuning_rule.md
+    python benchmarks/tuning_rule.py benchmarks/results/lista_band2 --bench lista_band2 --out benchmarks/results/lista_band2/tuning_rule.md
 
 Per architecture (dust, l1l1), primal-dual at alpha in {0.05, 0.2} x reference in {detached,
 anchored} and penalty at layer weights rho^(D-k), rho in {1, 0.9, 0.8, 0.7}, one tuning seed each.
@@ -9,6 +10,11 @@ The criterion is the lowest last-layer validation loss at the training noise
 the end (lambda > 0); a run that failed (diverged) qualifies for nothing. Ties within 1e-6 go to
 the smaller alpha, the detached reference, the larger rho. A family is decided once each of its
 runs has finished or failed.
+
+lista_band2 (its header pre-registers the rule): levels and primal-dual at alpha in {0.05, 0.2} x
+dual_lr in {0.5, 5, 50, 500}, penalty over its weight families, one tuning seed each; the criterion
+is the last-layer validation loss at gamma 1.0, the band's top (``gammas[-1].layer_loss[-1]``); ties
+within 1e-9 go to the smaller alpha, then the smaller dual_lr, and for penalty to the family listed first.
 """
 
 from __future__ import annotations
@@ -24,6 +30,24 @@ ALPHAS, REFERENCES, RHOS = (0.05, 0.2), ("detached", "anchored"), (1, 0.9, 0.8, 
 TIE = 1e-6
 
 
+BAND2_LRS = (0.5, 5, 50, 500)
+BAND2_FAMILIES = ("uniform", "linear", "sum", "sqrt", "inv", "inv_sqrt", "geometric,rho=0.9", "geometric,rho=0.7")
+BAND2_TIE = 1e-9
+
+
+def band2_settings() -> dict[str, list[str]]:
+    """lista_band2's tuning labels per tuned form, in the rule's tie order (the preferred first)."""
+    constrained = {form: [f"tune-{form},alpha={a},dual_lr={lr}" for a in ALPHAS for lr in BAND2_LRS] for form in ("levels", "primal-dual")}
+    return {**constrained, "penalty": [f"tune-penalty,weights={family}" for family in BAND2_FAMILIES]}
+
+
+def band2_loss(results: dict) -> float:
+    """lista_band2's criterion: the last layer's validation loss at the band's top level, gamma 1.0."""
+    top = results["gammas"][-1]
+    assert top["gamma"] == 1.0, top["gamma"]
+    return top["layer_loss"][-1]
+
+
 def settings(arch: str) -> dict[str, list[str]]:
     """Each solver's tuning labels for ``arch``, in the rule's tie order (the preferred first)."""
     return {
@@ -32,13 +56,13 @@ def settings(arch: str) -> dict[str, list[str]]:
     }
 
 
-def read_run(run_dir: Path) -> dict:
-    """One tuning run: its last-layer validation loss and binding multipliers, or how it ended without results."""
+def read_run(run_dir: Path, loss=lambda r: r["train"]["best_val_loss"][-1]) -> dict:
+    """One tuning run: its criterion (``loss`` of its results) and binding multipliers, or how it ended without results."""
     results = run_dir / "results.json"
     if results.exists():
         r = json.loads(results.read_text())
         lambdas = [x for c in r.get("constraints", {}).values() for x in c["lambda"]]
-        return {"state": "done", "loss": r["train"]["best_val_loss"][-1], "bound": sum(x > 0 for x in lambdas), "entries": len(lambdas)}
+        return {"state": "done", "loss": loss(r), "bound": sum(x > 0 for x in lambdas), "entries": len(lambdas)}
     failed = rundir.failure(run_dir)
     if failed:
         error = str(failed.get("error", "")).split(";")[0]  # the error's first clause, without its advice
@@ -47,16 +71,16 @@ def read_run(run_dir: Path) -> dict:
     return {"state": "unfinished", "why": f"unfinished (step {record['step']})" if record else "not started"}
 
 
-def decide(runs: dict[str, dict], solver: str) -> tuple[str | None, str]:
-    """The adopted label among ``runs`` (given in tie order), or None and why none is yet."""
+def decide(runs: dict[str, dict], solver: str, tie: float = TIE) -> tuple[str | None, str]:
+    """The adopted label among ``runs`` (given in tie order), or None and why none is yet; a constrained form needs a binding multiplier."""
     waiting = [label for label, run in runs.items() if run["state"] == "unfinished"]
     if waiting:
         return None, f"undecided: {len(waiting)} of {len(runs)} runs unfinished"
-    qualified = [label for label, run in runs.items() if run["state"] == "done" and (solver != "primal-dual" or run["bound"] > 0)]
+    qualified = [label for label, run in runs.items() if run["state"] == "done" and (solver == "penalty" or run["bound"] > 0)]
     if not qualified:
         return None, "no setting qualifies"
     best = min(runs[label]["loss"] for label in qualified)
-    return next(label for label in qualified if runs[label]["loss"] <= best + TIE), ""
+    return next(label for label in qualified if runs[label]["loss"] <= best + tie), ""
 
 
 def qualifies(run: dict, solver: str) -> str:
@@ -65,7 +89,7 @@ def qualifies(run: dict, solver: str) -> str:
         return ""
     if run["state"] == "failed":
         return "no: failed"
-    return "no: no multiplier binds" if solver == "primal-dual" and run["bound"] == 0 else "yes"
+    return "no: no multiplier binds" if solver != "penalty" and run["bound"] == 0 else "yes"
 
 
 def markdown(root: Path, command: str) -> str:
@@ -95,13 +119,42 @@ def markdown(root: Path, command: str) -> str:
     return "\n".join(lines)
 
 
+def band2_markdown(root: Path, command: str) -> str:
+    """lista_band2's tuning table and adopted settings."""
+    lines = [
+        "# lista_band2: the tuning rule (validation only)",
+        "",
+        f"    {command}",
+        "",
+        "Last-layer validation loss at gamma 1.0, the band's top (`gammas[-1].layer_loss[-1]`), tuning seed 100; "
+        "multipliers that bind at the end (lambda > 0) of the entries.",
+        "",
+        "| setting | last-layer validation loss at gamma 1.0 | multipliers binding | qualifies |",
+        "|---|---:|---:|---|",
+    ]
+    adopted = {}
+    for solver, labels in band2_settings().items():
+        runs = {label: read_run(root / label / "seed-100", band2_loss) for label in labels}
+        for label, run in runs.items():
+            loss = f"{run['loss']:.6g}" if run["state"] == "done" else run["why"]
+            binds = f"{run['bound']} of {run['entries']}" if run["state"] == "done" and solver != "penalty" else ""
+            lines.append(f"| {label} | {loss} | {binds} | {qualifies(run, solver)} |")
+        adopted[solver] = decide(runs, solver, BAND2_TIE)
+    lines.append("")
+    for solver, (label, why) in adopted.items():
+        lines.append(f"- {solver}: " + (f"**{label.removeprefix('tune-')}**" if label else why))
+    return "\n".join(lines) + "\n"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("root", type=Path, help="the video_deep bench folder")
+    parser.add_argument("root", type=Path, help="the bench folder")
+    parser.add_argument("--bench", choices=("video_deep", "lista_band2"), default="video_deep", help="whose rule (default video_deep)")
     parser.add_argument("--out", type=Path, help="write the markdown here (printed otherwise)")
     args = parser.parse_args()
-    command = f"python benchmarks/tuning_rule.py {args.root}" + (f" --out {args.out}" if args.out else "")
-    text = markdown(args.root, command)
+    bench = f" --bench {args.bench}" if args.bench != "video_deep" else ""
+    command = f"python benchmarks/tuning_rule.py {args.root}{bench}" + (f" --out {args.out}" if args.out else "")
+    text = (band2_markdown if args.bench == "lista_band2" else markdown)(args.root, command)
     if args.out:
         args.out.write_text(text)
     print(text, end="")
