@@ -92,6 +92,23 @@ def qualifies(run: dict, solver: str) -> str:
     return "no: no multiplier binds" if solver != "penalty" and run["bound"] == 0 else "yes"
 
 
+def decided(root: Path, forms: dict[str, list[str]], loss, tie: float, number: str, prefix: str) -> list[str]:
+    """A table row per tuning run of ``forms`` (each form's labels in tie order), then each form's adopted setting."""
+    rows, adopted = [], {}
+    for solver, labels in forms.items():
+        runs = {label: read_run(root / label / "seed-100", loss) for label in labels}
+        for label, run in runs.items():
+            shown = format(run["loss"], number) if run["state"] == "done" else run["why"]
+            binds = f"{run['bound']} of {run['entries']}" if run["state"] == "done" and solver != "penalty" else ""
+            rows.append(f"| {label} | {shown} | {binds} | {qualifies(run, solver)} |")
+        adopted[solver] = decide(runs, solver, tie)
+    return [
+        *rows,
+        "",
+        *(f"- {solver}: " + (f"**{label.removeprefix(prefix)}**" if label else why) for solver, (label, why) in adopted.items()),
+    ]
+
+
 def markdown(root: Path, command: str) -> str:
     lines = [
         "# video_deep: the tuning rule (validation only)",
@@ -104,18 +121,7 @@ def markdown(root: Path, command: str) -> str:
     ]
     for arch in ARCHS:
         lines += [f"## {arch}", "", "| setting | last-layer validation loss | multipliers binding | qualifies |", "|---|---:|---:|---|"]
-        adopted = {}
-        for solver, labels in settings(arch).items():
-            runs = {label: read_run(root / label / "seed-100") for label in labels}
-            for label, run in runs.items():
-                loss = f"{run['loss']:.6f}" if run["state"] == "done" else run["why"]
-                binds = f"{run['bound']} of {run['entries']}" if run["state"] == "done" and solver == "primal-dual" else ""
-                lines.append(f"| {label} | {loss} | {binds} | {qualifies(run, solver)} |")
-            adopted[solver] = decide(runs, solver)
-        lines.append("")
-        for solver, (label, why) in adopted.items():
-            lines.append(f"- {solver}: " + (f"**{label.removeprefix(f'tune-{arch}-')}**" if label else why))
-        lines.append("")
+        lines += [*decided(root, settings(arch), lambda r: r["train"]["best_val_loss"][-1], TIE, ".6f", f"tune-{arch}-"), ""]
     return "\n".join(lines)
 
 
@@ -131,18 +137,8 @@ def band2_markdown(root: Path, command: str) -> str:
         "",
         "| setting | last-layer validation loss at gamma 1.0 | multipliers binding | qualifies |",
         "|---|---:|---:|---|",
+        *decided(root, band2_settings(), band2_loss, BAND2_TIE, ".6g", "tune-"),
     ]
-    adopted = {}
-    for solver, labels in band2_settings().items():
-        runs = {label: read_run(root / label / "seed-100", band2_loss) for label in labels}
-        for label, run in runs.items():
-            loss = f"{run['loss']:.6g}" if run["state"] == "done" else run["why"]
-            binds = f"{run['bound']} of {run['entries']}" if run["state"] == "done" and solver != "penalty" else ""
-            lines.append(f"| {label} | {loss} | {binds} | {qualifies(run, solver)} |")
-        adopted[solver] = decide(runs, solver, BAND2_TIE)
-    lines.append("")
-    for solver, (label, why) in adopted.items():
-        lines.append(f"- {solver}: " + (f"**{label.removeprefix('tune-')}**" if label else why))
     return "\n".join(lines) + "\n"
 
 
