@@ -143,6 +143,15 @@ def test_a_misspelled_slurm_setting_gets_the_closest_name(tmp_path):
     assert code == 2 and len(lines) == 1 and "bench.executor.partion" in lines[0] and "'partition'" in lines[0], lines
 
 
+def test_a_bench_file_with_the_old_slurm_table_is_told_where_its_settings_went(tmp_path):
+    bench = config_file(tmp_path, {**BENCH, "bench": {**BENCH["bench"], "slurm": {"partition": "gpu"}}}, "bench.toml")
+    code, lines = cli("bench", str(bench), "--out", str(tmp_path / "out"))
+    assert (code, lines) == (
+        2,
+        ['layerdescent: error: bench.slurm is now [bench.executor]: name = "slurm" and the same keys (partition, time, mem_gb, ...)'],
+    )
+
+
 def test_the_bench_file_chooses_its_executor_and_options_and_the_flag_overrides_the_name(tmp_path):
     from layerdescent.bench.runner import executor_choice
 

@@ -112,6 +112,8 @@ def plan(path: str | Path, out: str | Path, overrides: list[str] = (), registry:
     if not isinstance(bench, dict):
         raise ConfigError(f"{path} has no [bench] table (a plain run file goes to `layerdescent run`)")
     unknown = set(bench) - BENCH_KEYS
+    if "slurm" in unknown:  # the table of the releases before executors took options of their own
+        raise ConfigError('bench.slurm is now [bench.executor]: name = "slurm" and the same keys (partition, time, mem_gb, ...)')
     if unknown:
         raise ConfigError(f"unknown key bench.{sorted(unknown)[0]} (allowed: {', '.join(sorted(BENCH_KEYS))})")
     executor_table(bench)
