@@ -1,7 +1,8 @@
-"""The tuning rules of video_deep.toml and lista_band2.toml, read from their tuning runs' validation losses (never test): the adopted settings.
+"""The tuning rules of video_deep, lista_band2 and video_levels, read from their tuning runs' validation losses (never test): the adopted settings.
 
     python benchmarks/tuning_rule.py benchmarks/results/video_deep --out benchmarks/results/video_deep/tuning_rule.md
     python benchmarks/tuning_rule.py benchmarks/results/lista_band2 --bench lista_band2 --out benchmarks/results/lista_band2/tuning_rule.md
+    python benchmarks/tuning_rule.py benchmarks/results/video_levels --bench video_levels --out benchmarks/results/video_levels/tuning_rule.md
 
 Per architecture (dust, l1l1), primal-dual at alpha in {0.05, 0.2} x reference in {detached,
 anchored} and penalty at layer weights rho^(D-k), rho in {1, 0.9, 0.8, 0.7}, one tuning seed each.
@@ -15,6 +16,10 @@ lista_band2 (its header pre-registers the rule): levels and primal-dual at alpha
 dual_lr in {0.5, 5, 50, 500}, penalty over its weight families, one tuning seed each; the criterion
 is the last-layer validation loss at gamma 1.0, the band's top (``gammas[-1].layer_loss[-1]``); ties
 within 1e-9 go to the smaller alpha, then the smaller dual_lr, and for penalty to the family listed first.
+
+video_levels (its header pre-registers the rule): per architecture (dust, transformer), levels at
+alpha in {0.05, 0.2} x dual_lr in {0.5, 5, 50} and penalty over six weight families; the criterion
+is the validation RMSE at gamma 0.26, the band's top (``gammas[-1].metrics.rmse``); ties as lista_band2's.
 """
 
 from __future__ import annotations
@@ -46,6 +51,25 @@ def band2_loss(results: dict) -> float:
     top = results["gammas"][-1]
     assert top["gamma"] == 1.0, top["gamma"]
     return top["layer_loss"][-1]
+
+
+LEVELS_ARCHS, LEVELS_LRS = ("dust", "transformer"), (0.5, 5, 50)
+LEVELS_FAMILIES = ("uniform", "linear", "sum", "sqrt", "geometric,rho=0.9", "geometric,rho=0.7")
+
+
+def video_levels_settings(arch: str) -> dict[str, list[str]]:
+    """video_levels' tuning labels for ``arch`` per tuned form, in the rule's tie order (the preferred first)."""
+    return {
+        "levels": [f"tune-{arch}-levels,alpha={a},dual_lr={lr}" for a in ALPHAS for lr in LEVELS_LRS],
+        "penalty": [f"tune-{arch}-penalty,weights={family}" for family in LEVELS_FAMILIES],
+    }
+
+
+def video_levels_rmse(results: dict) -> float:
+    """video_levels' criterion: the validation RMSE at the band's top level, gamma 0.26."""
+    top = results["gammas"][-1]
+    assert top["gamma"] == 0.26, top["gamma"]
+    return top["metrics"]["rmse"]
 
 
 def settings(arch: str) -> dict[str, list[str]]:
@@ -142,15 +166,35 @@ def band2_markdown(root: Path, command: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+def video_levels_markdown(root: Path, command: str) -> str:
+    """video_levels' tuning table and adopted settings, per architecture."""
+    lines = [
+        "# video_levels: the tuning rule (validation only)",
+        "",
+        f"    {command}",
+        "",
+        "Validation RMSE at gamma 0.26, the band's top (`gammas[-1].metrics.rmse`), tuning seed 100; "
+        "multipliers that bind at the end (lambda > 0) of the entries.",
+        "",
+    ]
+    for arch in LEVELS_ARCHS:
+        lines += [f"## {arch}", "", "| setting | validation RMSE at gamma 0.26 | multipliers binding | qualifies |", "|---|---:|---:|---|"]
+        lines += [*decided(root, video_levels_settings(arch), video_levels_rmse, BAND2_TIE, ".6g", f"tune-{arch}-"), ""]
+    return "\n".join(lines)
+
+
+MARKDOWN = {"video_deep": markdown, "lista_band2": band2_markdown, "video_levels": video_levels_markdown}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("root", type=Path, help="the bench folder")
-    parser.add_argument("--bench", choices=("video_deep", "lista_band2"), default="video_deep", help="whose rule (default video_deep)")
+    parser.add_argument("--bench", choices=tuple(MARKDOWN), default="video_deep", help="whose rule (default video_deep)")
     parser.add_argument("--out", type=Path, help="write the markdown here (printed otherwise)")
     args = parser.parse_args()
     bench = f" --bench {args.bench}" if args.bench != "video_deep" else ""
     command = f"python benchmarks/tuning_rule.py {args.root}{bench}" + (f" --out {args.out}" if args.out else "")
-    text = (band2_markdown if args.bench == "lista_band2" else markdown)(args.root, command)
+    text = MARKDOWN[args.bench](args.root, command)
     if args.out:
         args.out.write_text(text)
     print(text, end="")

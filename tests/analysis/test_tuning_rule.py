@@ -104,3 +104,13 @@ def test_lista_band2_adopts_the_lowest_top_level_validation_loss_of_a_binding_se
     text = tuning_rule.band2_markdown(tmp_path, "python benchmarks/tuning_rule.py X --bench lista_band2")
     assert "- levels: **levels,alpha=0.05,dual_lr=0.5**" in text and "no: no multiplier binds" in text
     assert "- primal-dual: undecided: 8 of 8 runs unfinished" in text
+
+
+def test_each_rule_reads_the_tuning_variants_its_bench_file_declares():
+    from layerdescent.run.config_file import read_toml
+
+    declared = {name: set(read_toml(REPO / "benchmarks" / f"{name}.toml")["bench"]["variants"]) for name in ("lista_band2", "video_levels")}
+    band2 = {label for labels in tuning_rule.band2_settings().values() for label in labels}
+    assert band2 == {label for label in declared["lista_band2"] if label.startswith("tune-")}
+    video = {label for arch in tuning_rule.LEVELS_ARCHS for labels in tuning_rule.video_levels_settings(arch).values() for label in labels}
+    assert video == {label for label in declared["video_levels"] if label.startswith("tune-")}
