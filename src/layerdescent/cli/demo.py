@@ -15,7 +15,7 @@ from layerdescent.errors import ConfigError
 from layerdescent.registry import get_registry
 from layerdescent.run.config_file import apply_overrides, read_toml
 
-HERE = Path(__file__).resolve().parent.parent  # the demos' bench files ship beside the package's root modules
+HERE = Path(__file__).resolve().parent  # the demos' bench files ship beside this module
 
 
 @dataclass(frozen=True)
