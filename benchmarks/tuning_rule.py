@@ -80,7 +80,12 @@ def settings(arch: str) -> dict[str, list[str]]:
     }
 
 
-def read_run(run_dir: Path, loss=lambda r: r["train"]["best_val_loss"][-1]) -> dict:
+def best_val_loss(results: dict) -> float:
+    """video_deep's criterion: the last layer's best validation loss during training, at the training noise."""
+    return results["train"]["best_val_loss"][-1]
+
+
+def read_run(run_dir: Path, loss=best_val_loss) -> dict:
     """One tuning run: its criterion (``loss`` of its results) and binding multipliers, or how it ended without results."""
     results = run_dir / "results.json"
     if results.exists():
@@ -133,52 +138,44 @@ def decided(root: Path, forms: dict[str, list[str]], loss, tie: float, number: s
     ]
 
 
-def markdown(root: Path, command: str) -> str:
-    lines = [
-        "# video_deep: the tuning rule (validation only)",
+def heading(bench: str, command: str, criterion: str) -> list[str]:
+    """The lines that open a bench's tuning table: its title, the command that made it, and what its criterion reads."""
+    return [
+        f"# {bench}: the tuning rule (validation only)",
         "",
         f"    {command}",
         "",
-        "Last-layer validation loss at gamma 0.13 (`train.best_val_loss[-1]`), tuning seed 100; "
-        "multipliers that bind at the end (lambda > 0) of the entries.",
+        f"{criterion}, tuning seed 100; multipliers that bind at the end (lambda > 0) of the entries.",
         "",
     ]
+
+
+def columns(criterion: str) -> list[str]:
+    """A tuning table's header row, its criterion named in the second column."""
+    return [f"| setting | {criterion} | multipliers binding | qualifies |", "|---|---:|---:|---|"]
+
+
+def markdown(root: Path, command: str) -> str:
+    lines = heading("video_deep", command, "Last-layer validation loss at gamma 0.13 (`train.best_val_loss[-1]`)")
     for arch in ARCHS:
-        lines += [f"## {arch}", "", "| setting | last-layer validation loss | multipliers binding | qualifies |", "|---|---:|---:|---|"]
-        lines += [*decided(root, settings(arch), lambda r: r["train"]["best_val_loss"][-1], TIE, ".6f", f"tune-{arch}-"), ""]
+        lines += [f"## {arch}", "", *columns("last-layer validation loss")]
+        lines += [*decided(root, settings(arch), best_val_loss, TIE, ".6f", f"tune-{arch}-"), ""]
     return "\n".join(lines)
 
 
 def band2_markdown(root: Path, command: str) -> str:
     """lista_band2's tuning table and adopted settings."""
-    lines = [
-        "# lista_band2: the tuning rule (validation only)",
-        "",
-        f"    {command}",
-        "",
-        "Last-layer validation loss at gamma 1.0, the band's top (`gammas[-1].layer_loss[-1]`), tuning seed 100; "
-        "multipliers that bind at the end (lambda > 0) of the entries.",
-        "",
-        "| setting | last-layer validation loss at gamma 1.0 | multipliers binding | qualifies |",
-        "|---|---:|---:|---|",
-        *decided(root, band2_settings(), band2_loss, BAND2_TIE, ".6g", "tune-"),
-    ]
+    criterion = "Last-layer validation loss at gamma 1.0, the band's top (`gammas[-1].layer_loss[-1]`)"
+    lines = heading("lista_band2", command, criterion) + columns("last-layer validation loss at gamma 1.0")
+    lines += decided(root, band2_settings(), band2_loss, BAND2_TIE, ".6g", "tune-")
     return "\n".join(lines) + "\n"
 
 
 def video_levels_markdown(root: Path, command: str) -> str:
     """video_levels' tuning table and adopted settings, per architecture."""
-    lines = [
-        "# video_levels: the tuning rule (validation only)",
-        "",
-        f"    {command}",
-        "",
-        "Validation RMSE at gamma 0.26, the band's top (`gammas[-1].metrics.rmse`), tuning seed 100; "
-        "multipliers that bind at the end (lambda > 0) of the entries.",
-        "",
-    ]
+    lines = heading("video_levels", command, "Validation RMSE at gamma 0.26, the band's top (`gammas[-1].metrics.rmse`)")
     for arch in LEVELS_ARCHS:
-        lines += [f"## {arch}", "", "| setting | validation RMSE at gamma 0.26 | multipliers binding | qualifies |", "|---|---:|---:|---|"]
+        lines += [f"## {arch}", "", *columns("validation RMSE at gamma 0.26")]
         lines += [*decided(root, video_levels_settings(arch), video_levels_rmse, BAND2_TIE, ".6g", f"tune-{arch}-"), ""]
     return "\n".join(lines)
 
