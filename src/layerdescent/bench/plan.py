@@ -162,7 +162,7 @@ def plan(path: str | Path, out: str | Path, overrides: list[str] = (), registry:
                     if key not in tasks:
                         tasks[key] = build_task(registry, config.task.name, config.task.options)
                     check_depth(config, tasks[key].num_layers, registry)
-                    check_trackers(config.train.trackers, registry)
+                    check_trackers(config.train, registry)
                 except ConfigError as exc:
                     own = {*flat_keys(override, arrays=False), *grid}  # keys the variant or the grid set over a --set
                     lines = (blame(line.removeprefix("--set "), f"bench.variants.{name}", overrides, own) for line in str(exc).splitlines())

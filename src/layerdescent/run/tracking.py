@@ -13,7 +13,6 @@ from __future__ import annotations
 import abc
 import os
 import time
-from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -60,12 +59,12 @@ def tracker_options(cls: type[Tracker], table: dict[str, Any]) -> Any:
     return build_dataclass(cls.Options, table, f"train.trackers.{cls.name}")
 
 
-def check_trackers(trackers: Iterable[str] | dict[str, Any], registry: Any = None) -> None:
-    """Raise one ConfigError for a tracker no plugin registers, whose package is missing, or whose options are wrong (before a run trains)."""
+def check_trackers(train: Any, registry: Any = None) -> None:
+    """Raise one ConfigError for a tracker of ``train`` (a TrainConfig) no plugin registers, whose package is missing, or whose options are wrong."""
     table = (registry or get_registry()).trackers
-    tables = trackers if isinstance(trackers, dict) else {name: {} for name in trackers}
-    for i, (name, options) in enumerate(tables.items()):
-        key = f"train.trackers.{name}" if isinstance(trackers, dict) else f"train.trackers[{i}] = {name!r}"
+    listed = not isinstance(train.trackers, dict)  # a list names each tracker by position, a table by name
+    for i, (name, options) in enumerate(train.tracker_tables.items()):
+        key = f"train.trackers[{i}] = {name!r}" if listed else f"train.trackers.{name}"
         cls = table.get(name)
         if cls is None:
             raise ConfigError(

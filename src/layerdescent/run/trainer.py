@@ -98,7 +98,7 @@ class Trainer:
 
     def fit(self, resume: bool = False) -> dict[str, Any]:
         """Train (or continue), evaluate on the gamma grid, write and return ``results.json``."""
-        check_trackers(self.config.train.trackers, self.registry)
+        check_trackers(self.config.train, self.registry)
         with lock.claim(self.run_dir) as self._claim:
             try:
                 session = self.setup()
