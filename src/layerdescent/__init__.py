@@ -53,6 +53,10 @@ _LAZY = {
     "Solver": "layerdescent.core.solver",
     "Tracker": "layerdescent.run.tracking",
     "train": "layerdescent.run.trainer",
+    "build_session": "layerdescent.run.session",
+    "Session": "layerdescent.run.session",
+    "batches": "layerdescent.run.batches",
+    "MicroBatch": "layerdescent.run.batches",
 }
 
 if TYPE_CHECKING:  # what static tools see; at run time __getattr__ imports them
@@ -67,9 +71,11 @@ if TYPE_CHECKING:  # what static tools see; at run time __getattr__ imports them
     from layerdescent.integrations.hf import DescentTrainer
     from layerdescent.prox import soft_threshold
     from layerdescent.registry import Registry, get_registry
+    from layerdescent.run.batches import MicroBatch, batches
     from layerdescent.run.config import RunConfig, config_from_dict, load_config
     from layerdescent.run.evaluator import evaluate
     from layerdescent.run.reevaluate import evaluate_run
+    from layerdescent.run.session import Session, build_session
     from layerdescent.run.tracking import Tracker
     from layerdescent.run.trainer import train
     from layerdescent.task import LayerOutput, Task
@@ -107,16 +113,20 @@ __all__ = [
     "LayerOutput",
     "LayerwiseUpdate",
     "LayerdescentError",
+    "MicroBatch",
     "Observation",
     "PluginError",
     "PrimalDual",
     "PrimalDualOptions",
     "Registry",
     "RunConfig",
+    "Session",
     "Solver",
     "Task",
     "Tracker",
     "__version__",
+    "batches",
+    "build_session",
     "cache_dir",
     "config_from_dict",
     "evaluate",

@@ -81,6 +81,10 @@ class Task(abc.ABC):
     def collate(self, rows: dict[str, Any]) -> Any:
         """Turn ``split[indices]`` (a dict of columns) into a model-ready batch."""
 
+    def collate_rows(self, rows: list[dict[str, Any]]) -> Any:
+        """``collate`` of a list of rows, as a ``DataLoader`` hands them: ``DataLoader(split, batch_size=32, collate_fn=task.collate_rows)``."""
+        return self.collate(columns(rows))
+
     @abc.abstractmethod
     def layer_losses(self, model: torch.nn.Module, batch: Any, gamma: float = 0.0) -> LayerOutput:
         """Per-sample loss at every layer for ``batch`` perturbed at level ``gamma``."""
@@ -123,3 +127,16 @@ class Task(abc.ABC):
         import torchmetrics
 
         return torchmetrics.MetricCollection({})
+
+
+def columns(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """The dict of columns ``split[indices]`` gives, from that split's rows one by one (tensors stacked, other values listed)."""
+    import torch
+
+    if not isinstance(rows, list) or not all(isinstance(row, dict) for row in rows):
+        raise TypeError(f"collate_rows takes a list of rows (dicts), as a DataLoader hands them; got {type(rows).__name__}")
+    names = rows[0].keys() if rows else ()
+    return {
+        name: torch.stack([row[name] for row in rows]) if isinstance(rows[0][name], torch.Tensor) else [row[name] for row in rows]
+        for name in names
+    }

@@ -18,9 +18,9 @@ import datasets
 import torch
 import torchmetrics
 
-from layerdescent.errors import LayerdescentError, PluginError
+from layerdescent.errors import ConfigError, LayerdescentError, PluginError
 from layerdescent.registry import Registry, get_registry
-from layerdescent.task import LayerOutput, Task
+from layerdescent.task import LayerOutput, Task, columns
 
 SPLITS = ("train", "validation", "test")
 
@@ -115,8 +115,15 @@ class CheckedTask:
             return self._task.domain_dataset(name)
 
     def collate(self, rows: dict[str, Any]) -> Any:
+        if isinstance(rows, list):  # a DataLoader's default batching: the plugin would fail deep inside, on a list index
+            raise ConfigError(
+                f"{self._who}: collate takes split[indices], a dict of columns, not a list of rows: use task.collate_rows for a DataLoader's batches (DataLoader(split, batch_size=32, collate_fn=task.collate_rows))"
+            )
         with calling(self._who, "collate"):
             return self._task.collate(rows)
+
+    def collate_rows(self, rows: list[dict[str, Any]]) -> Any:
+        return self.collate(columns(rows))
 
     def metrics(self) -> torchmetrics.MetricCollection:
         with calling(self._who, "metrics"):

@@ -19,10 +19,10 @@ from layerdescent.core.problem import LayerwiseProblem
 from layerdescent.core.update import LayerwiseUpdate
 from layerdescent.distributed import World, init_world, to_device
 from layerdescent.errors import ConfigError, DataError, PluginError
-from layerdescent.registry import Registry
-from layerdescent.run.config import RunConfig, TrainConfig
+from layerdescent.registry import Registry, get_registry
+from layerdescent.run.config import RunConfig, TrainConfig, check_depth
 from layerdescent.run.data import Rows
-from layerdescent.run.guard import calling
+from layerdescent.run.guard import build_task, calling
 
 
 def seed_everything(seed: int) -> None:
@@ -83,6 +83,8 @@ class Session:
     world: World = field(default_factory=World)
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
     schedule: CosineSchedule | None = None
+    task: Any = None  # the task the model is for (its layer_losses, collate)
+    config: RunConfig | None = None  # the run it was built for (batches() reads its seed, batch size and band)
 
     @property
     def problem(self) -> LayerwiseProblem:
@@ -186,8 +188,15 @@ def _float32(losses: torch.Tensor) -> torch.Tensor:
     return losses.float() if losses.dtype in (torch.bfloat16, torch.float16) else losses
 
 
-def build_session(config: RunConfig, task: Any, registry: Registry) -> Session:
-    """Join the data-parallel world (if any), seed, build splits, model and the constrained update of ``config``."""
+def build_session(config: RunConfig, task: Any = None, registry: Registry | None = None) -> Session:
+    """What ``layerdescent run`` builds before its first step: the data-parallel world joined (if any), seeded, the splits in memory, the model, and its optimizer inside the constrained update.
+
+    ``task`` defaults to the one ``config`` names, from ``registry`` (default: the installed plugins).
+    """
+    registry = registry or get_registry()
+    if task is None:
+        task = build_task(registry, config.task.name, config.task.options)
+        check_depth(config, task.num_layers, registry)
     train = config.train
     if train.device == "cuda" and not torch.cuda.is_available():
         raise ConfigError(
@@ -224,4 +233,4 @@ def build_session(config: RunConfig, task: Any, registry: Registry) -> Session:
         **vars(solver.options),
     ).to(device)
     schedule = CosineSchedule(primal, train.epochs * epoch_steps(len(rows["train"]), train)[1]) if train.lr_schedule == "cosine" else None
-    return Session(rows, model, update, [f"l{k}" for k in range(task.num_layers + 1)], world, device, schedule)
+    return Session(rows, model, update, [f"l{k}" for k in range(task.num_layers + 1)], world, device, schedule, task, config)

@@ -31,6 +31,7 @@ from layerdescent.distributed import World
 from layerdescent.errors import DivergenceError
 from layerdescent.registry import Registry, get_registry
 from layerdescent.run import files, finish, lock, rundir, stopping
+from layerdescent.run.batches import epoch_levels, epoch_order
 from layerdescent.run.checkpoint import load_checkpoint, load_model_state, restore_run, rng_state, run_payload, save_checkpoint
 from layerdescent.run.config import RunConfig, check_depth, check_steps
 from layerdescent.run.evaluator import evaluate, evaluate_all, rows_satisfied
@@ -171,9 +172,8 @@ class Trainer:
         # batch_size is global: ranks split each batch, so a config means the same run however it
         # is launched, and a run resumes on another number of processes on the same trajectory.
         micro_per_epoch = epoch_steps(len(train_set), train)[0]
-        order = torch.randperm(len(train_set), generator=torch.Generator().manual_seed(config.seed * 100_003 + position.epoch))
-        micro_batches = order.split(train.batch_size)
-        levels = self._levels(position.epoch, len(micro_batches))
+        micro_batches = epoch_order(config, position.epoch, len(train_set))
+        levels = epoch_levels(config, position.epoch, len(micro_batches))
         while position.micro < micro_per_epoch:
             group = micro_batches[position.micro : position.micro + train.accumulate]
             group_levels = levels[position.micro : position.micro + train.accumulate]
@@ -321,20 +321,6 @@ class Trainer:
             record = {"event": "train", "epoch": position.epoch, "step": position.step, **update.record()}
             log.write(json.dumps(record) + "\n")
             self._trackers.log(record)
-
-    def _levels(self, epoch: int, micro_batches: int) -> list[int]:
-        """Each micro-batch's level in the training band this epoch (-1: every level, gamma_sampling = 'all').
-
-        Drawn from the seed and the epoch alone, so a resumed run draws the same levels, and every
-        solver trained with the same seed sees the same level at the same step.
-        """
-        train = self.config.train
-        if train.gamma_sampling == "all":
-            return [-1] * micro_batches
-        if len(train.band) == 1:
-            return [0] * micro_batches
-        generator = torch.Generator().manual_seed(self.config.seed * 100_003 + epoch + 7_919_000)
-        return torch.randint(len(train.band), (micro_batches,), generator=generator).tolist()
 
     def step(
         self, session: Session, group: Sequence[torch.Tensor], step: int, full: bool = True, levels: Sequence[int] | None = None
