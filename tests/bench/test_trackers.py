@@ -1,10 +1,11 @@
-"""TensorBoard and MLflow receive what metrics.jsonl holds, read back through their own readers."""
+"""TensorBoard, MLflow and W&B receive what metrics.jsonl holds, read back through their own readers (W&B's: its transaction log)."""
 
 from __future__ import annotations
 
 import importlib.util
 import json
 import os
+import struct
 from pathlib import Path
 from typing import ClassVar
 
@@ -113,12 +114,13 @@ def test_an_unknown_tracker_is_one_line_with_the_closest_name(tiny, tmp_path):
     code, lines = cli("run", str(config_file(tmp_path, tracked(tiny, ["tensorbord"]))), "--out", str(tmp_path / "out"))
     assert code == 2 and len(lines) == 1, lines
     assert (
-        "train.trackers[0] = 'tensorbord' is not a registered tracker; did you mean 'tensorboard'? (known: mlflow, tensorboard;" in lines[0]
+        "train.trackers[0] = 'tensorbord' is not a registered tracker; did you mean 'tensorboard'? (known: mlflow, tensorboard, wandb;"
+        in lines[0]
     )
     assert not os.path.exists(tmp_path / "out")
 
 
-@pytest.mark.parametrize("name", ["tensorboard", "mlflow"])
+@pytest.mark.parametrize("name", ["tensorboard", "mlflow", "wandb"])
 def test_a_missing_tracker_package_names_its_extra(tiny, tmp_path, monkeypatch, name):
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda module, *a: None if module == name else real(module, *a))
@@ -235,6 +237,11 @@ def test_a_tracker_takes_its_options_from_its_table_under_train_trackers_and_the
         ),
         ({"mlflow": {"experiment": 3}}, "train.trackers.mlflow.experiment must be a string, got 3"),
         ({"mlflow": "on"}, "train.trackers.mlflow must be a table of that tracker's options (an empty one takes its defaults), got 'on'"),
+        ({"wandb": {"mode": "onlin"}}, "train.trackers.wandb.mode must be 'offline' or 'online', got 'onlin'"),
+        (
+            {"wandb": {"project": "runs/lista"}},
+            "train.trackers.wandb.project = 'runs/lista' must be 1 to 128 characters without any of / \\ # ? % : (W&B refuses them)",
+        ),
         ({"tensorbord": {}}, "train.trackers.tensorbord is not a registered tracker; did you mean 'tensorboard'?"),
     ],
 )
@@ -275,3 +282,142 @@ def test_a_run_resumes_with_other_tracker_options_which_change_how_it_is_watched
     assert config_difference(recorded, config_from_dict(tiny)) is None
     tiny["train"]["lr"] = 0.5
     assert config_difference(recorded, config_from_dict(tiny)).startswith("train.lr (recorded 0.01, asked 0.5)")
+
+
+# --- Weights & Biases --------------------------------------------------------------------------
+
+
+def offline_wandb(monkeypatch, tmp_path: Path) -> None:
+    """W&B with no login and no network: its settings and caches under ``tmp_path``, no mode set but the tracker's default."""
+    pytest.importorskip("wandb", reason="the wandb tracker needs pip install 'layerdescent[wandb]'")
+    for name in (
+        "WANDB_MODE",
+        "WANDB_PROJECT",
+        "WANDB_ENTITY",
+        "WANDB_API_KEY",
+        "WANDB_DIR",
+        "WANDB_RUN_ID",
+        "WANDB_RESUME",
+        "WANDB_BASE_URL",
+    ):
+        monkeypatch.delenv(name, raising=False)
+    home = tmp_path / "wandb-home"
+    for name in ("WANDB_CONFIG_DIR", "WANDB_CACHE_DIR", "WANDB_DATA_DIR", "WANDB_ARTIFACT_DIR"):
+        monkeypatch.setenv(name, str(home / name.lower()))
+    monkeypatch.setenv("NETRC", str(home / "netrc"))  # no credentials: a run that tried to go online would fail at once
+    monkeypatch.setenv("WANDB_ERROR_REPORTING", "false")
+    monkeypatch.setenv("WANDB_DISABLE_GIT", "true")
+
+
+def wandb_sessions(run_dir: Path) -> list[list]:
+    """The records of each W&B session (an offline-run-* folder) in the run directory, oldest first.
+
+    W&B writes them as a LevelDB log of protobuf records; the wandb package has no reader of its
+    own, so this is the format's reader: a 7-byte file header, then 32 KiB blocks of chunks, each
+    with a 7-byte header (checksum, length, type: 1 full, 2 first, 3 middle, 4 last).
+    """
+    import wandb
+    from wandb.proto import wandb_internal_pb2
+
+    wandb.teardown()  # W&B's service writes a finished run's log after finish() returns: wait for it
+    sessions = []
+    for path in sorted((run_dir / "wandb").glob("offline-run-*/run-*.wandb")):
+        data, records, pending, at = path.read_bytes(), [], b"", 7
+        assert data[:4] == b":W&B", path
+        while at + 7 <= len(data):
+            if 32768 - at % 32768 < 7:  # a block's tail too short for a header is padding
+                at += 32768 - at % 32768
+                continue
+            _, length, kind = struct.unpack("<IHB", data[at : at + 7])
+            if kind == 0:
+                break
+            pending += data[at + 7 : at + 7 + length]
+            at += 7 + length
+            if kind in (1, 4):
+                record = wandb_internal_pb2.Record()
+                record.ParseFromString(pending)
+                records.append(record)
+                pending = b""
+        sessions.append(records)
+    return sorted(sessions, key=lambda records: wandb_run(records).start_time.ToNanoseconds())  # folder names tie within a second
+
+
+def wandb_rows(records: list) -> dict[tuple[str, int], float]:
+    """Every logged (name, step) of one session's history and its value, W&B's own keys (_step, _runtime) left out."""
+    rows = {}
+    for record in records:
+        if record.WhichOneof("record_type") == "history":
+            items = {item.key or ".".join(item.nested_key): json.loads(item.value_json) for item in record.history.item}
+            rows.update({(name, items["_step"]): value for name, value in items.items() if not name.startswith("_")})
+    return rows
+
+
+def wandb_run(records: list):
+    (run,) = [r.run for r in records if r.WhichOneof("record_type") == "run"]
+    return run
+
+
+def test_wandb_writes_an_offline_run_in_the_run_directory_holding_every_logged_value(tiny, tmp_path, monkeypatch):
+    offline_wandb(monkeypatch, tmp_path)
+    run_dir = tmp_path / "run"
+    results = train(config_from_dict(tracked(tiny, ["wandb"])), run_dir)
+    (records,) = wandb_sessions(run_dir)  # offline by default: nothing left the machine
+    run = wandb_run(records)
+    state = json.loads((run_dir / "wandb" / trackers.WANDB_STATE).read_text())
+    assert (run.run_id, run.project, run.display_name) == (state["id"], "layerdescent", "primal-dual/seed-0")
+    config = {item.key: json.loads(item.value_json) for item in run.config.update}
+    assert config["train.lr"] == 0.01 and config["constraints.0.alpha"] == 0.05 and config["task.layers"] == tiny["task"]["layers"]
+    rows, last = wandb_rows(records), results["train"]["steps"]
+    assert {key: rows[key] for key in expected(run_dir)} == expected(run_dir)
+    assert all(value > 0 for (name, _), value in rows.items() if name == tracking.STEP_TIME)
+    assert rows[("test/gamma_0.5/loss/l4", last)] == results["gammas"][1]["layer_loss"][4]
+    summary = {
+        item.key or ".".join(item.nested_key): json.loads(item.value_json)
+        for r in records
+        if r.WhichOneof("record_type") == "summary"
+        for item in r.summary.update
+    }
+    assert summary["test/gamma_0.5/loss/l4"] == results["gammas"][1]["layer_loss"][4]
+    assert any(r.WhichOneof("record_type") == "exit" for r in records) and state["step"] == last
+
+    tracker = trackers._Wandb(config_from_dict(tiny), run_dir, last)  # a finished run evaluated again: the same W&B run
+    tracker.close(results, run_dir)
+    tracker.close(results, run_dir)  # a second close does nothing
+    assert {wandb_run(r).run_id for r in wandb_sessions(run_dir)} == {state["id"]}
+
+
+def test_a_resumed_run_logs_to_the_same_wandb_run_and_sends_no_step_twice(tiny, tmp_path, monkeypatch):
+    offline_wandb(monkeypatch, tmp_path)
+    run_dir = tmp_path / "run"
+    tiny["train"].update(log_every=2, checkpoint_every=3)
+    config = config_from_dict(tracked(tiny, ["wandb"]))
+    original, calls = Trainer.step, []
+
+    def crash_at_step_12(self, *args, **kwargs):
+        calls.append(1)
+        if len(calls) == 12:  # after the checkpoint at step 9 and the log line at step 11
+            raise KeyboardInterrupt
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(Trainer, "step", crash_at_step_12)
+    with pytest.raises(KeyboardInterrupt):
+        train(config, run_dir)
+    monkeypatch.setattr(Trainer, "step", original)
+    train(config, run_dir, resume=True)  # in this process, whose W&B run of the interrupted part is still open
+    first, second = wandb_sessions(run_dir)
+    assert wandb_run(first).run_id == wandb_run(second).run_id == json.loads((run_dir / "wandb" / trackers.WANDB_STATE).read_text())["id"]
+    before, after = wandb_rows(first), wandb_rows(second)
+    # resumed from the checkpoint of step 9, the run logged step 11 again, which W&B held already
+    assert max(step for _, step in before) == 11 and min(step for _, step in after) == 12
+    # and retraced it to the values W&B kept: together, the log of a run that never stopped
+    assert {key: {**before, **after}[key] for key in expected(run_dir)} == expected(run_dir)
+
+
+def test_wandb_online_without_a_login_is_one_line_naming_the_offline_mode(tiny, tmp_path, monkeypatch):
+    offline_wandb(monkeypatch, tmp_path)
+    tiny["train"]["trackers"] = {"wandb": {"mode": "online", "project": "lista"}}
+    code, lines = cli("run", str(config_file(tmp_path, tiny)), "--out", str(tmp_path / "out"))
+    assert code == 2 and len(lines) == 1, lines
+    assert (
+        lines[0].startswith("layerdescent: error: train.trackers.wandb: W&B could not start the run: ") and "mode = 'offline'" in lines[0]
+    )

@@ -1,41 +1,49 @@
-"""The built-in trackers, TensorBoard and MLflow: listeners on a run's ``metrics.jsonl``, registered like a plugin's.
+"""The built-in trackers, TensorBoard, MLflow and Weights & Biases: listeners on a run's ``metrics.jsonl``, registered like a plugin's.
 
     [train]
-    trackers = ["tensorboard", "mlflow"]
+    trackers = ["tensorboard", "mlflow", "wandb"]
 
 A plugin's tracker subclasses :class:`~layerdescent.run.tracking.Tracker` and is
 registered by ``register_trackers``. The names and the packages they need are checked when a run
 trains (``check_trackers``), not when a config is read, so a recorded run still reports and
 evaluates where a tracker is missing. TensorBoard event files go to ``RUN_DIR/tensorboard``. MLflow logs one MLflow run per run, in
 ``$MLFLOW_TRACKING_URI`` when it is set, else in a local file store: ``OUT/mlruns`` for a bench
-(one experiment named after the bench), ``RUN_DIR/mlruns`` for a single run. Both name a value
+(one experiment named after the bench), ``RUN_DIR/mlruns`` for a single run. W&B logs one W&B run
+per run, its files in ``RUN_DIR/wandb``: offline by default (``wandb sync`` uploads them later),
+online with ``mode = "online"``; a resumed run continues the same W&B run. All three name a value
 the same way (``scalars``): ``train/loss/l3``, ``train/lambda/descent/2``, ``val/accuracy``.
-This module imports neither package until a tracker opens, so a config check stays light.
+This module imports none of their packages until a tracker opens, so a config check stays light.
 """
 
 from __future__ import annotations
 
 import atexit
+import json
 import os
 import re
+import secrets
 import shutil
+import string
 import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar, Union
+from typing import Any, ClassVar, Literal, Union
 
 from layerdescent.errors import ConfigError
 from layerdescent.hookspecs import hookimpl
 from layerdescent.optional import require
 from layerdescent.options import flat_keys
-from layerdescent.run.files import refuse_links
+from layerdescent.run.files import open_own, refuse_links, write_atomic
 from layerdescent.run.tracking import Tracker
 
 # Set by a bench for its workers, so a bench's runs share one store and one experiment without a config key.
 BENCH_ENV = "LAYERDESCENT_BENCH"
 STORE_ENV = "LAYERDESCENT_MLFLOW_STORE"
 RUN_DIR_TAG = "layerdescent.run_dir"
+# The W&B tracker's own record in RUN_DIR/wandb: the W&B run's id and the last step it was given.
+WANDB_STATE = "layerdescent-run.json"
+WANDB_FORBIDDEN = "/\\#?%:"  # characters W&B refuses in a project name; in an entity they would break its URLs
 
 
 def _test_scalars(results: dict[str, Any]) -> dict[str, float]:
@@ -70,6 +78,28 @@ class MLflowOptions:
     """Where the runs are logged; unset: $MLFLOW_TRACKING_URI, else a local file store (OUT/mlruns for a bench, RUN_DIR/mlruns for a run)."""
     run_name: Union[str, None] = None
     """The MLflow run's name; unset: VARIANT/seed-N."""
+
+
+@dataclass(frozen=True)
+class WandbOptions:
+    """The Weights & Biases tracker's [train.trackers.wandb] keys."""
+
+    mode: Union[Literal["offline", "online"], None] = None
+    """`offline` writes RUN_DIR/wandb for `wandb sync`; `online` logs as the run trains (needs `wandb login` or $WANDB_API_KEY); unset: $WANDB_MODE, else offline."""
+    project: Union[str, None] = None
+    """The W&B project; unset: $WANDB_PROJECT, else `layerdescent`. A bench's runs share it, grouped by the bench file's name."""
+    entity: Union[str, None] = None
+    """The W&B user or team that owns the project; unset: $WANDB_ENTITY, else the login's default."""
+    run_name: Union[str, None] = None
+    """The W&B run's name; unset: VARIANT/seed-N."""
+
+    def __post_init__(self) -> None:
+        for key in ("project", "entity"):
+            value = getattr(self, key)
+            if value is not None and (not value or len(value) > 128 or any(c in value for c in WANDB_FORBIDDEN)):
+                raise ConfigError(
+                    f"train.trackers.wandb.{key} = {value!r} must be 1 to 128 characters without any of {' '.join(WANDB_FORBIDDEN)} (W&B refuses them)"
+                )
 
 
 class _TensorBoard(Tracker):
@@ -206,8 +236,104 @@ def _mlflow_key(key: str) -> str:
     return re.sub(r"[^\w\-. :/]", "_", key)
 
 
+# The W&B runs this process opened and has not finished, by id: a run stopped by an error or an
+# interrupt leaves its W&B run open until the process exits, and W&B opens one run per id at a time.
+_WANDB_OPEN: dict[str, Any] = {}
+
+
+class _Wandb(Tracker):
+    """One Weights & Biases run per run, its files in RUN_DIR/wandb (offline unless `mode = "online"`); a resumed run continues it."""
+
+    name = "wandb"
+    requires: ClassVar[dict[str, str]] = {"wandb": "layerdescent[wandb]"}
+    Options = WandbOptions
+
+    def __init__(self, config: Any, run_dir: Path, start_step: int) -> None:
+        super().__init__(config, run_dir, start_step)
+        wandb = require("wandb", "wandb", "train.trackers 'wandb'")
+        options = self.options
+        mode = options.mode or os.environ.get("WANDB_MODE") or "offline"
+        refuse_links(self.run_dir, (), folders=("wandb",))  # W&B's files stay inside the run directory
+        (self.run_dir / "wandb").mkdir(exist_ok=True)
+        self.state = self.run_dir / "wandb" / WANDB_STATE
+        # A resumed run logs to the W&B run it logged to before; one that starts over (it stopped
+        # before its first checkpoint, or trains again) gets a new W&B run.
+        previous = self._read_state() if start_step else None
+        self.run_id = previous["id"] if previous else "".join(secrets.choice(string.ascii_lowercase + string.digits) for _ in range(8))
+        # W&B cannot delete a logged step and refuses one it holds, so the steps it got before the
+        # interrupt stay and are not sent again; a resume retraces them exactly, to the same values.
+        self.held = self.step = previous["step"] if previous else -1
+        stale = _WANDB_OPEN.pop(self.run_id, None)
+        if stale is not None:  # interrupted in this process, which W&B would finish only at exit
+            stale.finish(exit_code=1)
+        if mode == "offline":
+            os.environ.setdefault("WANDB_ERROR_REPORTING", "false")  # else W&B's service sends its diagnostics over the network
+        bench = os.environ.get(BENCH_ENV, "")
+        try:
+            self.run = wandb.init(
+                id=self.run_id,
+                resume="allow" if previous else None,
+                project=options.project or os.environ.get("WANDB_PROJECT") or "layerdescent",
+                entity=options.entity,
+                name=options.run_name or f"{config.name}/seed-{config.seed}",
+                group=bench or None,
+                config=flat_keys(config.as_dict()),
+                dir=str(self.run_dir),
+                mode=mode,
+                reinit="create_new",  # a bench trains its runs one after another in one process
+                settings=wandb.Settings(console="off", silent=True),  # the run's own output and progress bar stay as they are
+            )
+        except wandb.errors.Error as exc:
+            raise ConfigError(
+                f"train.trackers.wandb: W&B could not start the run: {exc} (mode = 'offline' logs to RUN_DIR/wandb for `wandb sync` later)"
+            ) from None
+        _WANDB_OPEN[self.run_id] = self.run
+        self._write_state()
+
+    def _read_state(self) -> Union[dict[str, Any], None]:
+        """The W&B run id and last step this run's tracker recorded before it stopped, or None when it recorded none."""
+        try:
+            fd = open_own(self.state, os.O_RDONLY)
+        except FileNotFoundError:
+            return None
+        with os.fdopen(fd) as handle:
+            text = handle.read()
+        try:
+            state = json.loads(text)
+            valid = re.fullmatch(r"[a-z0-9]{1,64}", state["id"]) is not None and isinstance(state["step"], int)
+        except (ValueError, KeyError, TypeError):
+            valid = False
+        if not valid:
+            raise ConfigError(
+                f"{self.state} is not the W&B tracker's record of its run: remove it to log the rest of the run to a new W&B run"
+            )
+        return state
+
+    def _write_state(self) -> None:
+        write_atomic(self.state, json.dumps({"id": self.run_id, "step": self.step}) + "\n")
+
+    def log(self, step: int, values: dict[str, float]) -> None:
+        if step <= self.held:
+            return  # W&B holds this step from before the interrupt
+        self.run.log(values, step=step)  # a train and an epoch line of one step make one W&B row
+        if step > self.step:
+            self.step = step
+            self._write_state()  # so that a resume knows which steps W&B holds
+
+    def close(self, results: dict[str, Any], run_dir: Path) -> None:
+        if self.run is None:
+            return
+        tests = _test_scalars(results)
+        self.log(results["train"]["steps"], tests)
+        self.run.summary.update(tests)  # also where W&B held the last step already: an evaluation resumed after training
+        self.run.finish()
+        _WANDB_OPEN.pop(self.run_id, None)
+        self.run = None
+
+
 @hookimpl
 def register_trackers(register) -> None:
     """The built-in trackers go through the same hook a third-party plugin uses."""
     register(_TensorBoard)
     register(_MLflow)
+    register(_Wandb)

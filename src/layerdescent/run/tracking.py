@@ -4,7 +4,7 @@
     trackers.log(record)                                               # every record written to metrics.jsonl
     trackers.close(results, run_dir)                                   # once results.json is written
 
-The built-in trackers (TensorBoard, MLflow) live in :mod:`layerdescent.bench.trackers` and reach
+The built-in trackers (TensorBoard, MLflow, Weights & Biases) live in :mod:`layerdescent.bench.trackers` and reach
 the trainer only through the registry, as a plugin's do.
 """
 
