@@ -179,13 +179,36 @@ class LayerwiseUpdate:
                 out["binding_rows"] = binding
         return out
 
-    def state_dict(self) -> dict[str, Any]:
-        """Optimizer, multiplier and solver state, for checkpoints."""
-        return {"solver": {"optimizer": self.optimizer.state_dict(), **self.solver.state_dict()}, "problem": self.problem.state_dict()}
+    def scalars(self) -> dict[str, float]:
+        """``record()`` as flat named values, for a logger: ``lambda/NAME/LABEL``, ``relaxation/NAME/LABEL``, ``violation/NAME/LABEL``, ``layer_loss/lK``.
+
+        An entry no step of the line saw (a level not drawn) is left out.
+        """
+        line = self.record()
+        # a solver that enforces nothing (erm) logs its multipliers too, at zero, so that runs compare column for column
+        line.setdefault("lambda", {name: _per_entry(v).tolist() for name, v in self.multipliers().items()})
+        out: dict[str, float] = {}
+        for kind in ("lambda", "relaxation", "violation"):
+            for name, values in line.get(kind, {}).items():
+                out.update({f"{kind}/{name}/{label}": v for label, v in zip(self.labels[name], values) if v is not None})
+        out.update({f"layer_loss/l{k}": v for k, v in enumerate(line.get("loss", [])) if v is not None})
+        return out
+
+    def state_dict(self, primal: bool = True) -> dict[str, Any]:
+        """Optimizer, multiplier and solver state, for checkpoints; ``primal=False`` leaves out the model's optimizer, for a loop whose own checkpoints hold it (Lightning's)."""
+        optimizer = self.optimizer.state_dict()
+        if not primal:
+            optimizer = {"dual_optimizer_states": optimizer["dual_optimizer_states"]}
+        return {"solver": {"optimizer": optimizer, **self.solver.state_dict()}, "problem": self.problem.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore what ``state_dict`` saved."""
-        self.optimizer.load_state_dict(state["solver"]["optimizer"])
+        """Restore what ``state_dict`` saved (without the model's optimizer where it left it out)."""
+        optimizer = state["solver"]["optimizer"]
+        if "primal_optimizer_states" in optimizer:
+            self.optimizer.load_state_dict(optimizer)
+        else:  # the model's optimizer is restored by the loop that saved it
+            for dual, saved in zip(self.optimizer.dual_optimizers or [], optimizer["dual_optimizer_states"] or []):
+                dual.load_state_dict(saved)
         self.solver.load_state_dict(state["solver"])
         self.problem.load_state_dict(state["problem"])
 

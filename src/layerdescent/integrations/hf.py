@@ -219,24 +219,10 @@ class DescentTrainer(transformers.Trainer):
         if seen.stop:
             raise diverged(f"step {self.state.global_step}: {seen.stop}")
 
-    def _log_record(self) -> dict[str, float]:
-        """What a training log line adds: each entry's lambda, its violation and each layer's loss, means over the steps since the last line."""
-        update = self.update
-        line = update.record()  # a per-sample constraint's entries are means over its rows
-        out: dict[str, float] = {}
-        for name, values in line.get("lambda", {name: v.tolist() for name, v in update.multipliers().items()}).items():
-            out.update({f"lambda/{name}/{label}": v for label, v in zip(update.labels[name], values)})
-        for name, values in line.get("relaxation", {}).items():
-            out.update({f"relaxation/{name}/{label}": v for label, v in zip(update.labels[name], values)})
-        for name, values in line.get("violation", {}).items():
-            out.update({f"violation/{name}/{label}": v for label, v in zip(update.labels[name], values)})
-        out.update({f"layer_loss/l{k}": v for k, v in enumerate(line.get("loss", []))})
-        return out
-
     def log(self, logs: dict[str, float], *args: Any, **kwargs: Any) -> None:
         """The Trainer's log, with the multipliers and violations on every training line."""
         if "loss" in logs and self.update is not None:  # a training line; evaluation's keys are eval_*
-            logs = {**logs, **self._log_record()}
+            logs = {**logs, **self.update.scalars()}  # means over the steps since the last line
         super().log(logs, *args, **kwargs)
 
     def _save_optimizer_and_scheduler(self, output_dir: str) -> None:

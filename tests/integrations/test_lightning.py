@@ -1,0 +1,183 @@
+"""DescentModule: a LightningModule takes LayerwiseUpdate's steps, under DDP as on one process, resumes from Lightning's checkpoints exactly, and runs in bf16."""
+
+from __future__ import annotations
+
+import importlib.util
+import textwrap
+
+import pytest
+import torch
+from conftest import run_script
+from helpers import REPO, docs_block
+
+pytestmark = pytest.mark.skipif(
+    importlib.util.find_spec("lightning") is None,
+    reason="the Lightning integration needs lightning (pip install 'layerdescent[lightning]')",
+)
+
+# One model, written once: the tests build it in-process and the DDP runner in its own processes.
+MODEL = textwrap.dedent(
+    """
+    import torch
+    import layerdescent as ld
+
+
+    def make_blocks():
+        torch.manual_seed(0)
+        return torch.nn.ModuleList(torch.nn.Linear(8, 8) for _ in range(4)), torch.nn.Linear(8, 1)
+
+
+    def per_layer(blocks, head, x, y):
+        h, losses = x, []
+        for block in [None, *blocks]:
+            h = h if block is None else h + torch.tanh(block(h))
+            losses.append(((head(h) - y) ** 2).squeeze(1))
+        return torch.stack(losses, dim=1)
+
+
+    def data():
+        g = torch.Generator().manual_seed(1)
+        x = torch.randn(256, 8, generator=g)
+        return torch.utils.data.TensorDataset(x, x.sum(1, keepdim=True).sin())
+
+
+    class Model(ld.DescentModule):
+        def __init__(self, **options):
+            super().__init__([ld.Descent(alpha=0.05)], num_layers=4, **{"dual_lr": 0.5, **options})
+            self.blocks, self.head = make_blocks()
+
+        def layer_losses(self, batch, batch_idx):
+            return per_layer(self.blocks, self.head, *batch)
+
+        def configure_optimizers(self):
+            return torch.optim.Adam(self.parameters(), lr=1e-2)
+    """
+)
+namespace: dict = {}
+exec(compile(MODEL, "model", "exec"), namespace)
+Model, data, make_blocks, per_layer = namespace["Model"], namespace["data"], namespace["make_blocks"], namespace["per_layer"]
+
+RUNNER = MODEL + textwrap.dedent(
+    """
+    import json, os, sys
+    import lightning.pytorch as pl
+
+    torch.set_num_threads(1)
+    out, batch = sys.argv[1], int(sys.argv[2])
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    model = Model()
+    # rank r reads rows r, r + 2, ... in order, so the ranks' shards of step k are one process's batch k
+    rank = int(os.environ.get("RANK", "0"))
+    sampler = torch.utils.data.distributed.DistributedSampler(data(), num_replicas=world, rank=rank, shuffle=False)
+    loader = torch.utils.data.DataLoader(data(), batch_size=batch // world, sampler=sampler)
+    trainer = pl.Trainer(max_epochs=2, accelerator="cpu", devices=world, strategy="ddp" if world > 1 else "auto", logger=False,
+                         use_distributed_sampler=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+    trainer.fit(model, loader)
+    with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
+        json.dump({"lambda": model.update.multipliers()["descent"].tolist(), "steps": trainer.global_step,
+                   "head": model.head.weight.flatten().tolist()}, f)
+    """
+)
+
+
+def _trainer(**options):
+    import lightning.pytorch as pl
+
+    quiet = {"logger": False, "enable_checkpointing": False, "enable_progress_bar": False, "enable_model_summary": False}
+    return pl.Trainer(accelerator="cpu", devices=1, **{**quiet, **options})
+
+
+def _loader(batch: int = 32):
+    return torch.utils.data.DataLoader(data(), batch_size=batch)
+
+
+def test_descent_module_takes_the_steps_of_layerwise_update():
+    import layerdescent as ld
+
+    model, trainer = Model(), _trainer(max_epochs=2)
+    trainer.fit(model, _loader())
+    blocks, head = make_blocks()
+    optimizer = torch.optim.Adam([*blocks.parameters(), *head.parameters()], lr=1e-2)
+    update = ld.LayerwiseUpdate([ld.Descent(alpha=0.05)], num_layers=4, optimizer=optimizer, dual_lr=0.5)
+    for _ in range(2):
+        for x, y in _loader():
+            update.zero_grad()
+            update.backward(per_layer(blocks, head, x, y))
+            update.step()
+    assert trainer.global_step == 16  # Lightning counted the steps the update took
+    expected = update.multipliers()["descent"]
+    assert bool((expected > 0).any())
+    torch.testing.assert_close(model.update.multipliers()["descent"], expected)
+    torch.testing.assert_close(model.head.weight, head.weight)
+    assert {"lambda/descent/l1<=l0", "violation/descent/l4<=l3", "layer_loss/l4"} <= set(trainer.callback_metrics)
+
+
+def test_ddp_on_two_cpu_processes_follows_one_process(tmp_path):
+    if not torch.distributed.is_available() or not torch.distributed.is_gloo_available():
+        pytest.skip("torch.distributed with gloo is not available")
+    one = run_script(RUNNER, tmp_path / "one", 1, "64")
+    two = run_script(RUNNER, tmp_path / "two", 2, "64", torchrun=True)
+    assert one[0]["steps"] == two[0]["steps"] == 8
+    assert two[0]["lambda"] == two[1]["lambda"]  # the layer means were averaged over ranks before lambda stepped
+    torch.testing.assert_close(torch.tensor(two[0]["lambda"]), torch.tensor(one[0]["lambda"]))
+    torch.testing.assert_close(torch.tensor(two[0]["head"]), torch.tensor(one[0]["head"]))
+
+
+def test_a_lightning_checkpoint_resumes_the_multipliers_exactly(tmp_path):
+    whole = Model()
+    _trainer(max_epochs=3).fit(whole, _loader())
+    first = _trainer(max_epochs=1)
+    first.fit(Model(), _loader())
+    first.save_checkpoint(tmp_path / "epoch1.ckpt")
+    resumed = Model()
+    with torch.no_grad():  # another start, which the checkpoint must overwrite
+        resumed.head.weight.add_(1.0)
+    _trainer(max_epochs=3).fit(resumed, _loader(), ckpt_path=tmp_path / "epoch1.ckpt")
+    assert torch.equal(resumed.update.multipliers()["descent"], whole.update.multipliers()["descent"])
+    assert torch.equal(resumed.head.weight, whole.head.weight)
+
+
+def test_a_checkpoint_without_the_multipliers_is_refused_in_one_line(tmp_path):
+    import layerdescent as ld
+
+    trainer = _trainer(max_epochs=1)
+    trainer.fit(Model(), _loader())
+    trainer.save_checkpoint(tmp_path / "run.ckpt")
+    checkpoint = torch.load(tmp_path / "run.ckpt", weights_only=False)
+    del checkpoint["layerdescent"]
+    torch.save(checkpoint, tmp_path / "plain.ckpt")
+    with pytest.raises(ld.CheckpointError, match="not saved by a DescentModule, so its multipliers are unknown"):
+        _trainer(max_epochs=2).fit(Model(), _loader(), ckpt_path=tmp_path / "plain.ckpt")
+
+
+def test_bf16_mixed_precision_on_cpu_trains_with_float32_multipliers():
+    model = Model()
+    _trainer(max_epochs=1, precision="bf16-mixed").fit(model, _loader())
+    lam = model.update.multipliers()["descent"]
+    assert lam.dtype == torch.float32 and bool(torch.isfinite(lam).all()) and bool((lam > 0).any())
+
+
+def test_two_pass_schemes_take_the_closure_through_lightning():
+    model = Model(scheme="alternating-primal-dual")
+    _trainer(max_epochs=1).fit(model, _loader())
+    assert bool(torch.isfinite(model.update.multipliers()["descent"]).all())
+
+
+def test_layer_losses_of_the_wrong_width_and_bad_options_are_one_line():
+    import layerdescent as ld
+
+    class Wide(Model):
+        def layer_losses(self, batch, batch_idx):
+            return super().layer_losses(batch, batch_idx)[:, :3]
+
+    with pytest.raises(ld.PluginError, match=r"returned shape \(32, 3\) of torch.float32; it must return B x 5"):
+        _trainer(max_epochs=1).fit(Wide(), _loader())
+    with pytest.raises(ld.ConfigError, match="scheme"):
+        Model(scheme="sideways")
+
+
+def test_docs_lightning_example_runs_as_written():
+    namespace: dict = {}
+    exec(compile(docs_block("lightning-example", REPO / "docs" / "own-loop.md"), "docs/own-loop.md:lightning", "exec"), namespace)
+    trainer, model = namespace["trainer"], namespace["model"]
+    assert trainer.global_step > 0 and bool((model.update.multipliers()["descent"] >= 0).all())
