@@ -226,6 +226,29 @@ def test_a_plugin_calling_sys_exit_in_a_hook_is_skipped_by_name(entry_point_plug
     assert registry.plugins["exiting"].status == "failed" and "register_tasks raised SystemExit" in registry.plugins["exiting"].reason
 
 
+@pytest.mark.parametrize(
+    "where, source, reason",
+    [
+        ("import", "raise GeneratorExit\n", "import failed: GeneratorExit"),
+        ("import", "raise BaseException('bare')\n", "import failed: BaseException: bare"),
+        (
+            "hook",
+            "import layerdescent\n@layerdescent.hookimpl\ndef register_tasks(register):\n    raise GeneratorExit\n",
+            "register_tasks raised GeneratorExit",
+        ),
+        (
+            "hook",
+            "import layerdescent\n@layerdescent.hookimpl\ndef register_tasks(register):\n    raise BaseException('bare')\n",
+            "register_tasks raised BaseException: bare",
+        ),
+    ],
+)
+def test_a_plugin_raising_a_base_exception_is_skipped_by_name(entry_point_plugins, where, source, reason):
+    registry = entry_point_plugins({"odd_plugin": source, "good_plugin": GOOD}, {"odd": "odd_plugin", "good": "good_plugin"})
+    assert registry.plugins["odd"].status == "failed" and reason in registry.plugins["odd"].reason
+    assert "ceiling" in registry.constraints and "lista" in registry.tasks
+
+
 def test_a_duplicate_name_names_both_plugins_and_which_was_skipped(entry_point_plugins):
     twin = GOOD.replace("A bound under another name.", "Another ceiling.")
     registry = entry_point_plugins({"good_plugin": GOOD, "twin_plugin": twin}, {"good": "good_plugin", "twin": "twin_plugin"})

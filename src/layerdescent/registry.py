@@ -151,7 +151,7 @@ class Registry:
             try:
                 plugin = ep.load()
             # A broken plugin must not take the others down, nor exit or act as a Ctrl-C for them.
-            except (Exception, SystemExit, KeyboardInterrupt) as exc:
+            except BaseException as exc:  # GeneratorExit and a bare BaseException too
                 what = f"SystemExit({exc.code!r}), sys.exit() at import" if isinstance(exc, SystemExit) else f"{type(exc).__name__}: {exc}"
                 self._fail(info, f"import failed: {what}")
                 continue
@@ -188,7 +188,7 @@ class Registry:
                     continue
                 try:
                     impl.function(register=self._registrar(kind, staged[kind.table]))
-                except (Exception, SystemExit, KeyboardInterrupt) as exc:
+                except BaseException as exc:  # sys.exit(), GeneratorExit and a bare BaseException too
                     self._unregister(name)
                     self._fail(info, f"{kind.hook} raised {type(exc).__name__}: {exc}")
                     return

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -480,6 +481,21 @@ def test_evaluate_with_workers_tests_runs_at_once_to_the_same_numbers(tmp_path, 
     assert told.count(": done") == 3 and f"{two / 'erm' / 'seed-1'}: evaluated" in told
     assert main(["evaluate", str(out), "--out", str(tmp_path / "e"), "--workers", "0"]) == 2
     assert "--workers must be at least 1, got 0" in capsys.readouterr().err
+
+
+def _killed(*args, **kwargs):
+    os.kill(os.getpid(), signal.SIGKILL)  # as the out-of-memory killer or a user's kill -9 ends a worker
+
+
+def test_evaluate_with_a_worker_killed_is_one_line_naming_the_rerun(tmp_path, capsys, monkeypatch):
+    out = tmp_path / "bench"
+    assert main(["bench", str(write(tmp_path, TWO_BY_TWO, "bench.toml")), "--out", str(out)]) == 0
+    capsys.readouterr()
+    monkeypatch.setattr("layerdescent.bench.evaluation.evaluate_run", _killed)  # the forked workers call it
+    assert main(["evaluate", str(out), "--out", str(tmp_path / "e"), "--workers", "2"]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and err.count("layerdescent: error: ") == 1, err
+    assert "an evaluation worker stopped before its run was evaluated" in err and "the same command again evaluates the 4 left" in err
 
 
 def test_evaluate_says_which_run_it_starts_and_shows_progress_through_its_evaluation(tmp_path, capsys):

@@ -14,6 +14,7 @@ import os
 import resource
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import datasets
@@ -288,6 +289,12 @@ class Broken(Task):
         losses = torch.stack([(layer(batch["x"]) - batch["y"]).pow(2).squeeze(1) for layer in model], 1)
         if mode == "raises":
             raise KeyError("x_missing")
+        if mode == "exits":
+            sys.exit(0)
+        if mode == "generator-exit":
+            raise GeneratorExit
+        if mode == "base-exception":
+            raise BaseException("bare")
         if mode == "float":
             return float(losses.detach().mean())  # a plugin that hands back a number, not the tensor
         if mode == "tuple":
@@ -321,6 +328,12 @@ PLUGIN_CASES = {
     "num_layers-string": ("num_layers-string", "num_layers is '2', not an integer >= 1"),
     "split-not-a-dataset": ("split-not-a-dataset", "build_datasets returned split 'test' as list"),
     "layer_losses-raises": ("raises", "layer_losses raised KeyError: 'x_missing'"),
+    "layer_losses-sys-exit-0": (
+        "exits",
+        "layer_losses raised SystemExit(0) (sys.exit()); a plugin must raise an Exception, not end the process",
+    ),
+    "layer_losses-generator-exit": ("generator-exit", "layer_losses raised GeneratorExit; a plugin must raise an Exception"),
+    "layer_losses-bare-base-exception": ("base-exception", "layer_losses raised BaseException: bare; a plugin must raise an Exception"),
     "layer_losses-float": ("float", "layer_losses returned float, not a LayerOutput"),
     "layer_losses-tuple": ("tuple", "layer_losses returned tuple, not a LayerOutput"),
     "layer_losses-1d": ("one-d", "layer_losses raised ValueError: LayerOutput.losses must be B x (L+1)"),
@@ -346,6 +359,20 @@ def test_a_plugin_that_breaks_the_contract_is_one_line_naming_it_and_the_method(
     assert_one_line(*cli("run", config_file(tmp_path, table), "--out", tmp_path / "out"), "task 'broken' (plugin 'broken-plugin')", message)
     assert not (tmp_path / "out" / "results.json").exists()
     assert not (tmp_path / "out" / "model.safetensors").exists()
+
+
+def test_a_plugin_exiting_inside_a_bench_fails_its_run_and_the_others_train(tmp_path, monkeypatch):
+    monkeypatch.setattr(registry_module, "_registry", Registry(extra_plugins=[("broken-plugin", BrokenPlugin())]))
+    table = {
+        "task": {"name": "broken"},
+        "train": {"epochs": 1, "batch_size": 16, "progress": False},
+        "solver": {"name": "erm"},
+        "bench": {"seeds": [0], "variants": {"exits": {"task": {"mode": "exits"}}, "fine": {}}},
+    }
+    status, lines = cli("bench", config_file(tmp_path, table), "--out", tmp_path / "out")
+    assert status != 0 and any("layer_losses raised SystemExit(0) (sys.exit())" in line for line in lines), lines
+    assert (tmp_path / "out" / "fine" / "seed-0" / "results.json").exists()
+    assert not (tmp_path / "out" / "exits" / "seed-0" / "results.json").exists()
 
 
 @pytest.fixture

@@ -5,13 +5,14 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 
 from layerdescent.analysis.report import write_report
 from layerdescent.bench.executors import (
     worker_init,
 )
-from layerdescent.errors import ConfigError
+from layerdescent.errors import ConfigError, LayerdescentError
 from layerdescent.registry import Registry
 from layerdescent.run import files, layout, publish, rundir
 from layerdescent.run.config_file import read_toml
@@ -56,6 +57,11 @@ def _evaluate_in_pool(
     with ProcessPoolExecutor(min(workers, len(todo)), initializer=worker_init, initargs=(os.getpid(),)) as pool:
         jobs = {pool.submit(evaluate_run, run_dir, out / run_dir.relative_to(root), overrides, None, 1): run_dir for run_dir in todo}
         for job in as_completed(jobs):
+            if isinstance(job.exception(), BrokenProcessPool):  # a worker killed (by a signal, or out of memory) takes the pool down
+                left = sum(not (out / run_dir.relative_to(root) / "results.json").exists() for run_dir in todo)
+                raise LayerdescentError(
+                    f"an evaluation worker stopped before its run was evaluated (killed, or out of memory): the evaluated runs are kept; the same command again evaluates the {left} left"
+                )
             if job.exception() is not None:
                 pool.shutdown(wait=True, cancel_futures=True)  # those under way finish (and are kept); the rest never start
                 raise job.exception()

@@ -44,7 +44,7 @@ def calling(who: str, method: str) -> Iterator[None]:
     """Turn whatever plugin code raises inside the block into one PluginError naming ``who`` and ``method``."""
     try:
         yield
-    except LayerdescentError:
+    except (LayerdescentError, KeyboardInterrupt):  # Ctrl-C is the user's: the command stops as interrupted, resumable
         raise
     except Exception as exc:  # a plugin's bug, reported by name instead of as a traceback
         if _out_of_memory(exc):
@@ -52,6 +52,15 @@ def calling(who: str, method: str) -> Iterator[None]:
                 f"{who}: {method} ran out of memory: the model or data are too large for this machine; lower the task's size options (e.g. task.layers)"
             ) from None
         raise PluginError(f"{who}: {method} raised {type(exc).__name__}: {_first_line(exc)}") from None
+    except BaseException as exc:  # sys.exit(), GeneratorExit, a bare BaseException: a plugin cannot end the command silently
+        raise PluginError(f"{who}: {method} raised {base_exception(exc)}; a plugin must raise an Exception, not end the process") from None
+
+
+def base_exception(exc: BaseException) -> str:
+    """How an error line names a BaseException that is not an Exception: ``SystemExit(0) (sys.exit())``, ``GeneratorExit``."""
+    if isinstance(exc, SystemExit):
+        return f"SystemExit({exc.code!r}) (sys.exit())"
+    return type(exc).__name__ + (f": {_first_line(exc)}" if str(exc) else "")
 
 
 def build_task(registry: Registry | None, name: str, options: dict[str, Any]) -> CheckedTask:
