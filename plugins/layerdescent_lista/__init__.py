@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 import layerdescent
 from layerdescent import LayerOutput, Task
+from layerdescent.task import MAX_LAYERS
 
 # torch, datasets and torchmetrics load inside the methods that use them: registering the task
 # (`layerdescent list`) must not pay for them. The network itself is in layerdescent_lista.model.
@@ -78,9 +79,9 @@ class SparseCoding(Task):
         super().__init__(**options)
         o = self.options
         self.check_choices(x0=("linear", "zero"), weights=("random", "ista"))
-        for key in ("layers", "code_dim", "measure_dim", "sparsity", "train_size", "validation_size", "test_size"):
-            if o[key] < 1:
-                raise layerdescent.ConfigError(f"task.{key} must be >= 1, got {o[key]}")
+        # bounds past which a config is a typo: the dictionary and the splits are built in memory
+        self.check_sizes(layers=(1, MAX_LAYERS), code_dim=(1, 16_384), measure_dim=(1, 16_384), sparsity=(1, 16_384))
+        self.check_sizes(train_size=(1, 10**7), validation_size=(1, 10**7), test_size=(1, 10**7))
         if o["sparsity"] > o["code_dim"]:
             raise layerdescent.ConfigError("task.sparsity cannot exceed task.code_dim")
         import torch

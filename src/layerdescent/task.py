@@ -10,6 +10,8 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from layerdescent.errors import ConfigError
 
+MAX_LAYERS = 1024  # deeper than any model the tasks train (an LLM's ~30 blocks); a config past it is a typo, and building it would not end
+
 if TYPE_CHECKING:  # torch and friends load when a task is used, not when a plugin registers it
     import datasets
     import torch
@@ -121,6 +123,15 @@ class Task(abc.ABC):
         for key, allowed in choices.items():
             if self.options[key] not in allowed:
                 raise ConfigError(f"task.{key} must be one of {', '.join(allowed)}; got {self.options[key]!r}")
+
+    def check_sizes(self, **bounds: tuple[int, int]) -> None:
+        """Raise ConfigError naming the first size option outside its (low, high) bounds, both inclusive, and the limit it passed."""
+        for key, (low, high) in bounds.items():
+            value = self.options[key]
+            if value < low:
+                raise ConfigError(f"task.{key} must be >= {low}, got {value}")
+            if value > high:
+                raise ConfigError(f"task.{key} = {value:,} is more than this task builds (at most {high:,}): lower it")
 
     def metrics(self) -> torchmetrics.MetricCollection:
         """Task metrics, updated with ``LayerOutput.preds`` and ``.target``; none by default."""

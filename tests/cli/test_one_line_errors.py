@@ -46,6 +46,10 @@ CONFIG_CASES = {
     "epochs-past-int64": (with_(RUN, "train.epochs", 2**64), "train.epochs must be at most 1,000,000"),
     "batch_size-2**40": (with_(RUN, "train.batch_size", 2**40), "train.batch_size must be at most 2,147,483,647"),
     "eval-batch_size-2**40": (with_(RUN, "eval.batch_size", 2**40), "eval.batch_size must be at most 2,147,483,647"),
+    "layers-10**12": (with_(RUN, "task.layers", 10**12), "task.layers = 1,000,000,000,000 is more than this task builds (at most 1,024)"),
+    "layers-2**63": (with_(RUN, "task.layers", 2**63 - 1), "task.layers = 9,223,372,036,854,775,807 is more than this task builds"),
+    "layers-100000": (with_(RUN, "task.layers", 100_000), "task.layers = 100,000 is more than this task builds (at most 1,024)"),
+    "code_dim-10**8": (with_(RUN, "task.code_dim", 10**8), "task.code_dim = 100,000,000 is more than this task builds (at most 16,384)"),
 }
 
 
@@ -77,7 +81,12 @@ FILE_CASES = {
     "binary": (lambda t: _file(t, bytes(range(256)) * 4), "not UTF-8 text"),
     "latin-1": (lambda t: _file(t, 'label = "caf\xe9"\n'.encode("latin-1")), "not UTF-8 text"),
     "directory": (lambda t: t, "is a directory"),
-    "5000-deep": (_deep, "nests tables or arrays too deeply"),
+    "5000-deep": (_deep, "nests tables or arrays more than 32 deep"),
+    "500-deep-table-header": (
+        lambda t: _file(t, ("[" + ".".join(["a"] * 500) + "]\nx = 1\n").encode()),
+        "nests tables or arrays more than 32 deep",
+    ),
+    "500-deep-dotted-key": (lambda t: _file(t, (".".join(["a"] * 500) + " = 1\n").encode()), "nests tables or arrays more than 32 deep"),
     "huge": (lambda t: _file(t, b"#" * (11 << 20)), "larger than 10 MiB"),
 }
 
@@ -85,6 +94,18 @@ FILE_CASES = {
 @pytest.mark.parametrize("make, message", FILE_CASES.values(), ids=FILE_CASES.keys())
 def test_a_config_file_that_is_not_a_config_is_one_line(tmp_path, make, message):
     assert_one_line(*cli("run", make(tmp_path), "--out", tmp_path / "out"), message)
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        (".".join(["train"] * 500) + "=1", "a key of 500 parts; a config nests at most 32 deep"),
+        ("train.lr=" + "[" * 200 + "]" * 200, "its value nests arrays or tables 200 deep; a config nests at most 32 deep"),
+    ],
+    ids=["500-part-key", "200-deep-value"],
+)
+def test_a_set_override_nested_past_the_bound_is_one_line(tmp_path, override, message):
+    assert_one_line(*cli("run", config_file(tmp_path, RUN), "--out", tmp_path / "out", "--set", override), message)
 
 
 def test_epochs_that_make_more_steps_than_a_run_could_ever_take_are_one_line(tmp_path):
@@ -266,7 +287,8 @@ class Broken(Task):
 
     @property
     def num_layers(self):
-        return "2" if self.options["mode"] == "num_layers-string" else self.options["layers"]
+        mode = self.options["mode"]
+        return "2" if mode == "num_layers-string" else 10**12 if mode == "deep" else self.options["layers"]
 
     def build_model(self):
         model = torch.nn.ModuleList([torch.nn.Linear(3, 1) for _ in range(3)])
@@ -326,6 +348,7 @@ class BrokenPlugin:
 PLUGIN_CASES = {
     "constructor-raises": ("constructor", "__init__ raised ValueError: cannot start"),
     "num_layers-string": ("num_layers-string", "num_layers is '2', not an integer >= 1"),
+    "num_layers-10**12": ("deep", "num_layers is 1,000,000,000,000; layerdescent trains at most 1024 layers"),
     "split-not-a-dataset": ("split-not-a-dataset", "build_datasets returned split 'test' as list"),
     "layer_losses-raises": ("raises", "layer_losses raised KeyError: 'x_missing'"),
     "layer_losses-sys-exit-0": (
@@ -549,7 +572,12 @@ def test_the_console_script_ends_in_one_line_for_a_device_a_huge_model_and_too_m
         (("run", "/dev/zero", "--out", tmp_path / "a"), {}, "config file /dev/zero is a device"),
         (("run", "/dev/null", "--out", tmp_path / "a"), {}, "config file /dev/null is a device"),
         (
-            ("run", config_file(tmp_path, with_(RUN, "task.layers", 100_000_000), "big.toml"), "--out", tmp_path / "b"),
+            (
+                "run",
+                config_file(tmp_path, with_(with_(RUN, "task.layers", 1024), "task.code_dim", 16_384), "big.toml"),
+                "--out",
+                tmp_path / "b",
+            ),
             {"limit_memory": True},
             "too large",
         ),

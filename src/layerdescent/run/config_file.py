@@ -15,6 +15,7 @@ else:  # pragma: no cover - exercised on Python 3.10 only
     import tomli as tomllib
 
 MAX_CONFIG_BYTES = 10 * 2**20  # read at most this much, so /dev/zero or a huge file is refused, not swallowed
+MAX_NESTING = 32  # tables and arrays within each other; a bench file needs 6 (bench.variants.NAME.constraints.0.KEY)
 
 
 def read_toml(path: str | Path) -> dict[str, Any]:
@@ -38,11 +39,26 @@ def read_toml(path: str | Path) -> dict[str, Any]:
     except UnicodeDecodeError as exc:
         raise ConfigError(f"config file {path} is not UTF-8 text (byte {exc.start}); is it a binary file?") from None
     try:
-        return tomllib.loads(text)
+        table = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path} is not valid TOML: {exc}") from None
     except RecursionError:
-        raise ConfigError(f"{path} nests tables or arrays too deeply; that is not a run config") from None
+        table = None
+    if table is None or nesting(table) > MAX_NESTING:  # dotted headers nest without recursing in the parser, but copying them would
+        raise ConfigError(f"{path} nests tables or arrays more than {MAX_NESTING} deep; that is not a run config") from None
+    return table
+
+
+def nesting(value: Any) -> int:
+    """How deep tables and arrays lie within each other in ``value`` (a scalar: 0), counted without recursion."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        node, depth = stack.pop()
+        children = node.values() if isinstance(node, dict) else node if isinstance(node, list) else None
+        if children is not None:
+            deepest = max(deepest, depth)
+            stack.extend((child, depth + 1) for child in children)
+    return deepest
 
 
 def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
@@ -56,6 +72,10 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
             value = tomllib.loads(f"v = {raw}")["v"]
         except (tomllib.TOMLDecodeError, RecursionError):
             value = raw
+        if nesting(value) >= MAX_NESTING:
+            raise ConfigError(
+                f"--set {key.strip()}: its value nests arrays or tables {nesting(value)} deep; a config nests at most {MAX_NESTING} deep"
+            )
         set_path(data, key.strip(), value)
     return data
 
@@ -63,6 +83,8 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
 def set_path(data: Any, dotted: str, value: Any) -> None:
     """Set ``data[a][b][0][c] = value`` for the dotted path ``a.b.0.c``."""
     parts = dotted.split(".")
+    if len(parts) > MAX_NESTING:
+        raise ConfigError(f"--set {dotted[:60]}...: a key of {len(parts)} parts; a config nests at most {MAX_NESTING} deep")
     node = data
     for depth, part in enumerate(parts):
         last = depth == len(parts) - 1

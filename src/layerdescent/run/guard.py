@@ -20,7 +20,7 @@ import torchmetrics
 
 from layerdescent.errors import ConfigError, LayerdescentError, PluginError
 from layerdescent.registry import Registry, get_registry
-from layerdescent.task import LayerOutput, Task, columns
+from layerdescent.task import MAX_LAYERS, LayerOutput, Task, columns
 
 SPLITS = ("train", "validation", "test")
 
@@ -95,6 +95,10 @@ class CheckedTask:
                 value = self._task.num_layers
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise PluginError(f"{self._who}: num_layers is {value!r}, not an integer >= 1")
+            if value > MAX_LAYERS:  # a typo in a depth option, or a model that is not one: building it would not end
+                raise ConfigError(
+                    f"{self._who}: num_layers is {value:,}; layerdescent trains at most {MAX_LAYERS} layers (lower the task's depth option)"
+                )
             self._layers = value
         return self._layers
 
