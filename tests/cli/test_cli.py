@@ -531,3 +531,95 @@ def test_a_plugin_command_runs_its_errors_are_one_line_and_a_built_in_name_stays
     assert cli.main(["refuse"]) == 2 and capsys.readouterr().err == "layerdescent: error: refuse takes nothing here; try hello\n"
     assert "plugin 'greetings' registers command 'run', which is built in; the built-in one is kept" in caplog.text
     assert plugins.owner[("Command", "compare")] == "layerdescent.cli.compare"  # compare takes the plugins' path
+
+
+@pytest.fixture
+def two_variants(tmp_path):
+    """A bench folder of two variants over two seeds (results.json alone)."""
+    from helpers import fake_results
+
+    root = tmp_path / "b1"
+    for label, solver in (("erm", "erm"), ("primal-dual", "primal-dual")):
+        for seed in (0, 1):
+            run = root / label / f"seed-{seed}"
+            run.mkdir(parents=True)
+            (run / "results.json").write_text(json.dumps(fake_results(label, solver, seed, 1.0 + seed, 2.0 - 0.1 * seed, 0.002)))
+    return root
+
+
+def _compare_out(root, out) -> tuple[int, str]:
+    import contextlib
+    import io
+
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        status = main(["compare", str(root), "primal-dual", "erm", "--out", str(out)])
+    return status, err.getvalue()
+
+
+def test_compare_out_writes_a_new_file_and_replaces_its_own(two_variants, tmp_path):
+    out = tmp_path / "new" / "folder" / "compare.md"  # a missing parent is made, as run --out makes its folder
+    assert _compare_out(two_variants, out)[0] == 0
+    first = out.read_text()
+    assert first.startswith("# primal-dual − erm") and "Made by `layerdescent compare " in first
+    assert _compare_out(two_variants, out)[0] == 0 and out.read_text() == first
+
+
+def _symlink(tmp_path, out):
+    victim = tmp_path / "victim.md"
+    victim.write_text("mine\n")
+    out.symlink_to(victim)
+    return victim
+
+
+def _user_file(tmp_path, out):
+    out.write_text("my notes\n")
+    return out
+
+
+def _fifo(tmp_path, out):
+    os.mkfifo(out)
+    return None
+
+
+COMPARE_OUT_CASES = {
+    "symlink": (_symlink, "is a symbolic link"),
+    "users-file": (_user_file, "is a file layerdescent did not write"),
+    "directory": (lambda tmp_path, out: out.mkdir() or None, "is a directory: --out a file in it"),
+    "fifo": (_fifo, "is not a plain file"),
+}
+
+
+@pytest.mark.parametrize("make, message", COMPARE_OUT_CASES.values(), ids=COMPARE_OUT_CASES.keys())
+def test_compare_out_refuses_what_run_out_refuses_in_one_line_and_touches_nothing(two_variants, tmp_path, make, message):
+    out = tmp_path / "compare.md"
+    kept = make(tmp_path, out)
+    before = kept.read_text() if kept else None
+    status, err = _compare_out(two_variants, out)
+    assert status == 2 and err.count("layerdescent: error: ") == 1 and "Traceback" not in err and message in err, err
+    if kept:
+        assert kept.read_text() == before
+
+
+def test_compare_out_onto_a_runs_results_json_is_refused_and_the_bench_still_reports(two_variants, capsys):
+    results = two_variants / "erm" / "seed-0" / "results.json"
+    before = results.read_text()
+    status, err = _compare_out(two_variants, results)
+    assert status == 2 and "is a file layerdescent did not write" in err
+    assert results.read_text() == before
+    assert main(["report", str(two_variants)]) == 0
+
+
+def test_compare_out_over_a_file_that_cannot_be_replaced_is_one_line(two_variants, tmp_path, monkeypatch):
+    out = tmp_path / "compare.md"
+    assert _compare_out(two_variants, out)[0] == 0
+    before = out.read_text()
+
+    def immutable(src, dst):  # what chattr +i, or a folder made read-only, answers
+        raise PermissionError(1, "Operation not permitted", str(dst))
+
+    monkeypatch.setattr(os, "replace", immutable)
+    status, err = _compare_out(two_variants, out)
+    assert status == 2 and err.count("layerdescent: error: ") == 1 and "Traceback" not in err, err
+    assert "cannot be written: Operation not permitted (nothing was written)" in err and out.read_text() == before
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".compare.md")] == []  # no temporary file left

@@ -6,6 +6,7 @@ import errno
 import os
 import stat
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -103,6 +104,34 @@ def write_atomic(path: Path, text: str | bytes) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def write_output(path: Path, text: str, ours: Callable[[str], bool], what: str = "--out") -> None:
+    """Write a file a command was told to write (``compare --out``) as a run writes its own: atomically, never through a link, never over a file that ``ours`` does not recognise from its first 4 KiB."""
+    path = Path(path)
+    usable_dir(path.parent, f"{what} {path}: its folder")
+    try:
+        info = os.lstat(path)
+    except FileNotFoundError:
+        info = None
+    if info is not None:
+        if stat.S_ISLNK(info.st_mode):
+            raise ConfigError(
+                f"{what} {path} is a symbolic link; layerdescent writes only files of its own: remove the link, or --out another path"
+            )
+        if stat.S_ISDIR(info.st_mode):
+            raise ConfigError(f"{what} {path} is a directory: --out a file in it, e.g. {path / 'compare.md'}")
+        fd = open_own(path, os.O_RDONLY | os.O_NONBLOCK)  # a pipe or a device is refused before anything reads it
+        with os.fdopen(fd, "rb") as handle:
+            head = handle.read(4096).decode("utf-8", errors="replace")
+        if not ours(head):
+            raise ConfigError(
+                f"{what} {path} is a file layerdescent did not write, which this would replace: move it away, or --out another path (nothing was written)"
+            )
+    try:
+        write_atomic(path, text)
+    except OSError as exc:
+        raise ConfigError(f"{what} {path} cannot be written: {exc.strerror or exc} (nothing was written)") from None
 
 
 def open_log(path: Path) -> Any:
