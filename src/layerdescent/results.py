@@ -74,6 +74,15 @@ def _record(record: Any, where: str, layers: int) -> None:
         _numbers(values, f"{where}.layer_metrics.{name}", layers + 1)
 
 
+def record_problem(record: Any, where: str, layers: int) -> str | None:
+    """What is wrong with one gamma record (a type, a range, a count that does not fit ``layers``), or None when it fits the schema."""
+    try:
+        _record(record, where, layers)
+    except _Bad as exc:
+        return str(exc)
+    return None
+
+
 def _check(data: dict[str, Any]) -> None:
     for key in ("label", "task", "solver"):
         _text(data.get(key), key)

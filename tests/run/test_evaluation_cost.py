@@ -86,12 +86,79 @@ def test_an_evaluation_interrupted_after_a_record_resumes_at_the_next_with_the_s
     assert not (tmp_path / "cut" / layout.EVALUATION_PARTIAL).exists()  # results.json holds every record now
 
 
+def _record(gamma: float) -> dict:
+    return {"gamma": gamma, "layer_loss": [1.0, 0.5], "descent_rate": [1.0], "metrics": {}}
+
+
 def test_a_saved_evaluation_of_another_model_is_not_reused(tmp_path):
-    rundir.save_partial_evaluation(tmp_path, {"step": 8, "epoch": 1, "eval": {}}, {"gammas": [{"gamma": 0.0}]})
-    assert rundir.partial_evaluation(tmp_path, {"step": 8, "epoch": 1, "eval": {}}) == {"gammas": [{"gamma": 0.0}]}
-    assert rundir.partial_evaluation(tmp_path, {"step": 16, "epoch": 2, "eval": {}}) is None
+    key = {"step": 8, "epoch": 1, "eval": {}}
+    rundir.save_partial_evaluation(tmp_path, key, {"gammas": [_record(0.0)]})
+    assert rundir.partial_evaluation(tmp_path, key, [0.0, 1.0], [], 1) == ({"gammas": [_record(0.0)], "eval_seconds": 0.0}, None)
+    assert rundir.partial_evaluation(tmp_path, {"step": 16, "epoch": 2, "eval": {}}, [0.0, 1.0], [], 1) == (None, None)
     (tmp_path / layout.EVALUATION_PARTIAL).write_text("{not json")
-    assert rundir.partial_evaluation(tmp_path, {"step": 8, "epoch": 1, "eval": {}}) is None  # damaged: evaluate again
+    done, line = rundir.partial_evaluation(tmp_path, key, [0.0, 1.0], [], 1)
+    assert done is None and "is damaged (not JSON): the evaluation starts again" in line
+
+
+def _edit_loss(saved):
+    saved["evaluation"]["gammas"][0]["layer_loss"][0] = 0.0  # the checksum no longer matches
+
+
+def _append_gamma(saved):
+    saved["evaluation"]["gammas"].insert(1, {**saved["evaluation"]["gammas"][0], "gamma": 0.9})
+    del saved["sha256"]  # as a file written before the checksum: the records alone are checked
+
+
+def _mistype(saved):
+    saved["evaluation"]["gammas"][1]["layer_loss"] = "x"
+    del saved["sha256"]
+
+
+def _unknown_domain(saved):
+    saved["evaluation"]["domains"] = {"elsewhere": saved["evaluation"]["gammas"]}
+    del saved["sha256"]
+
+
+TAMPERED = {
+    "loss-edited-to-0": (_edit_loss, "was changed since it was written (its checksum differs): the evaluation starts again", 3),
+    "a-record-for-gamma-0.9-appended": (_append_gamma, "gammas[1] is a record for gamma 0.9, where eval.gammas[1] is 0.5", 2),
+    "a-mistyped-field": (_mistype, "gammas[1].layer_loss is 'x', not a list of numbers", 2),
+    "a-domain-not-asked-for": (_unknown_domain, "domain 'elsewhere' was not asked for (eval.domains)", 1),
+}
+
+
+@pytest.mark.parametrize("edit, line, again", TAMPERED.values(), ids=TAMPERED.keys())
+def test_a_saved_evaluation_that_does_not_fit_is_evaluated_again_with_one_line(tmp_path, tiny, monkeypatch, capsys, edit, line, again):
+    whole = ld.train(_config(tiny), tmp_path / "whole")
+    original = rundir.save_partial_evaluation
+
+    def save_then_die(run_dir, key, evaluation):
+        original(run_dir, key, evaluation)
+        if len(evaluation["gammas"]) == 2:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(rundir, "save_partial_evaluation", save_then_die)
+    with pytest.raises(KeyboardInterrupt):
+        ld.train(_config(tiny), tmp_path / "cut")
+    monkeypatch.setattr(rundir, "save_partial_evaluation", original)
+    partial = tmp_path / "cut" / layout.EVALUATION_PARTIAL
+    saved = json.loads(partial.read_text())
+    edit(saved)
+    partial.write_text(json.dumps(saved))
+    evaluated = []
+    original_losses = SparseCoding.layer_losses
+
+    def count(self, model, batch, gamma=0.0):
+        evaluated.append(gamma)
+        return original_losses(self, model, batch, gamma)
+
+    monkeypatch.setattr(SparseCoding, "layer_losses", count)
+    capsys.readouterr()
+    resumed = ld.train(_config(tiny), tmp_path / "cut", resume=True)
+    err = capsys.readouterr().err
+    assert line in err and err.count("layerdescent: ") == 1, err
+    assert evaluated == [g for g in GAMMAS[3 - again :] for _ in range(3)]  # what did not fit, and what follows it, again
+    assert _numbers(resumed) == _numbers(whole)
 
 
 def test_a_report_reads_runs_with_and_without_the_evaluation_cost(tmp_path, tiny):

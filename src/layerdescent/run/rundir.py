@@ -11,12 +11,15 @@ how each file is written :mod:`layerdescent.run.files`'s, and the results.json i
 
 from __future__ import annotations
 
+import math
 import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from layerdescent.errors import CheckpointError, ConfigError, LayerdescentError
 from layerdescent.options import flat_keys
+from layerdescent.results import record_problem
 from layerdescent.run.config import config_from_dict
 from layerdescent.run.config_file import read_toml
 from layerdescent.run.files import open_own, write_atomic
@@ -162,24 +165,89 @@ def _log_problem(kept: bytes) -> str | None:
     return None
 
 
-def partial_evaluation(run_dir: Path, key: dict[str, Any]) -> dict[str, Any] | None:
-    """The records an interrupted evaluation of the same model under the same eval config saved, or None (none, another's, or unreadable: evaluate again)."""
+def partial_evaluation(
+    run_dir: Path, key: dict[str, Any], gammas: Sequence[float], domains: Sequence[str], layers: int
+) -> tuple[dict[str, Any] | None, str | None]:
+    """The records an interrupted evaluation of the same model under the same eval config saved, checked as strictly as results.json, and a line saying what was dropped.
+
+    Each set keeps its records up to the first that does not fit: a type or range the schema
+    refuses, another gamma than ``gammas`` asks for at that place, a set not asked for, or a file
+    changed since it was written (its checksum). Those are evaluated again. None where there is
+    nothing to resume (no file, another model's or another eval config's).
+    """
     import json
 
+    path = run_dir / EVALUATION_PARTIAL
     try:
-        saved = json.loads((run_dir / EVALUATION_PARTIAL).read_text())
+        saved = json.loads(path.read_text())
+    except FileNotFoundError:
+        return None, None
     except (OSError, ValueError):
-        return None
-    if not isinstance(saved, dict) or saved.get("key") != key or not isinstance(saved.get("evaluation"), dict):
-        return None
-    return saved["evaluation"]
+        return None, f"{path} is damaged (not JSON): the evaluation starts again"
+    if not isinstance(saved, dict) or saved.get("key") != key:
+        return None, None
+    evaluation = saved.get("evaluation")
+    if not isinstance(evaluation, dict):
+        return None, f"{path} holds no table of records: the evaluation starts again"
+    if "sha256" in saved and saved["sha256"] != _digest(evaluation):
+        return None, f"{path} was changed since it was written (its checksum differs): the evaluation starts again"
+    dropped: list[str] = []
+    kept: dict[str, Any] = {"gammas": _fitting(evaluation.get("gammas"), gammas, layers, "gammas", dropped)}
+    recorded = evaluation.get("domains", {})
+    if not isinstance(recorded, dict):
+        dropped.append(f"domains is {type(recorded).__name__}, not a table of records")
+        recorded = {}
+    for name, records in recorded.items():
+        if name not in domains:
+            dropped.append(f"domain {name!r} was not asked for (eval.domains)")
+            continue
+        if fitting := _fitting(records, gammas, layers, f"domains.{name}", dropped):
+            kept.setdefault("domains", {})[name] = fitting
+    seconds = evaluation.get("eval_seconds", 0.0)
+    fits = isinstance(seconds, (int, float)) and not isinstance(seconds, bool) and math.isfinite(seconds) and seconds >= 0
+    kept["eval_seconds"] = float(seconds) if fits else 0.0
+    if not fits:
+        dropped.append(f"eval_seconds is {seconds!r}, not a time")
+    if not dropped:
+        return kept, None
+    more = f" ({len(dropped) - 1} more like it)" if len(dropped) > 1 else ""
+    return kept, f"{path}: {dropped[0]}; what does not fit is evaluated again{more}"
+
+
+def _fitting(records: Any, gammas: Sequence[float], layers: int, where: str, dropped: list[str]) -> list[dict[str, Any]]:
+    """The leading records of one set that fit the schema and the gammas asked for, in order; the first that does not is noted in ``dropped``."""
+    if records is None:
+        return []
+    if not isinstance(records, list):
+        dropped.append(f"{where} is {type(records).__name__}, not a list of records")
+        return []
+    kept = []
+    for i, record in enumerate(records):
+        problem = record_problem(record, f"{where}[{i}]", layers)
+        if problem is None and i >= len(gammas):
+            problem = f"{where}[{i}] is a record for gamma {record['gamma']:g}, which eval.gammas does not ask for"
+        elif problem is None and record["gamma"] != gammas[i]:
+            problem = f"{where}[{i}] is a record for gamma {record['gamma']:g}, where eval.gammas[{i}] is {gammas[i]:g}"
+        if problem is not None:
+            dropped.append(problem)
+            break
+        kept.append(record)
+    return kept
+
+
+def _digest(evaluation: dict[str, Any]) -> str:
+    """The checksum a partial evaluation is saved with, so that an edit is seen."""
+    import hashlib
+    import json
+
+    return hashlib.sha256(json.dumps(evaluation, sort_keys=True).encode()).hexdigest()
 
 
 def save_partial_evaluation(run_dir: Path, key: dict[str, Any], evaluation: dict[str, Any]) -> None:
-    """Record the evaluation's records so far under ``key``, replacing the file whole."""
+    """Record the evaluation's records so far under ``key``, with their checksum, replacing the file whole."""
     import json
 
-    write_atomic(run_dir / EVALUATION_PARTIAL, json.dumps({"key": key, "evaluation": evaluation}) + "\n")
+    write_atomic(run_dir / EVALUATION_PARTIAL, json.dumps({"key": key, "evaluation": evaluation, "sha256": _digest(evaluation)}) + "\n")
 
 
 def final_model_file(run_dir: Path, config: Any) -> Path:

@@ -286,7 +286,9 @@ class Trainer:
         config, world = self.config, session.world
         # the model evaluated is the one this position trained (or its best epoch), under this eval config
         key = {"step": position.step, "epoch": position.epoch, "eval": config.as_dict()["eval"]}
-        done = rundir.partial_evaluation(self.run_dir, key)
+        done, dropped = rundir.partial_evaluation(self.run_dir, key, config.eval.gammas, config.eval.domains, self.task.num_layers)
+        if dropped and world.is_main:
+            print(f"layerdescent: {dropped}", file=sys.stderr, flush=True)
         if done and shown:
             taken = len(done.get("gammas", [])) + sum(len(r) for r in done.get("domains", {}).values())
             print(
