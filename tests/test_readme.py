@@ -63,6 +63,19 @@ def test_readme_run_example_is_at_the_defaults_except_where_it_says_and_trains(t
     assert results["solver"] == "primal-dual" and [g["gamma"] for g in results["gammas"]] == [0.0, 0.5]
 
 
+def test_readme_run_example_as_written_descends_at_every_layer_on_test_and_the_readme_says_where_noise_breaks_it(tmp_path):
+    table = tomllib.loads(BLOCKS["readme-run"].code)
+    table["train"]["progress"] = False
+    results = ld.train(ld.config_from_dict(table), tmp_path / "run")
+    clean, noisy = (record["layer_loss"] for record in results["gammas"])
+    assert all(b < a for a, b in zip(clean, clean[1:]))  # test loss falls at every layer
+    rises = [k for k in range(1, len(noisy)) if noisy[k] > noisy[k - 1]]
+    text = " ".join(README.read_text().split())
+    said = f"falls at every layer, from {clean[0]:.4f} (layer 0, the input's estimate) to {clean[-1]:.4f} after layer 8"
+    assert said in text, said
+    assert rises == [6, 7] and f"to {min(noisy):.4f} by layer 5, then rises at layers 6 and 7 and ends at {noisy[-1]:.4f}" in text
+
+
 def test_readme_loop_example_trains_under_descent_constraints_exactly_as_written():
     torch.manual_seed(0)
     namespace = run_python(BLOCKS["readme-loop"])

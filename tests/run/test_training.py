@@ -270,3 +270,19 @@ def test_a_cosine_schedule_resumes_exactly_also_from_a_checkpoint_written_before
         save_checkpoint(checkpoint, state)
     resumed = ld.train(config, tmp_path / "resumed", resume=True)
     assert resumed["gammas"] == whole["gammas"] and resumed["train"]["steps"] == whole["train"]["steps"]
+
+
+@pytest.mark.parametrize("code_dim, threads", [(32, 1), (1024, 2)], ids=["small-model-one-thread", "large-model-every-core"])
+def test_threads_0_trains_a_small_model_on_one_thread_and_a_large_one_on_every_core(code_dim, threads, monkeypatch):
+    import copy
+
+    from conftest import TINY
+
+    table = copy.deepcopy(TINY)
+    table["task"].update(code_dim=code_dim, measure_dim=code_dim, layers=2)
+    torch.set_num_threads(2)
+    try:
+        ld.build_session(ld.config_from_dict(table))
+        assert torch.get_num_threads() == threads
+    finally:
+        torch.set_num_threads(1)  # the suite's one thread

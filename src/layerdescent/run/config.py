@@ -102,7 +102,7 @@ class TrainConfig:
     gamma_sampling: Literal["draw", "all"] = "draw"
     """With a band: `draw` one level per micro-batch, or take `all` levels in every step."""
     threads: int = 0
-    """Torch threads; 0 keeps torch's default (every core)."""
+    """Torch threads; 0: one for a model under 500k parameters (its steps are too short to share), else torch's default (every core)."""
     device: Literal["auto", "cpu", "cuda"] = "auto"
     """`auto` takes a GPU when there is one."""
     precision: Literal["fp32", "bf16"] = "fp32"
@@ -153,7 +153,7 @@ class TrainConfig:
         _require(
             self.threads <= MAX_THREADS,
             "train.threads",
-            f"must be at most {MAX_THREADS} (this machine has {os.cpu_count()} cores; 0 keeps torch's default), got {self.threads}",
+            f"must be at most {MAX_THREADS} (this machine has {os.cpu_count()} cores; 0 chooses), got {self.threads}",
         )
         # whether each tracker is registered and its package installed is checked when a run trains
         # (check_trackers), so that report and evaluate still read a recorded run on a machine without it

@@ -25,6 +25,12 @@ from layerdescent.run.data import Rows
 from layerdescent.run.guard import build_task, calling
 
 
+# Below this many parameters train.threads = 0 trains on one thread: on 2 CPUs lista's 50k-parameter model took
+# 5.5 ms an erm step on one thread and 7.1 ms on two, a 3.1M-parameter one 78 ms on one and 63 ms on two
+# (python benchmarks/cost.py --task lista --out benchmarks/results/lista/cost.md).
+SMALL_MODEL = 500_000
+
+
 def seed_everything(seed: int) -> None:
     """Seed python, numpy and torch."""
     random.seed(seed)
@@ -214,6 +220,8 @@ def build_session(config: RunConfig, task: Any = None, registry: Registry | None
         rows[split] = Rows(splits[split])
         rows[split].check_finite(split)
     model = task.build_model().to(device)
+    if not train.threads and device.type == "cpu" and sum(p.numel() for p in model.parameters()) < SMALL_MODEL:
+        torch.set_num_threads(1)  # a small model's steps are too short to share: a second thread only adds its overhead
     if train.dropout is not None:
         set_dropout(model, train.dropout, task.name)
     if world.rank:  # the same initial model everywhere, independent perturbations per rank
