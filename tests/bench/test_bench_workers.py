@@ -62,11 +62,59 @@ def test_killing_a_bench_with_two_workers_kills_its_workers(tmp_path):
         assert len(workers) == 2 and proc.pid not in workers, "both workers should be training, each holding its run's lock"
         proc.send_signal(signal.SIGKILL)
         proc.wait()
-        deadline = time.time() + 20
+        deadline = time.time() + 2  # the workers notice within 2 s
         while time.time() < deadline and any(alive(pid) for pid in workers):
-            time.sleep(0.1)
-        assert not any(alive(pid) for pid in workers), "a worker outlived its bench"
+            time.sleep(0.05)
+        assert not any(alive(pid) for pid in workers), "a worker outlived its bench by 2 s"
         assert session_members(proc.pid) == [], "a process of the bench outlived it"
+    finally:
+        for pid in session_members(proc.pid):
+            os.kill(pid, signal.SIGKILL)  # only the processes this test started
+        if proc.poll() is None:
+            proc.kill()
+
+
+def _two_workers_training(tmp_path, *argv: str) -> tuple[subprocess.Popen, set[int], Path]:
+    """``layerdescent ARGV`` started in a session of its own, once both of its workers train (each holds its run's lock)."""
+    out = tmp_path / "out"
+    proc = subprocess.Popen(
+        [*LAYERDESCENT, *argv, "--out", str(out)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
+    deadline, workers = time.time() + 240, set()
+    while time.time() < deadline and len(workers) < 2 and proc.poll() is None:
+        locks = list(out.glob(f"*/seed-*/{layout.LOCK}"))
+        workers = {int(text) for lock in locks if lock.exists() and (text := lock.read_text().strip())}
+        time.sleep(0.2)
+    assert len(workers) == 2 and proc.pid not in workers, "both workers should be training, each holding its run's lock"
+    return proc, workers, out
+
+
+@pytest.mark.parametrize(
+    "command, sig, status",
+    [("bench", signal.SIGINT, 130), ("bench", signal.SIGTERM, 143), ("demo", signal.SIGINT, 130)],
+    ids=["bench-SIGINT", "bench-SIGTERM", "demo-SIGINT"],
+)
+def test_a_signal_to_the_main_process_alone_stops_every_worker_within_seconds_and_leaves_the_runs_resumable(tmp_path, command, sig, status):
+    if command == "bench":
+        long = with_(with_(with_(RUN, "train.epochs", 10_000), "task.train_size", 512), "train.checkpoint_every", 5)
+        bench = {**long, "bench": {"seeds": [0], "variants": {"erm": {"solver": {"name": "erm"}}, "primal-dual": {}}}}
+        argv = ("bench", str(config_file(tmp_path, bench, "bench.toml")), "--workers", "2")
+    else:
+        argv = ("demo", "--task", "lista", "--workers", "2", "--set", "train.checkpoint_every=5")
+    proc, workers, out = _two_workers_training(tmp_path, *argv)
+    try:
+        deadline = time.time() + 120  # a few steps, so each run has a checkpoint to resume from
+        while time.time() < deadline and len(list(out.glob("*/seed-*/checkpoint.pt"))) < 2:
+            time.sleep(0.2)
+        proc.send_signal(sig)  # the main process alone, as `kill` sends it
+        sent = time.time()
+        _, err = proc.communicate(timeout=120)
+        assert time.time() - sent < 15, f"stopping took {time.time() - sent:.0f} s"  # each worker stops at its run's next step
+        assert proc.returncode == status, err
+        assert "layerdescent: interrupted; the same command again continues from the last checkpoint" in err and "Traceback" not in err, err
+        assert not any(alive(pid) for pid in workers), "a worker trained on after its parent was interrupted"
+        assert not list(out.glob(f"*/seed-*/{layout.FAILURE}"))  # interrupted, not failed: the same command resumes them
+        assert len(list(out.glob("*/seed-*/checkpoint.pt"))) >= 2  # the runs that were training resume from their checkpoints
     finally:
         for pid in session_members(proc.pid):
             os.kill(pid, signal.SIGKILL)  # only the processes this test started

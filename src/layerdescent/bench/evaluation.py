@@ -9,9 +9,8 @@ from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 
 from layerdescent.analysis.report import write_report
-from layerdescent.bench.executors import (
-    worker_init,
-)
+from layerdescent.bench.executors import worker_init
+from layerdescent.bench.executors.watchdog import stopping_workers
 from layerdescent.errors import ConfigError, LayerdescentError
 from layerdescent.registry import Registry
 from layerdescent.run import files, layout, publish, rundir
@@ -54,7 +53,10 @@ def _evaluate_in_pool(
     root: Path, out: Path, todo: list[Path], overrides: list[str], workers: int, on_run: Callable[[Path, str], None] | None
 ) -> None:
     """Evaluate ``todo`` in ``workers`` processes of one torch thread, told as each ends; the first error cancels the rest and is raised."""
-    with ProcessPoolExecutor(min(workers, len(todo)), initializer=worker_init, initargs=(os.getpid(),)) as pool:
+    with (
+        ProcessPoolExecutor(min(workers, len(todo)), initializer=worker_init, initargs=(os.getpid(),)) as pool,
+        stopping_workers(pool),  # an interrupt stops the workers too
+    ):
         jobs = {pool.submit(evaluate_run, run_dir, out / run_dir.relative_to(root), overrides, None, 1): run_dir for run_dir in todo}
         for job in as_completed(jobs):
             if isinstance(job.exception(), BrokenProcessPool):  # a worker killed (by a signal, or out of memory) takes the pool down

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 import logging
+import signal
 import sys
+import threading
 from collections.abc import Sequence
 
 # Only light modules at the top: `--help`, `--version`, `list` and `plugins` must not import torch
@@ -53,16 +55,32 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point; user mistakes end in one line on stderr and exit status 2."""
     args = build_parser().parse_args(argv)
+    in_main = threading.current_thread() is threading.main_thread()
+    if in_main:
+        # a shell starts a background job (`... &`) with SIGINT ignored; `kill -INT` must still stop it as Ctrl-C does
+        previous = {
+            signal.SIGINT: signal.signal(signal.SIGINT, signal.default_int_handler),
+            signal.SIGTERM: signal.signal(signal.SIGTERM, _terminated),
+        }
     try:
         return args.func(args)
     except LayerdescentError as exc:
         for line in str(exc).splitlines() or [type(exc).__name__]:  # several config mistakes: one line each
             print(f"layerdescent: error: {line}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:
         again = getattr(args, "again", None) or ("the same command again" if args.resumable else None)
         print(
             f"layerdescent: interrupted; {again} continues from the last checkpoint" if again else "layerdescent: interrupted",
             file=sys.stderr,
         )
-        return 130
+        return 143 if exc.args == ("SIGTERM",) else 130
+    finally:
+        if in_main:
+            for signum, handler in previous.items():
+                signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
+
+
+def _terminated(signum: int, frame: object) -> None:
+    """SIGTERM stops a command as Ctrl-C does: its workers stopped, every run resumable, one line."""
+    raise KeyboardInterrupt("SIGTERM")

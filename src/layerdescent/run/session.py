@@ -24,7 +24,6 @@ from layerdescent.run.config import RunConfig, TrainConfig, check_depth
 from layerdescent.run.data import Rows
 from layerdescent.run.guard import build_task, calling
 
-
 # Below this many parameters train.threads = 0 trains on one thread: on 2 CPUs lista's 50k-parameter model took
 # 5.5 ms an erm step on one thread and 7.1 ms on two, a 3.1M-parameter one 78 ms on one and 63 ms on two
 # (python benchmarks/cost.py --task lista --out benchmarks/results/lista/cost.md).

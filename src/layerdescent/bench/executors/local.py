@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from layerdescent.bench.executors.base import Executor, RunFailure, environment, run_failure
-from layerdescent.bench.executors.watchdog import worker_init
+from layerdescent.bench.executors.watchdog import stopping_workers, worker_init
 
 
 def _train_one(run: Any, resume: bool) -> None:
@@ -60,6 +60,7 @@ class Local(Executor):
             with (
                 environment(self.env),
                 ProcessPoolExecutor(workers, initializer=worker_init, initargs=(os.getpid(),)) as pool,
+                stopping_workers(pool),  # an interrupt stops the workers too
             ):
                 jobs = {pool.submit(_train_one, run, resume): (run, resume) for run, resume in pending}
                 for job in as_completed(jobs):  # told as each ends

@@ -1,17 +1,23 @@
-"""A worker's life tied to its parent's: a killed bench or evaluation leaves no run training."""
+"""A worker's life tied to its parent's: a killed bench or evaluation leaves no run training, an interrupted one stops its workers."""
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import signal
 import sys
 import threading
 import time
+from collections.abc import Iterator
+from concurrent.futures import ProcessPoolExecutor
 
 from layerdescent.run import progress
 
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+STOP_GRACE = 10.0  # seconds an interrupted worker has to stop at its run's next step before it is killed
 
 
 def _watch_parent(parent: int) -> None:
@@ -19,7 +25,26 @@ def _watch_parent(parent: int) -> None:
     while True:
         if os.getppid() != parent:
             os._exit(1)
-        time.sleep(1.0)
+        time.sleep(0.2)  # within the 2 s a user waits for a killed bench's workers to go
+
+
+@contextlib.contextmanager
+def stopping_workers(pool: ProcessPoolExecutor) -> Iterator[None]:
+    """Pass an interrupt of the parent (Ctrl-C, or SIGTERM as the CLI turns it) on to ``pool``'s workers: runs not started never start, those training stop as a Ctrl-C stops them, resumable from their last checkpoint."""
+    try:
+        yield
+    except KeyboardInterrupt:
+        workers = [process for process in list((getattr(pool, "_processes", None) or {}).values()) if process.is_alive()]
+        pool.shutdown(wait=False, cancel_futures=True)  # (it forgets the processes: they were taken first)
+        for process in workers:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(process.pid, signal.SIGINT)
+        deadline = time.monotonic() + STOP_GRACE
+        for process in workers:
+            process.join(max(deadline - time.monotonic(), 0.0))
+            if process.is_alive():  # stuck where Python cannot raise: its checkpoint is atomic, so killing it loses nothing saved
+                process.kill()
+        raise
 
 
 def worker_init(parent: int) -> None:
