@@ -106,6 +106,9 @@ def _check(data: dict[str, Any]) -> None:
         raise _Bad(f"train is {train!r}, not a table")
     if train.get("step_time_median") is not None:
         _number(train["step_time_median"], "train.step_time_median", low=0)
+    for key in ("steps", "epochs", "skipped_steps"):  # counts a summary and the cost table read
+        if key in train:
+            _integer(train[key], f"train.{key}")
     if "eval_seconds" in data:  # absent from runs before evaluations were timed
         _number(data["eval_seconds"], "eval_seconds", low=0)
     work = data.get("eval_workload", {})

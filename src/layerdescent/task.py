@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import abc
-import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from layerdescent.errors import ConfigError
 
+MAX_GAMMA = 1e6  # a perturbation level past this overflows float32 losses (inf, then NaN at the first step), whatever the learning rate
 MAX_LAYERS = 1024  # deeper than any model the tasks train (an LLM's ~30 blocks); a config past it is a typo, and building it would not end
 
 if TYPE_CHECKING:  # torch and friends load when a task is used, not when a plugin registers it
@@ -56,7 +56,7 @@ class Task(abc.ABC):
     # {"gaussian": "Gaussian embedding noise, std = γ × RMS"}; one not listed shows its name.
     perturbation_titles: ClassVar[dict[str, str]] = {}
     # The gammas each perturbation accepts, (low, high) inclusive, e.g. {"substitute": (0.0, 1.0)}
-    # for a probability; eval.gammas and train.train_gamma outside it are refused. Unlisted: any gamma >= 0.
+    # for a probability; eval.gammas and train.train_gamma outside it are refused. Unlisted: 0 to MAX_GAMMA.
     gamma_ranges: ClassVar[dict[str, tuple[float, float]]] = {}
     # Extra evaluation sets that share the task's labels (a real distribution shift), by name;
     # ``eval.domains`` picks among them and ``domain_dataset`` builds one.
@@ -109,7 +109,7 @@ class Task(abc.ABC):
 
     def check_gammas(self, gammas: Iterable[float], key: str) -> None:
         """Raise ConfigError naming ``key`` if a gamma lies outside the range of this task's perturbation."""
-        low, high = self.gamma_ranges.get(self.perturbation, (0.0, math.inf))
+        low, high = self.gamma_ranges.get(self.perturbation, (0.0, MAX_GAMMA))
         bad = [g for g in gammas if not low <= g <= high]
         if bad:
             meaning = self.perturbation_titles.get(self.perturbation)

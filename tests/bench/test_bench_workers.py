@@ -143,5 +143,7 @@ def test_a_failed_run_is_reported_as_it_ends_and_the_others_finish_with_a_summar
         "1 of 2 runs failed; "
     ) and "diverges seed 0: DivergenceError: step 0: multiplier of constraint 'descent' exploded" in str(failed.value)
     assert "(1 diverged: retried, each diverges again where it did; change the setting its error names" in str(failed.value)
-    assert ("erm", "trained") in told and any(v == "diverges" and s.startswith("failed: DivergenceError") for v, s in told)
+    assert ("erm", "trained") in told and any(
+        v == "diverges" and s == "failed (DivergenceError; the error and its log close the bench's output)" for v, s in told
+    )
     assert (out / "erm" / "seed-0" / "results.json").exists() and (out / "summary.md").exists()

@@ -623,3 +623,31 @@ def test_compare_out_over_a_file_that_cannot_be_replaced_is_one_line(two_variant
     assert status == 2 and err.count("layerdescent: error: ") == 1 and "Traceback" not in err, err
     assert "cannot be written: Operation not permitted (nothing was written)" in err and out.read_text() == before
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".compare.md")] == []  # no temporary file left
+
+
+def _edit_runs(root, label, change):
+    for path in sorted((root / label).glob("seed-*/results.json")):
+        path.write_text(json.dumps(change(json.loads(path.read_text()))))
+
+
+def _deeper(data: dict) -> dict:
+    for record in data["gammas"]:
+        record["layer_loss"].append(record["layer_loss"][-1])
+        record["descent_rate"].append(1.0)
+    return {**data, "num_layers": data["num_layers"] + 1}
+
+
+def test_compare_of_a_variant_with_itself_or_across_perturbations_is_one_line_and_depths_are_said(two_variants, capsys):
+    assert main(["compare", str(two_variants), "erm", "erm"]) == 2
+    assert "A and B are both 'erm': a variant minus itself is 0 everywhere" in capsys.readouterr().err
+    _edit_runs(two_variants, "primal-dual", _deeper)
+    assert main(["compare", str(two_variants), "primal-dual", "erm"]) == 0
+    assert "**primal-dual has 3 layers, erm 2**: each is read at its own last layer." in capsys.readouterr().out
+    _edit_runs(two_variants, "erm", lambda data: {**data, "perturbation": "impulse"})
+    assert main(["compare", str(two_variants), "primal-dual", "erm"]) == 2
+    assert "the same gamma is another noise in each, so their differences mean nothing" in capsys.readouterr().err
+
+
+def test_config_defaults_for_an_empty_task_name_is_refused_not_read_as_lista(capsys):
+    assert main(["config", "--defaults", "--task", ""]) == 2
+    assert "unknown task ''" in capsys.readouterr().err

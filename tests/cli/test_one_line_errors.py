@@ -8,6 +8,7 @@ matters (a segfault, a device file, an allocation that must fail) run the consol
 from __future__ import annotations
 
 import contextlib
+import errno
 import io
 import json
 import os
@@ -46,6 +47,7 @@ CONFIG_CASES = {
     "epochs-past-int64": (with_(RUN, "train.epochs", 2**64), "train.epochs must be at most 1,000,000"),
     "batch_size-2**40": (with_(RUN, "train.batch_size", 2**40), "train.batch_size must be at most 2,147,483,647"),
     "eval-batch_size-2**40": (with_(RUN, "eval.batch_size", 2**40), "eval.batch_size must be at most 2,147,483,647"),
+    "train_gamma-1e308": (with_(RUN, "train.train_gamma", [1e308]), "train.train_gamma: 1e+308 outside [0, 1e+06]"),
     "layers-10**12": (with_(RUN, "task.layers", 10**12), "task.layers = 1,000,000,000,000 is more than this task builds (at most 1,024)"),
     "layers-2**63": (with_(RUN, "task.layers", 2**63 - 1), "task.layers = 9,223,372,036,854,775,807 is more than this task builds"),
     "layers-100000": (with_(RUN, "task.layers", 100_000), "task.layers = 100,000 is more than this task builds (at most 1,024)"),
@@ -146,7 +148,6 @@ def test_an_output_directory_that_cannot_be_one_is_one_line(tmp_path, make, mess
 
 
 def test_a_full_disk_is_one_line_that_says_the_checkpoint_is_intact(tmp_path, monkeypatch):
-    import errno
 
     import layerdescent.run.checkpoint as checkpoint
 
@@ -166,14 +167,28 @@ def test_a_full_disk_is_one_line_that_says_the_checkpoint_is_intact(tmp_path, mo
     assert checkpoint.load_checkpoint(tmp_path / "out" / "checkpoint.pt", "lista", kind="run")["position"]["epoch"] == 1
 
 
+def test_a_full_disk_before_the_first_checkpoint_says_to_run_again_not_resume(tmp_path, monkeypatch):
+    import layerdescent.run.checkpoint as checkpoint
+
+    def save(obj, handle):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(checkpoint.torch, "save", save)
+    assert_one_line(
+        *cli("run", config_file(tmp_path, RUN), "--out", tmp_path / "out"),
+        "No space left on device",
+        "no checkpoint was written yet: free space and run it again",
+    )
+
+
 def test_a_run_folder_made_read_only_mid_run_is_one_line_that_says_the_checkpoint_is_intact(tmp_path, monkeypatch):
     from layerdescent.run import checkpoint
 
     real, calls = checkpoint.tempfile.mkstemp, {"n": 0}
 
     def mkstemp(*args, **kwargs):
-        calls["n"] += 1
-        if calls["n"] == 2:
+        calls["n"] += kwargs.get("prefix", "").startswith(".checkpoint.pt")
+        if calls["n"] == 2:  # the second checkpoint: the first is there to resume from
             raise PermissionError(13, "Permission denied", str(kwargs.get("dir")))
         return real(*args, **kwargs)
 
@@ -471,6 +486,7 @@ SCHEMA_CASES = {
     "num_layers-disagrees": (_edit("num_layers", 5), "gammas[0].layer_loss has 4 entries, but num_layers = 5 needs 6"),
     "seed-a-string": (_edit("seed", "0"), "seed is '0', not an integer"),
     "descent_rate-above-1": (_edit("gammas.0.descent_rate.0", 7), "gammas[0].descent_rate[0] is 7, outside 0..1"),
+    "train-steps-a-string": (_edit("train.steps", "a"), "train.steps is 'a', not an integer"),
 }
 
 

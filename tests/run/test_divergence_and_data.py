@@ -37,6 +37,13 @@ def test_non_finite_loss_stops_and_leaves_the_last_checkpoint_intact(tiny, tmp_p
     assert load_checkpoint(tmp_path / "run" / "checkpoint.pt", "lista")["position"]["step"] == 4
 
 
+def test_a_non_finite_loss_before_any_checkpoint_does_not_claim_one(tiny, tmp_path, monkeypatch):
+    poison(monkeypatch, steps={1})
+    with pytest.raises(ld.DivergenceError, match=r"step 1: non-finite loss, l2 = nan; no checkpoint was written before it \(lower"):
+        ld.train(ld.config_from_dict(tiny), tmp_path / "run")
+    assert not (tmp_path / "run" / "checkpoint.pt").exists()
+
+
 def test_skip_mode_drops_the_bad_step_logs_it_and_finishes(tiny, tmp_path, monkeypatch):
     tiny["train"]["on_nonfinite"] = "skip"
     poison(monkeypatch, steps={3})

@@ -20,9 +20,18 @@ def pair_tables(results: list[dict], a: str, b: str) -> list[str]:
     for label in (a, b):
         if label not in labels:
             raise LayerdescentError(f"no runs labelled {label!r}; the bench's labels are: {', '.join(labels)}")
+    if a == b:
+        raise LayerdescentError(f"A and B are both {a!r}: a variant minus itself is 0 everywhere; name two different variants")
     seeds = sorted({r["seed"] for r in results if r["label"] == a} & {r["seed"] for r in results if r["label"] == b})
     if not seeds:
         raise LayerdescentError(f"{a!r} and {b!r} share no seed, so nothing can be paired")
+    perturbations = {label: sorted({str(r.get("perturbation")) for r in results if r["label"] == label}) for label in (a, b)}
+    if perturbations[a] != perturbations[b]:
+        raise LayerdescentError(
+            f"{a!r} was tested under {' and '.join(perturbations[a])}, {b!r} under {' and '.join(perturbations[b])}: "
+            "the same gamma is another noise in each, so their differences mean nothing; compare runs tested under one perturbation"
+        )
+    depths = {label: sorted({r["num_layers"] for r in results if r["label"] == label}) for label in (a, b)}
     sets = {"test": results, **domain_results(results)}
     value = {
         (r["label"], r["seed"], where, float(g["gamma"]), metric): v
@@ -34,6 +43,10 @@ def pair_tables(results: list[dict], a: str, b: str) -> list[str]:
     gammas = sorted({k[3] for k in value if k[0] in (a, b)})
     metrics = list(dict.fromkeys(k[4] for k in value if k[0] in (a, b)))
     lines = [f"{len(seeds)} paired seeds ({', '.join(map(str, seeds))})."]
+    if depths[a] != depths[b]:
+        lines.append(
+            f"**{a} has {'/'.join(map(str, depths[a]))} layers, {b} {'/'.join(map(str, depths[b]))}**: each is read at its own last layer."
+        )
     if cross_code(made_by_label(results), a, b, seeds):
         lines.append(f"**{a} and {b} were made by different code** (their recorded commits, or the keys their files record, differ).")
     lines.append("")

@@ -12,11 +12,14 @@ def run(args: argparse.Namespace) -> int:
     from layerdescent.run.config_keys import DEFAULT_TASK, defaults_toml, reference_markdown
 
     if args.reference:
-        if args.task or args.solver:
+        if args.task is not None or args.solver is not None:
             raise ConfigError("--reference covers every task and solver; --task and --solver go with --defaults")
         print(reference_markdown(), end="")
     else:
-        print(defaults_toml(args.task or DEFAULT_TASK, args.solver or "primal-dual"), end="")
+        # an empty --task "" names no task: refused as unknown, not read as the default
+        print(
+            defaults_toml(DEFAULT_TASK if args.task is None else args.task, "primal-dual" if args.solver is None else args.solver), end=""
+        )
     return 0
 
 

@@ -23,9 +23,10 @@ def nonfinite(what: str, values: torch.Tensor, labels: list[str]) -> str | None:
     return f"non-finite {what}, {labels[bad]} = {values.flatten()[bad].item()}"
 
 
-def diverged(reason: str) -> DivergenceError:
-    """The error that stops a diverged run, with what to change."""
-    return DivergenceError(f"{reason}; the last checkpoint is intact (lower train.lr or solver.dual_lr, or set train.grad_clip)")
+def diverged(reason: str, checkpoint: bool | None = None) -> DivergenceError:
+    """The error that stops a diverged run, with what to change, and whether a checkpoint is there to go back to (None: the loop keeps its own)."""
+    saved = {True: "; the last checkpoint is intact", False: "; no checkpoint was written before it", None: ""}[checkpoint]
+    return DivergenceError(f"{reason}{saved} (lower train.lr or solver.dual_lr, or set train.grad_clip)")
 
 
 def why_not_finite(seen: Observation, constraint_labels: dict[str, list[str]]) -> str | None:

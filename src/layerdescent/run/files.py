@@ -88,10 +88,10 @@ def write_failure(run_dir: Path, exc: OSError) -> Exception:
         errno.EROFS: "make it writable",
         errno.EFBIG: "raise the file size limit (ulimit -f)",
     }.get(exc.errno, "free space")
-    return DiskError(
-        f"cannot write to {run_dir}: {exc.strerror or exc} ({getattr(exc, 'filename', None) or 'a run file'}); "
-        f"the last checkpoint is intact: {fix} and continue with --resume"
-    )
+    where = f"cannot write to {run_dir}: {exc.strerror or exc} ({getattr(exc, 'filename', None) or 'a run file'}); "
+    if not (run_dir / "checkpoint.pt").exists():  # stopped before its first checkpoint: --resume would start over anyway
+        return DiskError(f"{where}no checkpoint was written yet: {fix} and run it again")
+    return DiskError(f"{where}the last checkpoint is intact: {fix} and continue with --resume")
 
 
 def write_atomic(path: Path, text: str | bytes) -> None:

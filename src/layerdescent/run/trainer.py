@@ -202,7 +202,7 @@ class Trainer:
         config, train, session, position = self.config, self.config.train, loop.session, loop.position
         reason = session.update.end_epoch()
         if reason:
-            raise diverged(f"end of epoch {position.epoch}: {reason}")
+            raise diverged(f"end of epoch {position.epoch}: {reason}", self.checkpoint_path.exists())
         self._log(loop.log, position, session.update)
         if train.validate:
             val = evaluate(
@@ -342,9 +342,9 @@ class Trainer:
         # a scheme that evaluates the batch again (extragradient, or a dual pass after the primal step) re-runs the same micro-batches
         seen = update.step(closure=lambda: session.backward(self.task, group, levels, True, self.band, train, self.who))
         if seen.skipped and train.on_nonfinite != "skip":
-            raise diverged(f"step {step}: {seen.skipped}")
+            raise diverged(f"step {step}: {seen.skipped}", self.checkpoint_path.exists())
         if seen.stop:
-            raise diverged(f"step {step}: {seen.stop}")
+            raise diverged(f"step {step}: {seen.stop}", self.checkpoint_path.exists())
         return seen
 
 

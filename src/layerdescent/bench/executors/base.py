@@ -225,6 +225,11 @@ class RunFailure:
     tail: list[str]
 
 
+def failed_status(failure: RunFailure) -> str:
+    """A failed run's status line as it ends: its error's kind alone, since the bench's closing error gives each failure whole."""
+    return f"failed ({failure.error.split(':', 1)[0]}; the error and its log close the bench's output)"
+
+
 def run_failure(run: Any, out: Path, exc: BaseException) -> RunFailure:
     """What a failed run tells: its own error, and the last lines of its log (of the error, where it kept none)."""
     cause = getattr(exc, "cause", None)  # Ray wraps the run's own exception
@@ -341,7 +346,7 @@ class Executor:
                     finished += 1
                 except Exception as exc:
                     failures.append(run_failure(run, out, exc))
-                    status = f"failed: {failures[-1].error}"
+                    status = failed_status(failures[-1])
                 if on_run:
                     running = sum(1 for _, r in active if log_path(out, r).exists())
                     counts = f"{finished} finished, {running} running, {len(failures)} failed, {len(active) - running + len(queue)} waiting"

@@ -10,7 +10,7 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any
 
-from layerdescent.bench.executors.base import Executor, RunFailure, environment, run_failure
+from layerdescent.bench.executors.base import Executor, RunFailure, environment, failed_status, run_failure
 from layerdescent.bench.executors.watchdog import stopping_workers, worker_init
 
 
@@ -31,7 +31,7 @@ def _settle(
         status = "resumed" if resume else "trained"
     except Exception as exc:
         failures.append(run_failure(run, out, exc))
-        status = f"failed: {failures[-1].error}"
+        status = failed_status(failures[-1])
     if on_run:
         on_run(run, status)
 
