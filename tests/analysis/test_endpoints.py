@@ -284,3 +284,29 @@ def test_a_tuned_variant_against_an_untuned_penalty_is_flagged_whatever_the_labe
     text = write_report(tmp_path, spec=spec).read_text()
     assert "| vtest-primal-dual − vtest-penalty § |" in text  # penalty has layer weights nobody tuned
     assert "| vtest-primal-dual − vtest-erm |" in text  # erm has no settings of its own to tune
+
+
+def test_a_primary_cell_on_a_mean_over_domains_pairs_each_runs_own_mean_within_the_family():
+    from layerdescent.analysis.stats import paired_difference
+
+    # per seed, each run's mse at gamma 1 on domains a and b: primal-dual lower on their mean in every seed
+    domain_mse = {"erm": [(0.50, 0.70), (0.52, 0.66), (0.49, 0.71)], "primal-dual": [(0.40, 0.61), (0.44, 0.58), (0.41, 0.60)]}
+    results = []
+    for label, per_seed in domain_mse.items():
+        for seed, (a, b) in enumerate(per_seed):
+            r = fake_results(label, label, seed, 0.1, 0.5, 0.002)
+            r["domains"] = {
+                name: [{**g, "metrics": {"mse": value if g["gamma"] == 1.0 else 0.1}} for g in r["gammas"]]
+                for name, value in (("a", a), ("b", b))
+            }
+            results.append(r)
+    cells = judge_cells(results, BenchSpec(("erm",)), ("primal-dual",), "mse", False, (1.0,), ("test", "mean(a, b)"))
+    mean_cell = cells[1]
+    assert [c["split"] for c in cells] == ["test", "mean(a, b)"] and mean_cell["baseline"] == "erm"
+    ours = [-(x + y) / 2 for x, y in domain_mse["primal-dual"]]
+    theirs = [-(x + y) / 2 for x, y in domain_mse["erm"]]
+    assert mean_cell["difference"]["mean"] == pytest.approx(paired_difference(ours, theirs)["mean"])
+    assert mean_cell["simultaneous"] == pytest.approx(paired_difference(ours, theirs, level=1 - 0.05 / 2))  # a family of 2
+    assert mean_cell["verdict"] == "better"
+    missing = judge_cells(results, BenchSpec(("erm",)), ("primal-dual",), "mse", False, (1.0,), ("mean(a, nowhere)",))
+    assert missing[0]["verdict"] == "missing"  # no run was evaluated on every domain it names

@@ -7,7 +7,7 @@
     metric = "accuracy"
     higher_is_better = true
     gammas = [0.0, 1.6, 3.2]
-    splits = ["test"]                       # "test" and/or evaluation domains (default ["test"])
+    splits = ["test"]                       # "test", evaluation domains, or "mean(a, b)": each run's mean over domains a and b
     variants = ["primal-dual"]              # the pre-registered setting(s), judged against the baselines
     adopted = ["alpha=0.2"]                 # optional: a setting tuned afterwards, reported beside, never instead
 
@@ -26,7 +26,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from layerdescent.analysis.groups import baseline_group, domain_results, summarize
+from layerdescent.analysis.groups import baseline_group, domain_mean_results, domain_results, mean_domains, summarize
 from layerdescent.analysis.stats import holm, paired_difference
 from layerdescent.errors import ConfigError
 from layerdescent.registry import get_registry
@@ -163,7 +163,11 @@ def judge_cells(
     A cell a variant, split or gamma the runs lack is still counted in the family (m) and marked
     missing, so an unfinished bench never looks like a smaller family.
     """
-    views = views if views is not None else split_views(results)
+    views = dict(views if views is not None else split_views(results))
+    for split in splits:  # a mean over domains ("mean(carphone, bikes)") is a view of its own
+        if split not in views and (domains := mean_domains(split)):
+            view = domain_mean_results(results, domains)
+            views[split] = (view, summarize(view))
     sign = 1.0 if higher_is_better else -1.0
     cells = []
     for variant in variants:
@@ -186,7 +190,7 @@ def judge_cells(
 
 def _cell(view, spec: BenchSpec, variant: str, split: str, gamma: float, metric: str, sign: float) -> dict:
     """One family cell: the variant against the strongest baseline at (split, gamma), signed so > 0 favours the variant."""
-    if view is None or variant not in view[1]:
+    if view is None or variant not in view[1] or not view[0]:
         return {"variant": variant, "split": split, "gamma": gamma, "metric": metric}
     return versus_strongest(*view, spec, variant, gamma, metric, sign, split)
 

@@ -13,6 +13,7 @@ config key (evaluation settings aside), with three or more values, form an ablat
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 
@@ -212,6 +213,39 @@ def domain_results(results: list[dict]) -> dict[str, list[dict]]:
         for name, records in r.get("domains", {}).items():
             views.setdefault(name, []).append({**r, "gammas": records})
     return views
+
+
+MEAN_SPLIT = re.compile(r"mean\((.+)\)")  # an evaluation set that is the mean over several domains: "mean(carphone, bikes)"
+
+
+def mean_domains(split: str) -> tuple[str, ...] | None:
+    """The domains a ``mean(a, b)`` split averages over, or None for a plain split."""
+    match = MEAN_SPLIT.fullmatch(split.strip())
+    return tuple(name.strip() for name in match.group(1).split(",")) if match else None
+
+
+def domain_mean_results(results: list[dict], domains: tuple[str, ...]) -> list[dict]:
+    """Each run that was evaluated on every one of ``domains``, with the mean over them of each gamma's numbers as its ``gammas``.
+
+    Per run first, then paired across runs: a run's value is the mean of its own domain values.
+    """
+    out = []
+    for r in results:
+        tables = [r.get("domains", {}).get(name) for name in domains]
+        if any(not t for t in tables):
+            continue
+        records = []
+        for at_gamma in zip(*tables):
+            if len({float(record["gamma"]) for record in at_gamma}) != 1:
+                break
+            record = {"gamma": at_gamma[0]["gamma"]}
+            for key in ("layer_loss", "descent_rate"):
+                record[key] = [sum(values) / len(values) for values in zip(*(rec[key] for rec in at_gamma))]
+            names = set.intersection(*(set(rec.get("metrics", {})) for rec in at_gamma))
+            record["metrics"] = {m: sum(rec["metrics"][m] for rec in at_gamma) / len(at_gamma) for m in sorted(names)}
+            records.append(record)
+        out.append({**r, "gammas": records})
+    return out
 
 
 def summarize(results: list[dict]) -> dict:
