@@ -482,3 +482,27 @@ def test_the_final_multipliers_say_how_many_still_bind(bench):
     text = write_report(bench).read_text()
     table = text.split("## Final multipliers (mean over seeds)")[1].split("\n## ")[0]
     assert "| primal-dual | descent | 0.15, 0 | 2 of 4 |" in table  # lambda [0.1 (seed + 1), 0]: one entry binds per seed
+
+
+def test_two_configs_under_one_label_are_two_groups_named_by_what_differs_in_report_and_compare(tmp_path, capsys):
+    from layerdescent.cli import main
+
+    for seed, dual_lr in ((0, 0.5), (0, 1.0), (1, 0.5)):
+        run = tmp_path / "runs" / f"lr{dual_lr}-seed{seed}"
+        run.mkdir(parents=True)
+        (run / "config.toml").write_text(
+            f'seed = {seed}\nlabel = "primal-dual"\n[task]\nname = "lista"\n[solver]\nname = "primal-dual"\ndual_lr = {dual_lr}\n'
+        )
+        (run / "results.json").write_text(json.dumps(fake_results("primal-dual", "primal-dual", seed, 0.1 + dual_lr, 0.2, 0.002)))
+    labels = sorted({r["label"] for r in collect(tmp_path / "runs")})
+    assert labels == ["primal-dual [solver.dual_lr=0.5]", "primal-dual [solver.dual_lr=1]"]
+    text = write_report(tmp_path / "runs").read_text()
+    assert "primal-dual [solver.dual_lr=0.5]" in text and "primal-dual [solver.dual_lr=1]" in text
+    assert main(["compare", str(tmp_path / "runs"), "primal-dual [solver.dual_lr=1]", "primal-dual [solver.dual_lr=0.5]"]) == 0
+    out = capsys.readouterr().out
+    assert (
+        "1 paired seeds (0)." in out
+        and "Left out, with no run of the same seed on the other side: primal-dual [solver.dual_lr=0.5] seed 1." in out
+    )
+    assert main(["compare", str(tmp_path / "runs"), "primal-dual", "erm"]) == 2
+    assert "no runs labelled 'primal-dual'; the bench's labels are: primal-dual [solver.dual_lr=0.5]" in capsys.readouterr().err

@@ -43,6 +43,8 @@ def pair_tables(results: list[dict], a: str, b: str) -> list[str]:
     gammas = sorted({k[3] for k in value if k[0] in (a, b)})
     metrics = list(dict.fromkeys(k[4] for k in value if k[0] in (a, b)))
     lines = [f"{len(seeds)} paired seeds ({', '.join(map(str, seeds))})."]
+    if left := [f"{r['label']} seed {r['seed']}" for r in results if r["label"] in (a, b) and r["seed"] not in seeds]:
+        lines.append(f"Left out, with no run of the same seed on the other side: {', '.join(left)}.")
     if depths[a] != depths[b]:
         lines.append(
             f"**{a} has {'/'.join(map(str, depths[a]))} layers, {b} {'/'.join(map(str, depths[b]))}**: each is read at its own last layer."

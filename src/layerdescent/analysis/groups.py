@@ -18,7 +18,9 @@ import re
 import numpy as np
 
 from layerdescent.analysis.stats import seed_stats
+from layerdescent.options import flat_keys
 from layerdescent.registry import get_registry
+from layerdescent.run.layout import EXECUTION_KEYS
 
 # How a model was trained, as opposed to what it is and what it is tested on (its context).
 TRAINING_CHOICES = ("solver", "constraints", "train", "seed", "label")
@@ -246,6 +248,33 @@ def domain_mean_results(results: list[dict], domains: tuple[str, ...]) -> list[d
             records.append(record)
         out.append({**r, "gammas": records})
     return out
+
+
+def split_mixed_labels(results: list[dict]) -> None:
+    """Give runs that share a label but not a config (seed and execution keys aside) one label per config, named by the keys that differ.
+
+    Two configs under one label are two groups, ``primal-dual [solver.dual_lr=0.5]`` and
+    ``primal-dual [solver.dual_lr=1]``, never one spread shown as a spread over seeds.
+    """
+    by_label: dict[str, list[dict]] = {}
+    for r in results:
+        by_label.setdefault(r["label"], []).append(r)
+    for label, runs in by_label.items():
+        prints = [_fingerprint(r.get("config", {})) for r in runs]
+        if len({repr(sorted(p.items())) for p in prints}) < 2:
+            continue
+        keys = sorted(k for k in set().union(*prints) if len({repr(p.get(k)) for p in prints}) > 1)
+        for r, p in zip(runs, prints):
+            r["label"] = f"{label} [{', '.join(f'{k}={_short(p.get(k))}' for k in keys)}]"
+
+
+def _fingerprint(config: dict) -> dict:
+    """A run's config as dotted keys, less what does not make it another run (its seed, label and execution keys)."""
+    return {k: v for k, v in flat_keys(config).items() if k not in ("seed", "label") and k not in EXECUTION_KEYS}
+
+
+def _short(value) -> str:
+    return f"{value:g}" if isinstance(value, float) else "unset" if value is None else str(value)
 
 
 def summarize(results: list[dict]) -> dict:

@@ -21,7 +21,16 @@ from pathlib import Path
 from layerdescent.analysis.endpoints import BenchSpec
 
 # re-exported: the names scripts and tests have imported from here
-from layerdescent.analysis.groups import TRAINING_CHOICES, comparisons, context_titles, domain_results, metric_names, role, summarize  # noqa: F401
+from layerdescent.analysis.groups import (  # noqa: F401
+    TRAINING_CHOICES,
+    comparisons,
+    context_titles,
+    domain_results,
+    metric_names,
+    role,
+    split_mixed_labels,
+    summarize,
+)
 from layerdescent.analysis.plots import plot
 from layerdescent.analysis.stats import paired_difference  # noqa: F401
 from layerdescent.analysis.tables import format_difference, format_stat, markdown, paired_cell  # noqa: F401
@@ -53,6 +62,7 @@ def collect(root: Path) -> list[dict]:
     if len({r["task"] for r in results}) > 1:  # runs of two tasks never share a row, even with the same label
         for r in results:
             r["label"] = f"{r['task']}: {r['label']}"
+    split_mixed_labels(results)  # two configs under one label are two groups
     return results
 
 
