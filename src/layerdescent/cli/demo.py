@@ -79,8 +79,8 @@ def _fetch_required_assets(config: Path, overrides: Sequence[str]) -> None:
     for name in task.required_assets():
         asset = registry.asset(name)
         if not assets.is_fetched(asset):
-            print(f"fetching {name} ({asset.requirement}), once; not counted in the demo's time", flush=True)
-            assets.fetch(asset)
+            print(f"{name} is not in the cache: fetched once, before the demo starts, and not counted in its time", flush=True)
+            assets.fetch(asset, say=lambda line: print(line, flush=True))
 
 
 def run(args: argparse.Namespace) -> int:
