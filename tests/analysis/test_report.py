@@ -506,3 +506,22 @@ def test_two_configs_under_one_label_are_two_groups_named_by_what_differs_in_rep
     )
     assert main(["compare", str(tmp_path / "runs"), "primal-dual", "erm"]) == 2
     assert "no runs labelled 'primal-dual'; the bench's labels are: primal-dual [solver.dual_lr=0.5]" in capsys.readouterr().err
+
+
+def test_a_compressed_log_reads_as_the_plain_one_and_still_draws_the_traces(tmp_path):
+    import gzip
+
+    from helpers import RUN
+
+    import layerdescent as ld
+    from layerdescent.analysis.plots import _traces, read_log
+
+    ld.train(ld.config_from_dict(RUN), tmp_path / "bench" / "run")
+    log = tmp_path / "bench" / "run" / "metrics.jsonl"
+    plain = read_log(log)
+    before = _traces(summarize(collect(tmp_path / "bench")))
+    (log.parent / "metrics.jsonl.gz").write_bytes(gzip.compress(log.read_bytes(), mtime=0))
+    log.unlink()
+    assert read_log(log.parent / "metrics.jsonl.gz") == plain
+    after = _traces(summarize(collect(tmp_path / "bench")))
+    assert before.keys() == after.keys() and all(np.array_equal(a[1], b[1]) for a, b in zip(before.values(), after.values()))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 from pathlib import Path
@@ -23,10 +24,11 @@ from layerdescent.registry import get_registry
 
 
 def read_log(path: Path) -> list[dict]:
-    """The records of one metrics.jsonl; LayerdescentError naming the file and line if one is damaged."""
+    """The records of one metrics.jsonl, or of its gzipped copy (``metrics.jsonl.gz``, as a committed bench keeps it); LayerdescentError naming the file and line if one is damaged."""
     try:
-        lines = Path(path).read_text(encoding="utf-8").splitlines()
-    except UnicodeDecodeError:
+        raw = gzip.decompress(Path(path).read_bytes()) if str(path).endswith(".gz") else Path(path).read_bytes()
+        lines = raw.decode("utf-8").splitlines()
+    except (UnicodeDecodeError, gzip.BadGzipFile, EOFError):
         raise LayerdescentError(f"{path} is not text (a binary or damaged file)") from None
     except OSError as exc:
         raise LayerdescentError(f"cannot read {path}: {exc.strerror or exc}") from None
@@ -49,6 +51,8 @@ def _traces(groups: dict) -> dict[tuple[str, str], tuple[np.ndarray, np.ndarray,
     traces = {}
     for label, grp in groups.items():
         log = Path(grp["run_dirs"][0]) / "metrics.jsonl" if grp["run_dirs"] else None
+        if log is not None and not os.path.lexists(log):
+            log = log.with_name("metrics.jsonl.gz")  # a committed bench keeps its logs compressed
         if not role(grp["solver"], "enforces_constraints") or log is None or not os.path.lexists(log):
             continue
         records = [r for r in read_log(log) if r.get("event") == "train" and isinstance(r.get("lambda"), dict) and "step" in r]
