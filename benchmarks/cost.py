@@ -55,6 +55,7 @@ from typing import NamedTuple
 import torch
 
 import layerdescent as ld
+from layerdescent.run.batches import epoch_levels
 from layerdescent.run.trainer import Trainer
 
 HAND_WRITTEN = "hand-written loop"
@@ -290,8 +291,8 @@ def measure(setup: Setup, rounds: int, steps: int, clock=time.perf_counter) -> d
                 session = run.setup()
                 rows = len(session.rows["train"])
                 tables[name] = multiplier_memory(session.update)
-                levels = run._levels(
-                    0, len(session.rows["train"]) // run.config.train.batch_size + 1
+                levels = epoch_levels(
+                    run.config, 0, len(session.rows["train"]) // run.config.train.batch_size + 1
                 )  # the band's draws, as the trainer makes them
                 # as in training: a step reads every layer at the start of each log line (erm may skip them otherwise)
                 steppers[name] = lambda idx, n, run=run, session=session, levels=levels: run.step(

@@ -344,9 +344,10 @@ def _build_constraints(items: Any, registry: Registry) -> tuple[ConstraintSpec, 
         if spec is None:
             continue
         if spec.name.startswith("_") or spec.name in _reserved_names():
-            problems.add(
-                ConfigError(f"{prefix}.name {spec.name!r} is reserved (an attribute of Cooper's problem object); choose another name")
-            )
+            if spec.name not in seen:  # a reserved name given twice is one mistake, said once
+                problems.add(
+                    ConfigError(f"{prefix}.name {spec.name!r} is reserved (an attribute of Cooper's problem object); choose another name")
+                )
         elif spec.name in seen:
             problems.add(ConfigError(f"{prefix}.name {spec.name!r} is used twice; give each [[constraints]] a distinct name"))
         seen.add(spec.name)
