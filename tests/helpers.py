@@ -9,6 +9,7 @@ import re
 import subprocess
 import sys
 import textwrap
+from collections.abc import Callable
 from pathlib import Path
 
 import tomli_w
@@ -178,3 +179,19 @@ def assert_defaults_unless_marked(block: str) -> None:
         value = table[section][name] if section else table[name]
         default = defaults[section].get(name) if section else defaults[name]
         assert value == default, f"{section}.{name} = {value!r} is not the default {default!r}: say `not the default` on its line"
+
+
+def interrupt_at_step(monkeypatch, step: int) -> Callable[[], None]:
+    """Make the trainer stop with a Ctrl-C at its ``step``-th step from now (counting every run's steps); the returned call undoes it."""
+    from layerdescent.run.trainer import Trainer
+
+    original, calls = Trainer.step, []
+
+    def interrupted(self, *args, **kwargs):
+        calls.append(1)
+        if len(calls) == step:
+            raise KeyboardInterrupt
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(Trainer, "step", interrupted)
+    return lambda: monkeypatch.setattr(Trainer, "step", original)

@@ -9,7 +9,7 @@ import os
 from pathlib import Path
 
 import pytest
-from helpers import RUN, cli, config_file, with_
+from helpers import RUN, cli, config_file, interrupt_at_step, with_
 
 import layerdescent as ld
 from layerdescent.bench.executors import ExecutorChoice, ExecutorOptions, RunsFailed, SlurmOptions
@@ -17,7 +17,6 @@ from layerdescent.bench.executors import base as executors
 from layerdescent.bench.runner import run_bench
 from layerdescent.errors import ConfigError
 from layerdescent.registry import Registry
-from layerdescent.run.trainer import Trainer
 
 # checkpoints along the way, so a killed bench has something to resume
 BENCH = {
@@ -85,18 +84,10 @@ def test_an_interrupted_bench_resumes_through_submitted_jobs_to_the_same_results
     pytest.importorskip("submitit", reason="the slurm executor needs pip install 'layerdescent[slurm]'")
     path, expected = reference
     out = tmp_path / "out"
-    original, calls = Trainer.step, []
-
-    def interrupt_at_step_4(self, *args, **kwargs):
-        calls.append(1)
-        if len(calls) == 4:  # erm is halfway, with a checkpoint; primal-dual has not started
-            raise KeyboardInterrupt
-        return original(self, *args, **kwargs)
-
-    monkeypatch.setattr(Trainer, "step", interrupt_at_step_4)
+    restore = interrupt_at_step(monkeypatch, 4)  # erm is halfway, with a checkpoint; primal-dual has not started
     with pytest.raises(KeyboardInterrupt):
         run_bench(path, out)
-    monkeypatch.setattr(Trainer, "step", original)
+    restore()
     assert (out / "erm" / "seed-0" / "checkpoint.pt").exists() and not (out / "primal-dual" / "seed-0").exists()
     # submitted and left, then collected by a second call: the bench a SLURM user runs from a login node
     assert run_bench(path, out, executor=ExecutorChoice("slurm", SlurmOptions(cluster="local", wait=False))) is None

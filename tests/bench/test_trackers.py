@@ -10,14 +10,14 @@ from pathlib import Path
 from typing import ClassVar
 
 import pytest
-from helpers import cli, config_file
+from helpers import cli, config_file, interrupt_at_step
 
 import layerdescent as ld
 from layerdescent.bench import trackers
 from layerdescent.registry import Registry
 from layerdescent.run import tracking
 from layerdescent.run.config import config_from_dict
-from layerdescent.run.trainer import Trainer, train
+from layerdescent.run.trainer import train
 
 
 def records(run_dir: Path) -> list[dict]:
@@ -61,18 +61,10 @@ def test_a_resumed_run_shows_in_tensorboard_what_metrics_jsonl_holds(tiny, tmp_p
     run_dir = tmp_path / "run"
     tiny["train"].update(log_every=2, checkpoint_every=3)
     config = config_from_dict(tracked(tiny, ["tensorboard"]))
-    original, calls = Trainer.step, []
-
-    def crash_at_step_12(self, *args, **kwargs):
-        calls.append(1)
-        if len(calls) == 12:  # after the checkpoint at step 9 and the log line at step 10
-            raise KeyboardInterrupt
-        return original(self, *args, **kwargs)
-
-    monkeypatch.setattr(Trainer, "step", crash_at_step_12)
+    restore = interrupt_at_step(monkeypatch, 12)  # after the checkpoint at step 9 and the log line at step 10
     with pytest.raises(KeyboardInterrupt):
         train(config, run_dir)
-    monkeypatch.setattr(Trainer, "step", original)
+    restore()
     train(config, run_dir, resume=True)
     events = EventAccumulator(str(run_dir / "tensorboard"), size_guidance={"scalars": 0})
     events.Reload()
@@ -391,18 +383,10 @@ def test_a_resumed_run_logs_to_the_same_wandb_run_and_sends_no_step_twice(tiny, 
     run_dir = tmp_path / "run"
     tiny["train"].update(log_every=2, checkpoint_every=3)
     config = config_from_dict(tracked(tiny, ["wandb"]))
-    original, calls = Trainer.step, []
-
-    def crash_at_step_12(self, *args, **kwargs):
-        calls.append(1)
-        if len(calls) == 12:  # after the checkpoint at step 9 and the log line at step 11
-            raise KeyboardInterrupt
-        return original(self, *args, **kwargs)
-
-    monkeypatch.setattr(Trainer, "step", crash_at_step_12)
+    restore = interrupt_at_step(monkeypatch, 12)  # after the checkpoint at step 9 and the log line at step 11
     with pytest.raises(KeyboardInterrupt):
         train(config, run_dir)
-    monkeypatch.setattr(Trainer, "step", original)
+    restore()
     train(config, run_dir, resume=True)  # in this process, whose W&B run of the interrupted part is still open
     first, second = wandb_sessions(run_dir)
     assert wandb_run(first).run_id == wandb_run(second).run_id == json.loads((run_dir / "wandb" / trackers.WANDB_STATE).read_text())["id"]

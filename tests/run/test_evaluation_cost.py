@@ -52,32 +52,40 @@ def test_the_evaluation_runs_in_inference_mode(tmp_path, tiny, monkeypatch):
     assert modes[0] is False  # a training step keeps autograd
 
 
-def test_an_evaluation_interrupted_after_a_record_resumes_at_the_next_with_the_same_results(tmp_path, tiny, monkeypatch, capsys):
-    whole = ld.train(_config(tiny), tmp_path / "whole")
-
-    saves = []
+def _cut_after_two_records(tiny, run_dir, monkeypatch) -> None:
+    """Train into ``run_dir``, stopped by a Ctrl-C right after the final evaluation saved its second record."""
     original = rundir.save_partial_evaluation
 
     def save_then_die(run_dir, key, evaluation):
         original(run_dir, key, evaluation)
-        saves.append(len(evaluation["gammas"]))
-        if len(saves) == 2:
-            raise KeyboardInterrupt  # the run is stopped after its second record is saved
+        if len(evaluation["gammas"]) == 2:
+            raise KeyboardInterrupt
 
     monkeypatch.setattr(rundir, "save_partial_evaluation", save_then_die)
     with pytest.raises(KeyboardInterrupt):
-        ld.train(_config(tiny), tmp_path / "cut")
-    assert (tmp_path / "cut" / layout.EVALUATION_PARTIAL).exists()
+        ld.train(_config(tiny), run_dir)
     monkeypatch.setattr(rundir, "save_partial_evaluation", original)
 
-    evaluated = []
-    original_losses = SparseCoding.layer_losses
+
+def _count_evaluated(monkeypatch) -> list[float]:
+    """The gamma of every batch the task reads from now on."""
+    evaluated, original = [], SparseCoding.layer_losses
 
     def count(self, model, batch, gamma=0.0):
         evaluated.append(gamma)
-        return original_losses(self, model, batch, gamma)
+        return original(self, model, batch, gamma)
 
     monkeypatch.setattr(SparseCoding, "layer_losses", count)
+    return evaluated
+
+
+def test_an_evaluation_interrupted_after_a_record_resumes_at_the_next_with_the_same_results(tmp_path, tiny, monkeypatch, capsys):
+    whole = ld.train(_config(tiny), tmp_path / "whole")
+
+    _cut_after_two_records(tiny, tmp_path / "cut", monkeypatch)
+    assert (tmp_path / "cut" / layout.EVALUATION_PARTIAL).exists()
+
+    evaluated = _count_evaluated(monkeypatch)
     capsys.readouterr()
     resumed = ld.train(_config(tiny, progress=True), tmp_path / "cut", resume=True)
     assert evaluated == [GAMMAS[2]] * 3  # only the third record's three batches
@@ -130,29 +138,12 @@ TAMPERED = {
 @pytest.mark.parametrize("edit, line, again", TAMPERED.values(), ids=TAMPERED.keys())
 def test_a_saved_evaluation_that_does_not_fit_is_evaluated_again_with_one_line(tmp_path, tiny, monkeypatch, capsys, edit, line, again):
     whole = ld.train(_config(tiny), tmp_path / "whole")
-    original = rundir.save_partial_evaluation
-
-    def save_then_die(run_dir, key, evaluation):
-        original(run_dir, key, evaluation)
-        if len(evaluation["gammas"]) == 2:
-            raise KeyboardInterrupt
-
-    monkeypatch.setattr(rundir, "save_partial_evaluation", save_then_die)
-    with pytest.raises(KeyboardInterrupt):
-        ld.train(_config(tiny), tmp_path / "cut")
-    monkeypatch.setattr(rundir, "save_partial_evaluation", original)
+    _cut_after_two_records(tiny, tmp_path / "cut", monkeypatch)
     partial = tmp_path / "cut" / layout.EVALUATION_PARTIAL
     saved = json.loads(partial.read_text())
     edit(saved)
     partial.write_text(json.dumps(saved))
-    evaluated = []
-    original_losses = SparseCoding.layer_losses
-
-    def count(self, model, batch, gamma=0.0):
-        evaluated.append(gamma)
-        return original_losses(self, model, batch, gamma)
-
-    monkeypatch.setattr(SparseCoding, "layer_losses", count)
+    evaluated = _count_evaluated(monkeypatch)
     capsys.readouterr()
     resumed = ld.train(_config(tiny), tmp_path / "cut", resume=True)
     err = capsys.readouterr().err

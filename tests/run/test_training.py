@@ -6,10 +6,10 @@ import json
 
 import pytest
 import torch
+from helpers import interrupt_at_step
 from safetensors.torch import load_file
 
 import layerdescent as ld
-from layerdescent.run.trainer import Trainer
 
 
 def _train(table, tmp_path, name="run"):
@@ -84,19 +84,10 @@ def test_resume_after_interruption_gives_the_same_final_parameters(tiny, tmp_pat
     config = ld.config_from_dict(tiny)
     ld.train(config, tmp_path / "whole")
 
-    original_step = Trainer.step
-    calls = {"n": 0}
-
-    def crash_at_step_13(self, *args, **kwargs):
-        calls["n"] += 1
-        if calls["n"] == 13:
-            raise KeyboardInterrupt
-        return original_step(self, *args, **kwargs)
-
-    monkeypatch.setattr(Trainer, "step", crash_at_step_13)
+    restore = interrupt_at_step(monkeypatch, 13)
     with pytest.raises(KeyboardInterrupt):
         ld.train(config, tmp_path / "resumed")
-    monkeypatch.setattr(Trainer, "step", original_step)
+    restore()
     resumed = ld.train(config, tmp_path / "resumed", resume=True)
     whole = json.loads((tmp_path / "whole" / "results.json").read_text())
 
@@ -245,23 +236,14 @@ def test_a_cosine_schedule_resumes_exactly_also_from_a_checkpoint_written_before
     tiny, tmp_path, monkeypatch, saved_schedule
 ):
     from layerdescent.run.checkpoint import load_checkpoint, save_checkpoint
-    from layerdescent.run.trainer import Trainer
 
     tiny["train"].update(epochs=2, lr_schedule="cosine", checkpoint_every=3)
     config = ld.config_from_dict(tiny)
     whole = ld.train(config, tmp_path / "whole")
-    original, calls = Trainer.step, []
-
-    def interrupted(self, *args, **kwargs):
-        calls.append(1)
-        if len(calls) == 5:  # after the checkpoint at step 3
-            raise KeyboardInterrupt
-        return original(self, *args, **kwargs)
-
-    monkeypatch.setattr(Trainer, "step", interrupted)
+    restore = interrupt_at_step(monkeypatch, 5)  # after the checkpoint at step 3
     with pytest.raises(KeyboardInterrupt):
         ld.train(config, tmp_path / "resumed")
-    monkeypatch.setattr(Trainer, "step", original)
+    restore()
     checkpoint = tmp_path / "resumed" / "checkpoint.pt"
     state = load_checkpoint(checkpoint, "lista")
     assert state["position"]["step"] == 3 and "schedule" in state
