@@ -65,6 +65,7 @@ class Bench(NamedTuple):
     regime: str = ""  # a regex whose group in a label names its training regime; "" for none
     command: str = ""  # what made the runs, where it is not `layerdescent bench CONFIG` (a re-evaluation)
     superseded_by: str = ""  # the bench that replaced it; "" for a current one
+    flags: str = ""  # what followed `layerdescent bench CONFIG --out RESULTS` for the main runs: the settings tuning adopted
 
 
 BENCHES = {
@@ -122,6 +123,18 @@ BENCHES = {
         "--set task.perturbation=salt-pepper --set 'eval.gammas=[0.0, 0.02, 0.05, 0.1, 0.2]'",
     ),
     "LLM finetuning (SmolLM2-135M, LoRA, 512 steps, label lens)": Bench("results/llm", "llm.toml", "accuracy", True),
+    "lista on a second training band, per level against tuned deep supervision": Bench(
+        "results/lista_band2",
+        "lista_band2.toml",
+        "mse",
+        False,
+        flags="--set 'bench.variants.penalty-band.solver.weights=\"geometric\"' --set bench.variants.penalty-band.solver.rho=0.7 "
+        "--set bench.variants.levels.solver.dual_lr=50.0 "
+        '--set \'bench.variants.levels.constraints=[{kind = "descent", alpha = 0.05, levels = "band"}]\' '
+        "--set bench.variants.primal-dual.solver.dual_lr=5.0 "
+        "--set 'bench.variants.primal-dual.constraints=[{kind = \"descent\", alpha = 0.05}]' "
+        "--only erm-band --only penalty-band --only levels --only primal-dual --workers 2",
+    ),
 }
 CLAIMS = ("monotone layerwise descent", "graceful degradation", "in-distribution parity", "deeper constrained models gain more")
 
@@ -379,7 +392,9 @@ def provenance_line(pairs: list[Pair]) -> str:
 
 
 def _section(name: str, bench: Bench, spec: BenchSpec, judged_views: list, chance_line: str) -> list[str]:
-    command = bench.command or f"layerdescent bench benchmarks/{bench.config} --out benchmarks/{bench.results}"
+    command = bench.command or " ".join(
+        filter(None, [f"layerdescent bench benchmarks/{bench.config} --out benchmarks/{bench.results}", bench.flags])
+    )
     direction = "higher" if bench.higher_is_better else "lower"
     primary = spec.primary
     family = (
@@ -555,7 +570,9 @@ def main() -> None:
         for bench in BENCHES.values():
             folder = args.root / bench.results
             if any(folder.rglob("results.json")):
-                command = bench.command or f"layerdescent bench benchmarks/{bench.config} --out benchmarks/{bench.results}"
+                command = bench.command or " ".join(
+                    filter(None, [f"layerdescent bench benchmarks/{bench.config} --out benchmarks/{bench.results}", bench.flags])
+                )
                 note = f"Runs made by `{command}`; this summary by `python benchmarks/reproduction.py --summaries` (the judging keys of benchmarks/{bench.config})."
                 print(
                     f"wrote {write_report(folder, title=f'Bench {Path(bench.results).name}', note=note, spec=spec_for(args.root, bench))}"
