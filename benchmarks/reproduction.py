@@ -135,6 +135,23 @@ BENCHES = {
         "--set 'bench.variants.primal-dual.constraints=[{kind = \"descent\", alpha = 0.05}]' "
         "--only erm-band --only penalty-band --only levels --only primal-dual --workers 2",
     ),
+    "video denoising on a training band, per level against tuned deep supervision (depth 12)": Bench(
+        "results/video_levels",
+        "video_levels.toml",
+        "rmse",
+        False,
+        flags="--workers 2 --only 'vtest-*' "
+        "--set 'bench.variants.vtest-dust-levels.solver.dual_lr=50.0' "
+        '--set \'bench.variants.vtest-dust-levels.constraints=[{kind = "descent", alpha = 0.2, reference = "detached", levels = "band"}]\' '
+        "--set 'bench.variants.vtest-transformer-levels.solver.dual_lr=50.0' "
+        '--set \'bench.variants.vtest-transformer-levels.constraints=[{kind = "descent", alpha = 0.2, reference = "detached", levels = "band"}]\' '
+        "--set 'bench.variants.vtest-dust-primal-dual.solver.dual_lr=50.0' "
+        '--set \'bench.variants.vtest-dust-primal-dual.constraints=[{kind = "descent", alpha = 0.2, reference = "detached"}]\' '
+        "--set 'bench.variants.vtest-transformer-primal-dual.solver.dual_lr=50.0' "
+        '--set \'bench.variants.vtest-transformer-primal-dual.constraints=[{kind = "descent", alpha = 0.2, reference = "detached"}]\' '
+        "--set 'bench.variants.vtest-dust-penalty-band.solver.weights=\"linear\"' "
+        "--set 'bench.variants.vtest-transformer-penalty-band.solver.weights=\"uniform\"'",
+    ),
 }
 CLAIMS = ("monotone layerwise descent", "graceful degradation", "in-distribution parity", "deeper constrained models gain more")
 
