@@ -24,6 +24,7 @@ optimizer and the solver's state ride in Lightning's checkpoints (``checkpoint["
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from typing import Any
 
@@ -59,29 +60,19 @@ class DescentModule(pl.LightningModule):
     ) -> None:
         super().__init__()
         self.automatic_optimization = False  # the update takes the step: the primal one through Lightning's optimizer, then lambda's
-        self._descent = {"constraints": tuple(constraints), "num_layers": num_layers, "solver": solver, "band": tuple(band), "rows": rows}
-        self._registry = registry or get_registry()
-        self._options = options
-        self._check()
+        registry = registry or get_registry()
+        self._width = num_layers + 1
+        _check(tuple(constraints), num_layers, solver, registry, options)
+        # the update, once Lightning has built the optimizer it wraps
+        self._new_update = functools.partial(
+            LayerwiseUpdate, tuple(constraints), num_layers, solver=solver, registry=registry, band=tuple(band), rows=rows, **options
+        )
         self.update: LayerwiseUpdate | None = None  # built around the optimizer configure_optimizers returns, when training starts
         self._saved: dict[str, Any] | None = None  # a checkpoint's update state, until the update exists
 
     def layer_losses(self, batch: Any, batch_idx: int) -> torch.Tensor | LayerBatch:
         """B x (L+1) per-sample losses of ``batch`` at every layer, column 0 the input's; a ``LayerBatch`` where constraints are held per level or per sample."""
         raise NotImplementedError(f"{type(self).__name__} must define layer_losses(batch, batch_idx): the B x (L+1) per-sample losses")
-
-    def _check(self) -> None:
-        """Refuse what cannot train before Lightning starts: bad constraints, solver or options."""
-        descent = self._descent
-        for spec in descent["constraints"]:
-            if not isinstance(spec, ConstraintSpec):
-                raise ConfigError(f"constraints must be ConstraintSpec objects such as layerdescent.Descent(alpha=0.05), got {spec!r}")
-        solver_cls = self._registry.solver(descent["solver"])
-        problems = solver_cls.check(
-            build_solver_options(solver_cls, self._options, self._registry), descent["num_layers"], descent["constraints"]
-        )
-        if problems:
-            raise ConfigError("\n".join(problems))
 
     def on_train_start(self) -> None:
         """Build the update around Lightning's optimizer, and restore a checkpoint's multipliers into it."""
@@ -91,17 +82,7 @@ class DescentModule(pl.LightningModule):
                 f"{type(self).__name__}.configure_optimizers returned {len(optimizer)} optimizers; DescentModule steps one: put every parameter group in one optimizer"
             )
         if self.update is None:
-            descent = self._descent
-            self.update = LayerwiseUpdate(
-                descent["constraints"],
-                descent["num_layers"],
-                optimizer,
-                descent["solver"],
-                registry=self._registry,
-                band=descent["band"],
-                rows=descent["rows"],
-                **self._options,
-            ).to(self.device)
+            self.update = self._new_update(optimizer=optimizer).to(self.device)
         if self._saved is not None:
             self.update.load_state_dict(self._saved)
             self._saved = None
@@ -123,7 +104,7 @@ class DescentModule(pl.LightningModule):
         """The primal loss of ``batch``'s layer losses, backpropagated through Lightning's precision and strategy."""
         out = self.layer_losses(batch, batch_idx)
         losses, where = (out.losses, {"rows": out.rows, "levels": out.levels}) if isinstance(out, LayerBatch) else (out, {})
-        width = self._descent["num_layers"] + 1
+        width = self._width
         if not isinstance(losses, torch.Tensor) or losses.dim() != 2 or losses.shape[1] != width or not losses.is_floating_point():
             got = f"shape {tuple(losses.shape)} of {losses.dtype}" if isinstance(losses, torch.Tensor) else type(losses).__name__
             raise PluginError(
@@ -153,3 +134,14 @@ class DescentModule(pl.LightningModule):
                 f"the checkpoint holds no {STATE_KEY!r} entry: it was not saved by a DescentModule, so its multipliers are unknown; resume from one a DescentModule saved, or load its weights alone (load_state_dict)"
             )
         self._saved = checkpoint[STATE_KEY]
+
+
+def _check(constraints: tuple, num_layers: int, solver: str, registry: Registry, options: dict[str, Any]) -> None:
+    """Refuse what cannot train before Lightning starts: bad constraints, solver or options."""
+    for spec in constraints:
+        if not isinstance(spec, ConstraintSpec):
+            raise ConfigError(f"constraints must be ConstraintSpec objects such as layerdescent.Descent(alpha=0.05), got {spec!r}")
+    solver_cls = registry.solver(solver)
+    problems = solver_cls.check(build_solver_options(solver_cls, options, registry), num_layers, constraints)
+    if problems:
+        raise ConfigError("\n".join(problems))
