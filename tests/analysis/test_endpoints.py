@@ -12,7 +12,8 @@ from helpers import REPO, assert_script_remakes, fake_results, reproduction_repo
 from layerdescent.analysis.endpoints import BenchSpec, Primary, judge_cells, parse_spec
 from layerdescent.analysis.groups import ablated_keys, ablations
 from layerdescent.analysis.report import collect, summarize, write_report
-from layerdescent.analysis.stats import holm
+from layerdescent.analysis.stats import holm, paired_difference
+from layerdescent.analysis.tables import format_difference, format_stat
 from layerdescent.cli import main
 from layerdescent.errors import ConfigError
 
@@ -91,6 +92,21 @@ def test_the_primary_family_leads_the_summary_with_holm_adjusted_p_values(tmp_pa
     assert [c["p_holm"] for c in cells] == holm([c["difference"]["p"] for c in cells])
     assert cells[1]["baseline"] == "penalty"  # the lower mse at gamma 1 (at gamma 0 all tie)
     assert all(c["verdict"] == "no difference" for c in cells)
+
+
+def test_a_primary_cell_of_one_seed_is_undecided_not_no_difference(tmp_path):
+    for solver, values in AT_GAMMA_1.items():  # seed 0 alone: primal-dual 0.301 against erm 0.50, penalty 0.300
+        write_run(tmp_path, solver, solver, 0, 0.1, values[0])
+    spec = BenchSpec(("erm", "penalty"), Primary("mse", False, (1.0,), ("primal-dual",)))
+    (cell,) = judge_cells(collect(tmp_path), spec, ("primal-dual",), "mse", False, (1.0,), ("test",))
+    assert cell["baseline"] == "penalty" and cell["verdict"] == "undecided: one seed" and cell["p_holm"] is None
+    text = write_report(tmp_path, spec=spec).read_text()
+    assert "| undecided: one seed |" in text and "One seed gives no test" in text
+
+
+def test_one_seed_values_show_four_significant_digits_trailing_zeros_kept():
+    assert [format_stat(x) for x in (0.825, 0.8325, 12.0)] == ["0.8250", "0.8325", "12.00"]
+    assert format_difference(paired_difference([0.5], [0.5])) == "+0.00"
 
 
 def test_better_must_hold_against_every_baseline(tmp_path):

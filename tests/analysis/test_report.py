@@ -119,7 +119,7 @@ def test_pairs_that_all_differ_alike_have_no_interval_and_are_not_called_distinc
     # two seeds' accuracies on 300 sentences, each 0.011 apart: t's interval would be a point
     alike = paired_difference([0.713 + 0.011, 0.702 + 0.011], [0.713, 0.702])
     assert alike["low"] is None and not alike["distinct"] and alike["mean"] == pytest.approx(0.011)
-    assert format_difference(alike) == "+0.011 (alike in all 2 pairs)"
+    assert format_difference(alike) == "+0.0110 (alike in all 2 pairs)"
 
 
 def test_summary_pairs_seeds_against_erm_and_bolds_only_intervals_that_exclude_zero(bench):
@@ -354,7 +354,7 @@ def test_a_task_without_metrics_gets_layer_tables_and_plots_but_no_metric_sectio
         no_metric_run(tmp_path, solver, solver, 0)
     text = write_report(tmp_path).read_text()
     assert "reports no metrics" in text and "## Metric at each gamma" not in text
-    assert "## Test loss per layer at γ=0" in text and "| erm | 2 | 1.5 | 1 |" in text
+    assert "## Test loss per layer at γ=0" in text and "| erm | 2.000 | 1.500 | 1.000 |" in text
     assert (tmp_path / "loss_vs_layer.png").exists() and not (tmp_path / "metric_vs_gamma.png").exists()
 
 
@@ -367,7 +367,7 @@ def test_runs_of_two_tasks_sharing_a_label_are_told_apart_and_never_compared(tmp
         path.write_text(json.dumps(data))
     text = write_report(bench).read_text()
     assert "**These runs come from 2 tasks**: lista (4 runs), refine (2 runs)" in text
-    assert "| lista: erm | 2.0 ± 1.4 |" in text and "| refine: erm | 2 | 1.5 | 1 |" in text
+    assert "| lista: erm | 2.0 ± 1.4 |" in text and "| refine: erm | 2.000 | 1.500 | 1.000 |" in text
     assert "lista: primal-dual − lista: erm" in text and "refine: primal-dual − lista: erm" not in text
 
 
@@ -377,7 +377,7 @@ def test_one_seed_shows_means_alone_and_says_n_is_1(bench):
             path.unlink()
     text = write_report(bench).read_text()
     assert "2 runs of 2 variants; seed 0. One seed per variant (n = 1)" in text
-    assert "| erm | 1 | 4 |" in text and "±" not in text.split("## Final multipliers")[0]
+    assert "| erm | 1.000 | 4.000 |" in text and "±" not in text.split("## Final multipliers")[0]
 
 
 def test_runs_evaluated_on_validation_are_named_and_pair_with_no_test_run(bench):

@@ -125,6 +125,15 @@ def _primary(table) -> Primary:
     )
 
 
+def spec_table(spec: BenchSpec) -> dict:
+    """``spec`` as the ``[bench]`` keys :func:`parse_spec` reads back, for a report to remember a bench's judging keys by."""
+    table: dict = {"baselines": list(spec.baselines), "tuning": dict(spec.tuning)}
+    if spec.primary is not None:
+        primary = {name: list(v) if isinstance(v, tuple) else v for name, v in dataclasses.asdict(spec.primary).items()}
+        table["primary"] = {name: v for name, v in primary.items() if v != []}
+    return table
+
+
 def read_spec(path: str | Path) -> BenchSpec:
     """The judging keys of a bench file's ``[bench]`` table."""
 
@@ -181,7 +190,10 @@ def judge_cells(
         if cell.get("difference"):
             d = cell["difference"]
             better = p is not None and p <= FAMILY_ALPHA
-            cell["verdict"] = ("better" if d["mean"] > 0 else "worse") if better else "no difference"
+            if d["n"] < 2:  # one pair has no spread to judge by: no test, so no verdict either way
+                cell["verdict"] = "undecided: one seed"
+            else:
+                cell["verdict"] = ("better" if d["mean"] > 0 else "worse") if better else "no difference"
             cell["simultaneous"] = paired_difference(cell["a"], cell["b"], level=1 - FAMILY_ALPHA / m)
         else:
             cell["verdict"] = "missing"

@@ -18,7 +18,7 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-from layerdescent.analysis.endpoints import BenchSpec
+from layerdescent.analysis.endpoints import BenchSpec, parse_spec, spec_table
 
 # re-exported: the names scripts and tests have imported from here
 from layerdescent.analysis.groups import (  # noqa: F401
@@ -97,7 +97,6 @@ def write_report(
     ``spec`` (``endpoints.BenchSpec``) names the bench's baselines, primary endpoints and tuning budgets.
     """
 
-    spec = spec or BenchSpec()
     root = Path(root)
     out = Path(out) if out is not None else root
     if out.exists() and not out.is_dir():
@@ -110,7 +109,9 @@ def write_report(
         raise LayerdescentError(f"cannot create {out}: {exc.strerror or exc}") from None
     domains = {name: (view, summarize(view)) for name, view in domain_results(results).items()}
     with Publication(out) as pub:  # made aside, then moved in over nothing but layerdescent's own files
-        title, note, workers = pub.remembered(root, title, note, workers)  # `report` on a bench keeps its title and note
+        # `report` on a bench keeps its title, note and judging keys
+        title, note, workers, judging = pub.remembered(root, title, note, workers, spec_table(spec) if spec else None)
+        spec = parse_spec(judging) if judging else BenchSpec()
         images = plot(groups, pub.stage, {name: domain_groups for name, (_, domain_groups) in domains.items()}, spec=spec, results=results)
         pub.write(
             "summary.md", markdown(groups, results, title or f"layerdescent report: {root.name}", images, note, workers, domains, spec)

@@ -53,7 +53,7 @@ def format_stat(mean: float, spread: float | None = None, n: int = 1) -> str:
     if not math.isfinite(mean):
         return str(mean)
     if n < 2 or spread is None or not math.isfinite(spread):
-        return f"{mean:.4g}"
+        return f"{mean:#.4g}"  # '#' keeps trailing zeros, so one-seed columns show even digits (0.8250 beside 0.8325)
     if spread == 0:
         return f"{mean:.4g} ± 0"
     last = _last_digit(spread, mean)
@@ -66,7 +66,7 @@ def format_difference(d: dict) -> str:
     """A paired difference as markdown: 'mean [low, high]' to the interval's precision, bold when it excludes 0."""
     bold = "**" if d["distinct"] else ""
     if d["low"] is None:
-        return f"{d['mean']:+.3g}" + (f" (alike in all {d['n']} pairs)" if d["n"] > 1 else "")
+        return f"{d['mean']:+#.3g}" + (f" (alike in all {d['n']} pairs)" if d["n"] > 1 else "")
     half = (d["high"] - d["low"]) / 2
     last = _last_digit(half, max(abs(d["low"]), abs(d["high"]))) if half > 0 else _last_digit(abs(d["mean"]) or 1.0)
     mean, low, high = (_at(v, last, sign=True) for v in (d["mean"], d["low"], d["high"]))
@@ -281,6 +281,8 @@ def primary_section(results: list[dict], spec, views: dict, tally: list[dict]) -
         "",
     ]
     lines += markdown_table(FAMILY_HEADER, family_rows(cells))
+    if any(c.get("verdict", "").endswith("one seed") for c in cells):
+        lines += ["One seed gives no test: such a cell names the comparison but cannot decide it; more seeds (`bench.seeds`) can.", ""]
     if p.adopted:
         tuned = judge_cells(results, spec, p.adopted, p.metric, p.higher_is_better, p.gammas, p.splits, views)
         lines += [

@@ -2,7 +2,7 @@
 
     refuse_foreign(out)                        # before a bench trains: its --out holds no summary or plot of yours
     with Publication(out) as pub:              # the report is made in a private folder inside ``out`` ...
-        title, note, workers = pub.remembered(root, title, note, workers)   # a bench's title and note survive `report`
+        title, note, workers, judging = pub.remembered(root, title, note, workers, judging)   # a bench's survive `report`
         images = plot(groups, pub.stage)
         pub.write("summary.md", text)
     # ... and moved in at the end, each file over nothing or over one the manifest says layerdescent wrote
@@ -129,15 +129,19 @@ class Publication:
         self._recorded = _manifest(self.folder) or {}
         self._made: dict[str, Any] = {}
 
-    def remembered(self, root: Path, title: str | None, note: str, workers: int | None) -> tuple[str | None, str, int | None]:
-        """``title``, ``note`` and ``workers``, each from the last report here of the same ``root`` when not given (so `report` keeps a bench's)."""
+    def remembered(
+        self, root: Path, title: str | None, note: str, workers: int | None, judging: dict | None = None
+    ) -> tuple[str | None, str, int | None, dict | None]:
+        """``title``, ``note``, ``workers`` and ``judging`` (a bench's judging keys), each from the last report here of the same
+        ``root`` when not given (so `report` keeps a bench's)."""
         where = os.path.relpath(Path(root).resolve(), self.folder.resolve())  # relative, so a bench moved whole keeps it
         recorded = self._recorded if self._recorded.get("root") == where else {}
         title = title if title is not None else recorded.get("title") if isinstance(recorded.get("title"), str) else None
         note = note or (recorded.get("note") if isinstance(recorded.get("note"), str) else "")
         workers = workers if workers is not None else recorded.get("workers") if isinstance(recorded.get("workers"), int) else None
-        self._made = {"root": where, "title": title, "note": note, "workers": workers}
-        return title, note, workers
+        judging = judging if judging is not None else recorded.get("judging") if isinstance(recorded.get("judging"), dict) else None
+        self._made = {"root": where, "title": title, "note": note, "workers": workers, "judging": judging}
+        return title, note, workers, judging
 
     def write(self, name: str, text: str) -> None:
         """Stage file ``name`` with ``text``."""
@@ -190,5 +194,5 @@ class Publication:
             raise self._unwritable(exc) from None
 
     def _record(self, files: dict[str, list[str]]) -> None:
-        made = {k: v for k, v in self._made.items() if v not in (None, "")}
+        made = {k: v for k, v in self._made.items() if v not in (None, "", {})}
         write_atomic(self.folder / MANIFEST, json.dumps({**made, "files": files}, indent=2, sort_keys=True) + "\n")
