@@ -233,7 +233,7 @@ def _pairs(results: list[dict], bench: Bench, spec: BenchSpec, family: dict) -> 
     groups = summarize(results)
     titles = context_titles(groups)
     sign = 1.0 if bench.higher_is_better else -1.0
-    primary = spec.primary
+    primary = spec.claim()
     pairs = []
     for label, grp in groups.items():
         if not role(grp["solver"], "enforces_constraints") or grp["split"] != "test":
@@ -413,7 +413,7 @@ def _section(name: str, bench: Bench, spec: BenchSpec, judged_views: list, chanc
         filter(None, [f"layerdescent bench benchmarks/{bench.config} --out benchmarks/{bench.results}", bench.flags])
     )
     direction = "higher" if bench.higher_is_better else "lower"
-    primary = spec.primary
+    primary = spec.claim()
     family = (
         f"**Primary (pre-registered)**: {primary.metric} of {', '.join(primary.variants)} at γ {', '.join(f'{g:g}' for g in primary.gammas)} "
         f"on {', '.join(primary.splits)}, Holm-adjusted over the family, Bonferroni intervals; adopted afterwards by tuning, shown beside: "

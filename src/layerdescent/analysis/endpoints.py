@@ -14,10 +14,21 @@
     [bench.tuning]                          # runs spent choosing each variant's setting (default 0: untuned)
     "alpha=0.2" = 12
 
+    [bench.plan.L1]                         # or: the endpoints one by one, by name, in families (not with [bench.primary])
+    family = "primary"                      # Holm within each family; "primary" decides the claim
+    variant = "primal-dual"
+    metric = "accuracy"
+    higher_is_better = true
+    gamma = 3.2
+    on = "mean(amazon, tweets)"             # "test" (default), a domain, or a mean over domains
+    against = "strongest"                   # (default) the best-mean named baseline, better than each; or a variant label
+
 Each primary cell (variant x split x gamma) pairs the variant with the strongest baseline there, the
 one whose mean is best at that cell, over the seeds both have; the family's p-values are
 Holm-adjusted and its intervals are Bonferroni's (1 − 0.05/m), so a cell is "better" or "worse"
-only when its adjusted p is at most 0.05. Every other paired difference is exploratory.
+only when its adjusted p is at most 0.05. A plan's other families are secondary, each adjusted
+within itself; an endpoint with ``statistic = "rising"`` is described (where the mean per-layer test
+loss rises), not tested. Every other paired difference is exploratory.
 """
 
 from __future__ import annotations
@@ -49,15 +60,67 @@ class Primary:
 
 
 @dataclass(frozen=True)
+class Endpoint:
+    """One endpoint a plan declares by name: a variant's metric at one gamma on one split, against a baseline, in a family.
+
+    ``against`` is "strongest" (the named baselines' best mean there; better only where better than
+    each) or one variant's label. ``statistic`` "rising" describes instead of testing: the
+    transitions at which the mean (over seeds) per-layer test loss rises.
+    """
+
+    name: str
+    variant: str
+    metric: str = ""
+    higher_is_better: bool = False
+    gamma: float = 0.0
+    on: str = "test"
+    against: str = "strongest"
+    family: str = "primary"
+    statistic: str = "difference"
+
+
+STATISTICS = ("difference", "rising")
+
+
+@dataclass(frozen=True)
 class BenchSpec:
     """A bench file's judging keys; the default judges against erm, with every verdict exploratory."""
 
     baselines: tuple[str, ...] = ("erm",)
     primary: Primary | None = None
     tuning: dict[str, int] = field(default_factory=dict)
+    plan: tuple[Endpoint, ...] = ()
+
+    def claim(self) -> Primary | None:
+        """The family "primary" as one Primary (its metric, gammas, splits and variants, as plots and REPORT.md read it); None where none is declared."""
+        if self.primary is not None:
+            return self.primary
+        tested = [e for e in self.plan if e.family == "primary" and e.statistic == "difference"]
+        if not tested:
+            return None
+        return Primary(
+            tested[0].metric,
+            tested[0].higher_is_better,
+            tuple(dict.fromkeys(e.gamma for e in tested)),
+            tuple(dict.fromkeys(e.variant for e in tested)),
+            tuple(dict.fromkeys(e.on for e in tested)),
+        )
+
+    def endpoints(self) -> tuple[Endpoint, ...]:
+        """The declared endpoints: the plan's, or ``[bench.primary]``'s cells as the family "primary" (its older form)."""
+        p = self.primary
+        if self.plan or p is None:
+            return self.plan
+        return tuple(
+            Endpoint(f"{v} on {s} at γ {g:g}", v, p.metric, p.higher_is_better, g, s)
+            for v in p.variants
+            for s in p.splits
+            for g in p.gammas
+        )
 
 
 PRIMARY_KEYS = {f.name for f in dataclasses.fields(Primary)}
+ENDPOINT_KEYS = {f.name for f in dataclasses.fields(Endpoint)} - {"name"}
 
 
 def _names(value, key: str) -> tuple[str, ...]:
@@ -84,14 +147,57 @@ def parse_spec(bench: dict, variants: list[str] | None = None) -> BenchSpec:
     primary = bench.get("primary")
     if primary is not None:
         primary = _primary(primary)
-    spec = BenchSpec(baselines, primary, dict(tuning))
+    plan = _plan(bench["plan"]) if "plan" in bench else ()
+    if primary is not None and plan:
+        raise ConfigError("bench.primary and bench.plan both declare endpoints: [bench.primary] is the older form, keep [bench.plan] alone")
+    spec = BenchSpec(baselines, primary, dict(tuning), plan)
     if variants is not None:
-        named = [*(primary.variants + primary.adopted if primary else ()), *tuning]
-        for label in named:
+        named = {label: "bench.primary" for label in (primary.variants + primary.adopted if primary else ())}
+        for e in plan:
+            named.setdefault(e.variant, f"bench.plan.{e.name}.variant")
+            if e.against != "strongest":
+                named.setdefault(e.against, f"bench.plan.{e.name}.against")
+        named.update({label: "bench.tuning" for label in tuning})
+        for label, where in named.items():
             if label not in variants:
-                where = "bench.tuning" if label in tuning else "bench.primary"
                 raise ConfigError(f"{where}: no variant is labelled {label!r} (the bench's are: {', '.join(dict.fromkeys(variants))})")
     return spec
+
+
+def _plan(table) -> tuple[Endpoint, ...]:
+    """``[bench.plan]``'s endpoints, each a table by its name; ConfigError, one line, for a missing, unknown or mistyped key."""
+    if not isinstance(table, dict) or not table or not all(isinstance(v, dict) for v in table.values()):
+        raise ConfigError(
+            'bench.plan must hold one table per endpoint, e.g. [bench.plan.P1] variant = "levels", metric = "mse", gamma = 0.5'
+        )
+    endpoints = []
+    for name, e in table.items():
+        where = f"bench.plan.{name}"
+        nested = next((k for k, v in e.items() if isinstance(v, dict)), None)
+        if nested is not None:  # [bench.plan.dose-0.13] is dose-0 holding 13
+            raise ConfigError(
+                f'{where}.{nested} is a table: a dot in an endpoint\'s name nests it; quote the name, [bench.plan."{name}.{nested}"]'
+            )
+        unknown = set(e) - ENDPOINT_KEYS
+        if unknown:
+            raise ConfigError(f"unknown key {where}.{sorted(unknown)[0]} (allowed: {', '.join(sorted(ENDPOINT_KEYS))})")
+        statistic = e.get("statistic", "difference")
+        if statistic not in STATISTICS:
+            raise ConfigError(f"{where}.statistic must be one of {', '.join(STATISTICS)}, got {statistic!r}")
+        needed = ("variant", "gamma") if statistic == "rising" else ("variant", "metric", "higher_is_better", "gamma")
+        missing = [k for k in needed if k not in e]
+        if missing:
+            raise ConfigError(f"{where} lacks {missing[0]!r} (a {statistic} endpoint needs {', '.join(needed)})")
+        for key in ("variant", "metric", "on", "against", "family"):
+            if key in e and (not isinstance(e[key], str) or not e[key]):
+                raise ConfigError(f"{where}.{key} must be a non-empty string, got {e[key]!r}")
+        if "higher_is_better" in e and not isinstance(e["higher_is_better"], bool):
+            raise ConfigError(f"{where}.higher_is_better must be true or false")
+        gamma = e["gamma"]
+        if not isinstance(gamma, (int, float)) or isinstance(gamma, bool) or not gamma >= 0:
+            raise ConfigError(f"{where}.gamma must be one perturbation level >= 0, e.g. gamma = 0.5, got {gamma!r}")
+        endpoints.append(Endpoint(name=name, **{**e, "gamma": float(gamma)}))
+    return tuple(endpoints)
 
 
 def _primary(table) -> Primary:
@@ -131,7 +237,16 @@ def spec_table(spec: BenchSpec) -> dict:
     if spec.primary is not None:
         primary = {name: list(v) if isinstance(v, tuple) else v for name, v in dataclasses.asdict(spec.primary).items()}
         table["primary"] = {name: v for name, v in primary.items() if v != []}
+    if spec.plan:
+        table["plan"] = {e.name: _endpoint_table(e) for e in spec.plan}
     return table
+
+
+def _endpoint_table(e: Endpoint) -> dict:
+    """An endpoint as its plan table: the optional keys left out at their defaults, so a plan that spells one out hashes alike."""
+    required = ("variant", "gamma") if e.statistic == "rising" else ("variant", "metric", "higher_is_better", "gamma")
+    defaults = {f.name: f.default for f in dataclasses.fields(Endpoint)}
+    return {k: v for k, v in dataclasses.asdict(e).items() if k != "name" and (k in required or v != defaults[k])}
 
 
 def read_spec(path: str | Path) -> BenchSpec:
@@ -167,27 +282,34 @@ def judge_cells(
     splits: tuple[str, ...],
     views: dict | None = None,
 ) -> list[dict]:
-    """Each (variant, split, gamma) against the strongest named baseline there; Holm over the cells given, Bonferroni intervals.
+    """Each (variant, split, gamma) against the strongest named baseline there, as one family (see :func:`judge`)."""
+    endpoints = [
+        Endpoint(f"{v} on {s} at γ {g:g}", v, metric, higher_is_better, float(g), s) for v in variants for s in splits for g in gammas
+    ]
+    return judge(results, spec, endpoints, views)
 
-    A cell a variant, split or gamma the runs lack is still counted in the family (m) and marked
-    missing, so an unfinished bench never looks like a smaller family.
+
+def judge(results: list[dict], spec: BenchSpec, endpoints, views: dict | None = None) -> list[dict]:
+    """Every endpoint judged, in order: Holm within each family, Bonferroni intervals (1 − α/m) over it; "rising" ones described.
+
+    An endpoint whose variant, split or gamma the runs lack is still counted in its family (m) and
+    marked missing, so an unfinished bench never looks like a smaller family.
     """
     views = dict(views if views is not None else split_views(results))
-    for split in splits:  # a mean over domains ("mean(carphone, bikes)") is a view of its own
-        if split not in views and (domains := mean_domains(split)):
+    for e in endpoints:  # a mean over domains ("mean(carphone, bikes)") is a view of its own
+        if e.on not in views and (domains := mean_domains(e.on)):
             view = domain_mean_results(results, domains)
-            views[split] = (view, summarize(view))
-    sign = 1.0 if higher_is_better else -1.0
-    cells = []
-    for variant in variants:
-        for split in splits:
-            for gamma in gammas:
-                cells.append(_cell(views.get(split), spec, variant, split, float(gamma), metric, sign))
-    m = len(cells)
-    adjusted = holm([c["difference"]["p"] if c.get("difference") else None for c in cells])
-    for cell, p in zip(cells, adjusted):
-        cell["p_holm"] = p
-        if cell.get("difference"):
+            views[e.on] = (view, summarize(view))
+    cells = [_cell(views.get(e.on), spec, e) for e in endpoints]
+    for family in dict.fromkeys(e.family for e in endpoints if e.statistic == "difference"):
+        members = [c for c, e in zip(cells, endpoints) if e.family == family and e.statistic == "difference"]
+        m = len(members)
+        adjusted = holm([c["difference"]["p"] if c.get("difference") else None for c in members])
+        for cell, p in zip(members, adjusted):
+            cell["p_holm"], cell["m"] = p, m
+            if not cell.get("difference"):
+                cell["verdict"] = "missing"
+                continue
             d = cell["difference"]
             better = p is not None and p <= FAMILY_ALPHA
             if d["n"] < 2:  # one pair has no spread to judge by: no test, so no verdict either way
@@ -195,27 +317,48 @@ def judge_cells(
             else:
                 cell["verdict"] = ("better" if d["mean"] > 0 else "worse") if better else "no difference"
             cell["simultaneous"] = paired_difference(cell["a"], cell["b"], level=1 - FAMILY_ALPHA / m)
-        else:
-            cell["verdict"] = "missing"
     return cells
 
 
-def _cell(view, spec: BenchSpec, variant: str, split: str, gamma: float, metric: str, sign: float) -> dict:
-    """One family cell: the variant against the strongest baseline at (split, gamma), signed so > 0 favours the variant."""
-    if view is None or variant not in view[1] or not view[0]:
-        return {"variant": variant, "split": split, "gamma": gamma, "metric": metric}
-    return versus_strongest(*view, spec, variant, gamma, metric, sign, split)
+def _cell(view, spec: BenchSpec, e: Endpoint) -> dict:
+    """One endpoint's cell, signed so a difference > 0 favours the variant; without its runs, the bare cell (missing)."""
+    cell = {"name": e.name, "family": e.family, "statistic": e.statistic, "variant": e.variant, "split": e.on, "gamma": e.gamma}
+    if view is None or e.variant not in view[1] or not view[0]:
+        return {**cell, "metric": e.metric}
+    if e.statistic == "rising":
+        return {**cell, **rising(view[1], e.variant, e.gamma)}
+    against = None if e.against == "strongest" else (e.against,)
+    return {**cell, **versus_strongest(*view, spec, e.variant, e.gamma, e.metric, 1.0 if e.higher_is_better else -1.0, e.on, against)}
+
+
+def rising(groups: dict, label: str, gamma: float) -> dict:
+    """The transitions l_{k-1} -> l_k at which ``label``'s mean (over seeds) per-layer test loss at ``gamma`` rises."""
+    record = groups[label]["gammas"].get(gamma)
+    if record is None:
+        return {}
+    loss = record["layer_loss"]["mean"]
+    return {"rises": [k for k in range(1, len(loss)) if loss[k] > loss[k - 1]], "layer_loss": loss, "seeds": groups[label]["seeds"]}
 
 
 def versus_strongest(
-    results: list[dict], groups: dict, spec: BenchSpec, variant: str, gamma: float, metric: str, sign: float, split: str = "test"
+    results: list[dict],
+    groups: dict,
+    spec: BenchSpec,
+    variant: str,
+    gamma: float,
+    metric: str,
+    sign: float,
+    split: str = "test",
+    against: tuple[str, ...] | None = None,
 ) -> dict:
     """``variant`` against the named baseline with the best mean at ``gamma`` in its context, over the seeds both have.
 
-    The values are signed by ``sign`` (-1 where lower is better) so that a difference > 0 favours the
-    variant. "Better" must hold against every baseline, not the strongest alone (an intersection-union
-    test: the difference's p is the largest of the baselines' p, and it is distinct only when every
-    baseline's interval is above 0), so that "holds" means "beats erm and deep supervision".
+    The baselines are the groups of ``spec.baselines``' solvers nearest the variant, or the labels
+    ``against``. The values are signed by ``sign`` (-1 where lower is better) so that a difference
+    > 0 favours the variant. "Better" must hold against every baseline, not the strongest alone (an
+    intersection-union test: the difference's p is the largest of the baselines' p, and it is
+    distinct only when every baseline's interval is above 0), so that "holds" means "beats erm and
+    deep supervision"; ``decided_by`` names the baseline whose comparison gave the p.
     ``cross_code`` says whether the two sides were made by different code, ``untuned`` whether the
     variant had tuning runs the strongest baseline did not.
     """
@@ -223,9 +366,9 @@ def versus_strongest(
     cell = {"variant": variant, "split": split, "gamma": gamma, "metric": metric}
     value = {(r["label"], r["seed"], float(g["gamma"])): g["metrics"].get(metric) for r in results for g in r["gammas"]}
     candidates = {}
-    for solver in spec.baselines:
-        label = baseline_group(groups, variant, solver)
-        stats = groups[label]["gammas"].get(gamma, {}).get("metrics", {}).get(metric) if label else None
+    labels = against if against is not None else [baseline_group(groups, variant, solver) for solver in spec.baselines]
+    for label in labels:
+        stats = groups[label]["gammas"].get(gamma, {}).get("metrics", {}).get(metric) if label in groups else None
         if stats is not None:
             candidates[label] = sign * stats["mean"]
     own = groups[variant]["gammas"].get(gamma, {}).get("metrics", {}).get(metric)
@@ -240,12 +383,14 @@ def versus_strongest(
         ]
         a, b = [sign * value[variant, s, gamma] for s in seeds], [sign * value[label, s, gamma] for s in seeds]
         versus[label] = (seeds, a, b, paired_difference(a, b) if seeds else None)
-    strongest = max(candidates, key=candidates.get)
+    strongest = decided_by = max(candidates, key=candidates.get)
     seeds, a, b, difference = versus[strongest]
     if difference is not None and difference["mean"] > 0:
         others = [d for _, _, _, d in versus.values()]
         better_than_all = all(d is not None and d["distinct"] and d["mean"] > 0 for d in others)
         worst_p = None if any(d is None or d["p"] is None or d["mean"] <= 0 for d in others) else max(d["p"] for d in others)
+        if worst_p is not None:
+            decided_by = max(versus, key=lambda label: versus[label][3]["p"])
         difference = {**difference, "distinct": better_than_all, "p": worst_p}
     made = {label: [] for label in (variant, strongest)}
     for r in results:
@@ -256,6 +401,7 @@ def versus_strongest(
         "baseline": strongest,
         "baseline_solver": groups[strongest]["solver"],
         "baselines": list(candidates),
+        "decided_by": decided_by,
         "seeds": seeds,
         "a": a,
         "b": b,
@@ -267,8 +413,6 @@ def versus_strongest(
 
 
 def primary_cells(results: list[dict], spec: BenchSpec, views: dict | None = None) -> list[dict]:
-    """The pre-registered family's cells, judged (empty for a bench without ``[bench.primary]``)."""
-    p = spec.primary
-    if p is None:
-        return []
-    return judge_cells(results, spec, p.variants, p.metric, p.higher_is_better, p.gammas, p.splits, views)
+    """The family "primary" of the declared endpoints, judged (empty for a bench that declares none)."""
+    cells = judge(results, spec, spec.endpoints(), views)
+    return [c for c in cells if c["family"] == "primary" and c["statistic"] == "difference"]

@@ -180,7 +180,8 @@ def plot(groups: dict, out: Path, domains: dict[str, dict] | None = None, spec=N
     solid = "solid: constraints enforced; dashed: the rest"
     gammas = _all_gammas(groups)
     # Figure 1's layout in distribution, at the primary endpoint's shifted gammas and at the largest
-    shifted = [g for g in (spec.primary.gammas if spec is not None and spec.primary else ()) if g in gammas and g != gammas[0]]
+    claim = spec.claim() if spec is not None else None
+    shifted = [g for g in (claim.gammas if claim else ()) if g in gammas and g != gammas[0]]
     ends = list(dict.fromkeys([gammas[0], *sorted(shifted), gammas[-1]]))
     # a run evaluated on validation (a tuning run) is named so in the legend, the axis says so
     loss_label = "test loss" if all(grp["split"] == "test" for grp in groups.values()) else "loss (test unless the legend names a split)"
@@ -320,7 +321,7 @@ def tradeoff(groups: dict, domains: dict[str, dict], path: Path, spec=None, titl
     import matplotlib.pyplot as plt
 
     metrics = metric_names(groups)
-    primary = getattr(spec, "primary", None)
+    primary = spec.claim() if spec is not None else None
     metric = primary.metric if primary and primary.metric in metrics else metrics[0]
     split = primary.splits[0] if primary else "test"
     shifted_groups = groups if split == "test" else domains.get(split, {})

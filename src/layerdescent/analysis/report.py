@@ -32,8 +32,9 @@ from layerdescent.analysis.groups import (  # noqa: F401
     summarize,
 )
 from layerdescent.analysis.plots import plot
+from layerdescent.analysis.registration import plan_status
 from layerdescent.analysis.stats import paired_difference  # noqa: F401
-from layerdescent.analysis.tables import format_difference, format_stat, markdown, paired_cell  # noqa: F401
+from layerdescent.analysis.tables import endpoints_page, format_difference, format_stat, markdown, paired_cell  # noqa: F401
 from layerdescent.errors import LayerdescentError
 from layerdescent.registry import get_registry
 from layerdescent.results import read_results
@@ -113,7 +114,11 @@ def write_report(
         title, note, workers, judging = pub.remembered(root, title, note, workers, spec_table(spec) if spec else None)
         spec = parse_spec(judging) if judging else BenchSpec()
         images = plot(groups, pub.stage, {name: domain_groups for name, (_, domain_groups) in domains.items()}, spec=spec, results=results)
-        pub.write(
-            "summary.md", markdown(groups, results, title or f"layerdescent report: {root.name}", images, note, workers, domains, spec)
-        )
+        title = title or f"layerdescent report: {root.name}"
+        tally: list[dict] = []
+        status = plan_status(root, results, spec)
+        pub.write("summary.md", markdown(groups, results, title, images, note, workers, domains, spec, tally, status))
+        if spec.endpoints():  # the declared plan, judged whole: one page per bench
+            views = {"test": (results, groups), **domains}
+            pub.write("endpoints.md", endpoints_page(results, spec, views, tally, title, status))
     return out / "summary.md"

@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from layerdescent.analysis.endpoints import FAMILY_ALPHA, BenchSpec, judge_cells, primary_cells, untuned
+from layerdescent.analysis.endpoints import FAMILY_ALPHA, BenchSpec, judge, judge_cells, primary_cells, untuned
 from layerdescent.analysis.groups import (
     _all_gammas,
     _baseline_name,
@@ -249,19 +249,12 @@ def family_rows(cells: list[dict], adjusted: bool = True) -> list[list[str]]:
 FAMILY_HEADER = ["variant", "evaluated on", "γ", "strongest baseline", "Δ (> 0 favours the variant)", "p", "Holm p", "verdict", "flags"]
 
 
-def primary_section(results: list[dict], spec, views: dict, tally: list[dict]) -> list[str]:
-    """Markdown: the pre-registered family judged with Holm's adjustment, the adopted settings beside it, and the exploratory count."""
+def primary_section(results: list[dict], spec, views: dict, tally: list[dict], status=None) -> list[str]:
+    """Markdown: the declared family "primary" judged with Holm's adjustment, the adopted settings beside it, and the exploratory count."""
 
-    distinct = sum(d["distinct"] for d in tally)
-    chance = excluding_zero_by_chance(len(tally))
-    count = (
-        f"Exploratory cells: {distinct} of the {len(tally)} paired differences with an interval below exclude 0, "
-        f"where chance alone predicts about {chance:.1f} (5% of them); none of them is corrected for the others."
-        if tally
-        else "No paired difference has an interval (that takes two seeds of each side)."
-    )
+    count = _exploratory_count(tally)
     p = spec.primary
-    if p is None:
+    if p is None and not spec.plan:
         return [
             "## Primary endpoints",
             "",
@@ -270,9 +263,20 @@ def primary_section(results: list[dict], spec, views: dict, tally: list[dict]) -
             "",
         ]
     cells = primary_cells(results, spec, views)
-    lines = [
-        "## Primary endpoints (pre-registered)",
-        "",
+    changed = status is not None and status.changed
+    heading = (
+        "## Primary endpoints (plan changed after the runs began: exploratory)" if changed else "## Primary endpoints (pre-registered)"
+    )
+    lines = [heading, ""] + ([status.line(), ""] if changed else [])
+    if p is None:  # the declared plan: every family is in endpoints.md, the claim's here
+        endpoints = [e for e in spec.endpoints() if e.family == "primary" and e.statistic == "difference"]
+        lines += [
+            f"The plan's family `primary` (every declared endpoint: [endpoints.md](endpoints.md)). {_family_note(len(cells))}",
+            "",
+        ]
+        lines += markdown_table(PLAN_HEADER, plan_rows(cells, endpoints))
+        return lines + [count, ""]
+    lines += [
         f"{p.metric} ({'higher' if p.higher_is_better else 'lower'} is better) of {', '.join(p.variants)} against the strongest of "
         f"{', '.join(spec.baselines)} at each cell (the baseline with the best mean there; better only where better than each), at γ {', '.join(f'{g:g}' for g in p.gammas)} "
         f"on {', '.join(p.splits)}: a family of {len(cells)}. p is the paired t test's over seeds; Holm p is adjusted over the family, "
@@ -416,15 +420,21 @@ def markdown(
     workers: int | None = None,
     domains: dict[str, tuple[list[dict], dict]] | None = None,
     spec=None,
+    tally: list[dict] | None = None,
+    status=None,
 ) -> str:
-    """The summary; ``domains`` maps each evaluation domain to its results view and their groups, ``spec`` the bench's judging keys."""
+    """The summary; ``domains`` maps each evaluation domain to its results view and their groups, ``spec`` the bench's judging keys.
+
+    ``tally``, where given, receives every exploratory paired difference the tables show (for :func:`endpoints_page`);
+    ``status`` (``registration.PlanStatus``) says whether the runs were made under the plan they are judged by.
+    """
 
     spec = spec or BenchSpec()
     gammas = _all_gammas(groups)
     metrics = metric_names(groups)
-    p = spec.primary
-    primary = {(v, ref, split, g, p.metric) for v in p.variants for ref in groups for split in p.splits for g in p.gammas} if p else set()
-    tally: list[dict] = []
+    declared = [e for e in spec.endpoints() if e.statistic == "difference"]
+    primary = {(e.variant, ref, e.on, e.gamma, e.metric) for e in declared for ref in groups}  # declared: not exploratory
+    tally = [] if tally is None else tally
     options = {"spec": spec, "tally": tally, "primary": primary}
     body = []
     if metrics:
@@ -481,5 +491,86 @@ def markdown(
     views = {"test": (results, groups), **(domains or {})}
     head = [f"# {title}", "", *([note, ""] if note else []), *_overview(groups, results)]
     if metrics:
-        head += primary_section(results, spec, views, tally)
+        head += primary_section(results, spec, views, tally, status)
     return "\n".join(head + body) + "\n"
+
+
+PLAN_HEADER = ["endpoint", *(h if h != "strongest baseline" else "against" for h in FAMILY_HEADER), "decided by"]
+
+
+def plan_rows(cells: list[dict], endpoints) -> list[list[str]]:
+    """Table rows of judged endpoints: the name and metric, the family row, and the baseline whose comparison gave the p."""
+    rows = []
+    for c, e, row in zip(cells, endpoints, family_rows(cells)):
+        decided = c.get("decided_by", "–") if c.get("difference") else "–"
+        rows.append([f"{e.name} ({e.metric}, {'higher' if e.higher_is_better else 'lower'} is better)", *row, decided])
+    return rows
+
+
+def _exploratory_count(tally: list[dict]) -> str:
+    """How many exploratory paired differences exclude 0, beside how many chance alone would."""
+    if not tally:
+        return "No paired difference has an interval (that takes two seeds of each side)."
+    return (
+        f"Exploratory cells: {sum(d['distinct'] for d in tally)} of the {len(tally)} paired differences with an interval below exclude 0, "
+        f"where chance alone predicts about {excluding_zero_by_chance(len(tally)):.1f} (5% of them); none of them is corrected for the others."
+    )
+
+
+def _family_note(m: int) -> str:
+    return (
+        f"Holm-adjusted over the family's {m}; intervals Bonferroni's ({100 * (1 - FAMILY_ALPHA / max(m, 1)):.3g}%, simultaneous over it). "
+        f"Against the strongest, better must hold against each named baseline; *decided by* names the comparison whose p the cell carries."
+    )
+
+
+def _status_line(status) -> str:
+    if status is None:
+        return (
+            "No plan is recorded with these runs (they were made before `layerdescent bench` recorded one): "
+            "the bench file's history is the only record of when its plan was written."
+        )
+    return status.line()
+
+
+def endpoints_page(results: list[dict], spec, views: dict, tally: list[dict], title: str, status=None) -> str:
+    """endpoints.md: every endpoint the bench declares, judged family by family, the described ones, and the exploratory count."""
+    endpoints = spec.endpoints()
+    cells = judge(results, spec, endpoints, views)
+    lines = [
+        f"# Endpoints: {title}",
+        "",
+        "Every endpoint the bench file declares (`[bench.plan]`, or its older form `[bench.primary]`), judged by `layerdescent report`; "
+        "the family `primary` decides the bench's claim, every other family is secondary and adjusted within itself.",
+        "",
+        _status_line(status),
+        "",
+    ]
+    tested = [(c, e) for c, e in zip(cells, endpoints) if e.statistic == "difference"]
+    for family in dict.fromkeys(e.family for _, e in tested):
+        members = [(c, e) for c, e in tested if e.family == family]
+        changed = status is not None and status.changed
+        role = "the claim" if family == "primary" else "secondary"
+        lines += [f"## Family {family}: {role}{' (exploratory: the plan changed)' if changed else ''}", "", _family_note(len(members)), ""]
+        lines += markdown_table(PLAN_HEADER, plan_rows([c for c, _ in members], [e for _, e in members]))
+    described = [(c, e) for c, e in zip(cells, endpoints) if e.statistic == "rising"]
+    if described:
+        lines += [
+            "## Described, not tested: transitions where the mean per-layer test loss rises",
+            "",
+            "The mean over seeds of each layer's test loss; a transition l(k-1) -> l(k) rises where it is larger at l(k).",
+            "",
+        ]
+        rows = []
+        for c, e in described:
+            if "rises" not in c:
+                rows.append([e.name, e.variant, e.on, f"{e.gamma:g}", "–", "not run", "–"])
+                continue
+            rises = ", ".join(f"l{k}" for k in c["rises"])
+            loss = " ".join(f"{x:.4g}" for x in c["layer_loss"])
+            rows.append(
+                [e.name, e.variant, e.on, f"{e.gamma:g}", str(len(c["seeds"])), f"{len(c['rises'])}{': ' + rises if rises else ''}", loss]
+            )
+        lines += markdown_table(["endpoint", "variant", "evaluated on", "γ", "seeds", "rising transitions", "per-layer test loss"], rows)
+    lines += ["## Everything else: exploratory", "", _exploratory_count(tally), ""]
+    return "\n".join(lines)

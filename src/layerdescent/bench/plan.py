@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from layerdescent.analysis.endpoints import BenchSpec, parse_spec
+from layerdescent.analysis.groups import mean_domains
 from layerdescent.bench.executors import (
     executor_table,
 )
@@ -90,7 +91,7 @@ def _check_variant_name(name: Any) -> str:
     return name
 
 
-BENCH_KEYS = {"seeds", "variants", "grid", "executor", "baselines", "primary", "tuning"}
+BENCH_KEYS = {"seeds", "variants", "grid", "executor", "baselines", "primary", "plan", "tuning"}
 
 
 def blame(line: str, variant: str, overrides: list[str], own: set[str]) -> str:
@@ -171,7 +172,28 @@ def plan(path: str | Path, out: str | Path, overrides: list[str] = (), registry:
     spec = parse_spec(bench, [run.variant for run in runs])  # a bad [bench.primary] or baseline fails before anything trains
     if spec.primary:
         _check_primary(spec.primary, runs, tasks)
+    _check_plan(spec.plan, runs, tasks)
     return runs
+
+
+def _check_plan(plan, runs: list[BenchRun], tasks: dict) -> None:
+    """Each endpoint's metric is one its runs' task reports, and its split is test, a domain they are evaluated on, or a mean of those."""
+    for e in plan:
+        for run in runs:
+            if run.variant not in (e.variant, e.against):
+                continue
+            task = tasks[repr(sorted(run.config.task.options.items())) + run.config.task.name]
+            metrics = list(task.metrics().keys())
+            if e.statistic == "difference" and e.metric not in metrics:
+                raise ConfigError(
+                    f"bench.plan.{e.name}.metric: {e.metric!r} is not a metric of task {run.config.task.name!r} (it reports: {', '.join(metrics) or 'none'})"
+                )
+            for split in mean_domains(e.on) or [e.on]:
+                if split != "test" and split not in run.config.eval.domains:
+                    raise ConfigError(
+                        f"bench.plan.{e.name}.on: variant {run.variant!r} is not evaluated on {split!r} (test, one of its eval.domains "
+                        f'or a mean of them, "mean(a, b)": {", ".join(run.config.eval.domains) or "no domains"})'
+                    )
 
 
 def _check_primary(primary, runs: list[BenchRun], tasks: dict) -> None:

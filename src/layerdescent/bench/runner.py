@@ -19,9 +19,11 @@ keys and value lists crosses every variant with every combination, named by the 
     [bench.grid]
     "constraints.0.alpha" = [0.0, 0.05, 0.1]     # -> primal-dual,alpha=0 ... primal-dual,alpha=0.1
 
-``baselines``, ``[bench.primary]`` and ``[bench.tuning]`` say how the summary judges the runs (the
-solvers constrained variants are judged against, the pre-registered family, the tuning budgets;
-see ``layerdescent.analysis.endpoints``); they are checked with the rest before anything trains.
+``baselines``, ``[bench.plan]`` (or its older form ``[bench.primary]``) and ``[bench.tuning]`` say how
+the summary judges the runs (the solvers constrained variants are judged against, the declared
+endpoints, the tuning budgets; see ``layerdescent.analysis.endpoints``); they are checked with the
+rest before anything trains, and each run records the plan it was made under
+(``layerdescent.analysis.registration``).
 
 Every run lands in ``OUT/VARIANT/seed-N``; a finished run (its ``results.json`` exists) whose
 recorded config is the one asked for is not run again and an interrupted one resumes, so a bench
@@ -33,10 +35,12 @@ or with ``workers > 1`` that many processes of one torch thread each, which die 
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from layerdescent.analysis import registration
 from layerdescent.analysis.report import write_report
 from layerdescent.bench.executors import (
     ExecutorChoice,
@@ -134,6 +138,9 @@ def run_bench(
             left.append(RunFailure(run, str(failure.get("error") or "no error recorded"), []))
         else:
             pending.append((run, (run.run_dir / "checkpoint.pt").exists()))
+    spec = bench_spec(path, overrides)
+    # each run about to begin records the plan it is made under, so a report can tell a plan changed afterwards
+    registration.record(Path(out), [(os.path.relpath(run.run_dir, out), run.config.eval.split != "test") for run, _ in pending], spec)
     if before:
         before(len(pending), len(runs))
     for run in done:  # reported once every run is known to match, so nothing is called done and then refused
@@ -156,7 +163,7 @@ def run_bench(
         title=title or f"Bench {Path(path).name}",
         note=f"Made by `{command}`.",
         workers=workers,
-        spec=bench_spec(path, overrides),
+        spec=spec,
     )
     if failures:
         raise failure_report(failures, len(runs), summary, len(left))

@@ -35,6 +35,8 @@ STAGE = ".layerdescent-report-"  # + pid: the private folder a report is made in
 # whatever a report writes is checked again when it is moved in.
 REPORT_FILES = (
     "summary.md",
+    "endpoints.md",
+    "tradeoff.png",
     "loss_vs_layer.png",
     "metric_vs_gamma.png",
     "metric_vs_gamma_domains.png",

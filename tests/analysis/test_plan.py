@@ -1,0 +1,156 @@
+"""A bench file's declared plan: named endpoints in families, endpoints.md written by report, and the plan each run was made under."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import tomli_w
+from test_endpoints import AT_GAMMA_1, write_run
+
+from layerdescent.analysis.endpoints import BenchSpec, Endpoint, judge, parse_spec
+from layerdescent.analysis.registration import LEDGER, changes
+from layerdescent.analysis.report import collect, write_report
+from layerdescent.analysis.stats import holm, paired_difference
+from layerdescent.cli import main
+from layerdescent.errors import ConfigError
+
+PLAN = {
+    "P1": {"variant": "primal-dual", "metric": "mse", "higher_is_better": False, "gamma": 1.0},
+    "P2": {"variant": "primal-dual", "metric": "mse", "higher_is_better": False, "gamma": 1.0, "against": "erm"},
+    "S1": {"variant": "primal-dual", "metric": "mse", "higher_is_better": False, "gamma": 0.0, "family": "cost"},
+    "D1": {"variant": "primal-dual", "gamma": 1.0, "statistic": "rising"},
+}
+
+
+def three_solvers(root):
+    """primal-dual beats erm at gamma 1 in every seed and ties penalty (test_endpoints' fixture)."""
+    for solver, values in AT_GAMMA_1.items():
+        for seed, mse1 in enumerate(values):
+            write_run(root, solver, solver, seed, 0.1 + 0.01 * seed, mse1)
+    return root
+
+
+def test_each_endpoint_carries_the_p_of_the_comparison_it_shows(tmp_path):
+    results = collect(three_solvers(tmp_path))
+    spec = parse_spec({"baselines": ["erm", "penalty"], "plan": PLAN})
+    p1, p2, s1, d1 = judge(results, spec, spec.endpoints())
+    erm, pd = (
+        [-r["gammas"][1]["metrics"]["mse"] for r in sorted(results, key=lambda r: r["seed"]) if r["label"] == x]
+        for x in ("erm", "primal-dual")
+    )
+    # P2 names erm: its p is the paired test of primal-dual against erm, nothing else
+    assert p2["baseline"] == "erm" and p2["difference"]["p"] == paired_difference(pd, erm)["p"]
+    # P1 against the strongest: penalty has the better mean; primal-dual is not better than it
+    assert p1["baseline"] == "penalty" and p1["decided_by"] == "penalty" and p1["verdict"] == "no difference"
+    # one family of two (P1, P2), Holm within it; S1 alone in its family; D1 described, not tested
+    assert [p1["p_holm"], p2["p_holm"]] == holm([p1["difference"]["p"], p2["difference"]["p"]])
+    assert p1["m"] == p2["m"] == 2 and s1["m"] == 1 and "p_holm" not in d1
+    assert d1["rises"] == [] and d1["layer_loss"] == pytest.approx([1.0, 0.8, 0.6])
+
+
+def test_better_than_the_strongest_names_the_comparison_that_decided_it(tmp_path):
+    # primal-dual beats both baselines; the weaker-looking one (erm) is far, penalty near: penalty's p decides
+    for seed, (erm, pen, pd) in enumerate([(0.5, 0.31, 0.30), (0.52, 0.322, 0.3), (0.51, 0.315, 0.302)]):
+        for label, value in (("erm", erm), ("penalty", pen), ("primal-dual", pd)):
+            write_run(tmp_path, label, label, seed, 0.1, value)
+    spec = parse_spec({"baselines": ["erm", "penalty"], "plan": {"P1": PLAN["P1"]}})
+    (cell,) = judge(collect(tmp_path), spec, spec.endpoints())
+    assert cell["decided_by"] == "penalty" and cell["difference"]["p"] == max(d["p"] for d in cell["versus"].values())
+
+
+def test_report_writes_endpoints_md_family_by_family(tmp_path):
+    spec = parse_spec({"baselines": ["erm", "penalty"], "plan": PLAN})
+    write_report(three_solvers(tmp_path), spec=spec)
+    page = (tmp_path / "endpoints.md").read_text()
+    assert "## Family primary: the claim" in page and "## Family cost: secondary" in page
+    assert "| P2 (mse, lower is better) | primal-dual | test | 1 | erm |" in page
+    assert "| D1 | primal-dual | test | 1 | 3 | 0 | 1 0.8 0.6 |" in page
+    assert "No plan is recorded with these runs" in page and "## Everything else: exploratory" in page
+    summary = (tmp_path / "summary.md").read_text()
+    assert "## Primary endpoints (pre-registered)" in summary and "[endpoints.md](endpoints.md)" in summary
+    assert "| S1 " not in summary  # the summary shows the claim's family; the page shows them all
+
+
+def test_the_older_primary_table_is_the_plans_family_primary():
+    spec = parse_spec({"primary": {"metric": "mse", "higher_is_better": False, "gammas": [0.0, 0.5], "variants": ["pd"]}})
+    assert [(e.variant, e.gamma, e.family, e.against) for e in spec.endpoints()] == [
+        ("pd", 0.0, "primary", "strongest"),
+        ("pd", 0.5, "primary", "strongest"),
+    ]
+
+
+@pytest.mark.parametrize(
+    "plan, message",
+    [
+        ({"P1": {"variant": "a", "metric": "mse", "gamma": 0.5}}, "bench.plan.P1 lacks 'higher_is_better'"),
+        ({"P1": {**PLAN["P1"], "gamm": 1}}, "unknown key bench.plan.P1.gamm"),
+        ({"P1": {**PLAN["P1"], "gamma": [0.5]}}, "bench.plan.P1.gamma must be one perturbation level"),
+        ({"P1": {**PLAN["P1"], "statistic": "mean"}}, "bench.plan.P1.statistic must be one of difference, rising"),
+        ({"P1": 3}, "bench.plan must hold one table per endpoint"),
+        (
+            {"dose-0": {"13": PLAN["P1"]}},
+            'bench.plan.dose-0.13 is a table: a dot in an endpoint\'s name nests it; quote the name, [bench.plan."dose-0.13"]',
+        ),
+    ],
+)
+def test_a_bad_plan_is_one_line(plan, message):
+    with pytest.raises(ConfigError, match="^" + message.replace(".", r"\.").replace("[", r"\[")):
+        parse_spec({"plan": plan})
+
+
+def test_a_plan_naming_a_variant_the_bench_lacks_is_refused():
+    with pytest.raises(ConfigError, match=r"bench\.plan\.P2\.against: no variant is labelled 'erm'"):
+        parse_spec({"plan": {"P2": PLAN["P2"]}}, ["primal-dual"])
+
+
+def test_changes_name_each_key_that_differs():
+    old = {"plan": {"P1": {"gamma": 0.5, "variant": "a"}}, "baselines": ["erm"]}
+    new = {"plan": {"P1": {"gamma": 1.0, "variant": "a"}, "P2": {"gamma": 0.0}}, "baselines": ["erm"]}
+    assert changes(old, new) == ["bench.plan.P1.gamma 0.5 -> 1.0", "bench.plan.P2.gamma added (0.0)"]
+
+
+def _bench(tmp_path, tiny, gamma: float) -> str:
+    table = {
+        **tiny,
+        "bench": {
+            "seeds": [0, 1],
+            "variants": {
+                "erm": {"solver": {"name": "erm"}},
+                "primal-dual": {},
+                "tune-primal-dual": {"seeds": [100], "eval": {"split": "validation"}},
+            },
+            "tuning": {"primal-dual": 1},
+            "plan": {"P1": {**PLAN["P1"], "gamma": gamma, "against": "erm"}},
+        },
+    }
+    path = tmp_path / "bench.toml"
+    path.write_text(tomli_w.dumps(table))
+    return str(path)
+
+
+def test_a_plan_changed_after_the_runs_began_makes_the_bench_exploratory_and_names_the_change(tmp_path, tiny, capsys):
+    tiny["eval"]["gammas"] = [0.0, 0.5, 1.0]
+    out = str(tmp_path / "out")
+    # the tuning run first; then the plan moves its endpoint: tuning runs are made under the tuning budgets alone
+    assert main(["bench", _bench(tmp_path, tiny, 0.5), "--out", out, "--only", "tune-*"]) == 0
+    assert main(["bench", _bench(tmp_path, tiny, 1.0), "--out", out, "--only", "erm"]) == 0
+    ledger = json.loads((tmp_path / "out" / LEDGER).read_text())
+    assert sorted(ledger["runs"]) == ["erm/seed-0", "erm/seed-1", "tune-primal-dual/seed-100"]
+    assert main(["bench", _bench(tmp_path, tiny, 1.0), "--out", out]) == 0
+    page = (tmp_path / "out" / "endpoints.md").read_text()
+    assert "every one of the 5 runs with a recorded plan was made under it" in page and "exploratory" not in page.split("##")[1]
+    # the endpoint moved back after the main runs began: every report of these runs says so, naming the change
+    assert main(["report", out, "--bench", _bench(tmp_path, tiny, 0.5)]) == 0
+    summary, page = ((tmp_path / "out" / name).read_text() for name in ("summary.md", "endpoints.md"))
+    assert "## Primary endpoints (plan changed after the runs began: exploratory)" in summary
+    assert "bench.plan.P1.gamma 1.0 -> 0.5" in summary and "bench.plan.P1.gamma 1.0 -> 0.5" in page
+    assert "## Family primary: the claim (exploratory: the plan changed)" in page
+    capsys.readouterr()
+
+
+def test_a_bench_with_a_plan_records_it_even_for_a_spec_remembered_by_report(tmp_path):
+    spec = BenchSpec(("erm",), plan=(Endpoint("P1", "primal-dual", "mse", False, 1.0),))
+    write_report(three_solvers(tmp_path), spec=spec)
+    write_report(tmp_path)  # report without --bench: the judging keys it was given before
+    assert "| P1 (mse, lower is better) | primal-dual |" in (tmp_path / "summary.md").read_text()
