@@ -39,6 +39,7 @@ from pathlib import Path
 
 from layerdescent.analysis.groups import baseline_group, domain_mean_results, domain_results, mean_domains, summarize
 from layerdescent.analysis.stats import holm, paired_difference
+from layerdescent.analysis.tuning import Search, parse_search, search_table
 from layerdescent.errors import ConfigError
 from layerdescent.registry import get_registry
 from layerdescent.run.config_file import read_toml
@@ -90,6 +91,7 @@ class BenchSpec:
     primary: Primary | None = None
     tuning: dict[str, int] = field(default_factory=dict)
     plan: tuple[Endpoint, ...] = ()
+    searches: dict[str, Search] = field(default_factory=dict)  # the variants the tool tunes, by their declared rule
 
     def claim(self) -> Primary | None:
         """The family "primary" as one Primary (its metric, gammas, splits and variants, as plots and REPORT.md read it); None where none is declared."""
@@ -142,15 +144,22 @@ def parse_spec(bench: dict, variants: list[str] | None = None) -> BenchSpec:
                 f"bench.baselines: {name!r} enforces the constraints; a baseline is a solver the constrained variants are judged against"
             )
     tuning = bench.get("tuning", {})
-    if not isinstance(tuning, dict) or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in tuning.values()):
+    if not isinstance(tuning, dict):
         raise ConfigError('bench.tuning must map variant labels to the number of runs spent choosing their setting, e.g. "primal-dual" = 6')
+    searches = {label: parse_search(label, rule) for label, rule in tuning.items() if isinstance(rule, dict)}
+    tuning = {label: len(searches[label].trials) if label in searches else rule for label, rule in tuning.items()}
+    if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in tuning.values()):
+        raise ConfigError(
+            'bench.tuning must map variant labels to the number of runs spent choosing their setting, e.g. "primal-dual" = 6, '
+            "or to a search the tool runs ([bench.tuning.VARIANT] trials, criterion, gamma)"
+        )
     primary = bench.get("primary")
     if primary is not None:
         primary = _primary(primary)
     plan = _plan(bench["plan"]) if "plan" in bench else ()
     if primary is not None and plan:
         raise ConfigError("bench.primary and bench.plan both declare endpoints: [bench.primary] is the older form, keep [bench.plan] alone")
-    spec = BenchSpec(baselines, primary, dict(tuning), plan)
+    spec = BenchSpec(baselines, primary, dict(tuning), plan, searches)
     if variants is not None:
         named = {label: "bench.primary" for label in (primary.variants + primary.adopted if primary else ())}
         for e in plan:
@@ -233,7 +242,7 @@ def _primary(table) -> Primary:
 
 def spec_table(spec: BenchSpec) -> dict:
     """``spec`` as the ``[bench]`` keys :func:`parse_spec` reads back, for a report to remember a bench's judging keys by."""
-    table: dict = {"baselines": list(spec.baselines), "tuning": dict(spec.tuning)}
+    table: dict = {"baselines": list(spec.baselines), "tuning": {**spec.tuning, **{v: search_table(s) for v, s in spec.searches.items()}}}
     if spec.primary is not None:
         primary = {name: list(v) if isinstance(v, tuple) else v for name, v in dataclasses.asdict(spec.primary).items()}
         table["primary"] = {name: v for name, v in primary.items() if v != []}

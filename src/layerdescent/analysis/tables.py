@@ -533,7 +533,7 @@ def _status_line(status) -> str:
     return status.line()
 
 
-def endpoints_page(results: list[dict], spec, views: dict, tally: list[dict], title: str, status=None) -> str:
+def endpoints_page(results: list[dict], spec, views: dict, tally: list[dict], title: str, status=None, decisions=None) -> str:
     """endpoints.md: every endpoint the bench declares, judged family by family, the described ones, and the exploratory count."""
     endpoints = spec.endpoints()
     cells = judge(results, spec, endpoints, views)
@@ -572,5 +572,33 @@ def endpoints_page(results: list[dict], spec, views: dict, tally: list[dict], ti
                 [e.name, e.variant, e.on, f"{e.gamma:g}", str(len(c["seeds"])), f"{len(c['rises'])}{': ' + rises if rises else ''}", loss]
             )
         lines += markdown_table(["endpoint", "variant", "evaluated on", "γ", "seeds", "rising transitions", "per-layer test loss"], rows)
+    lines += _decisions(decisions or {})
     lines += ["## Everything else: exploratory", "", _exploratory_count(tally), ""]
     return "\n".join(lines)
+
+
+def _decisions(decisions: dict) -> list[str]:
+    """Markdown: each search the tool ran (``tuning.json``): its rule, every trial's criterion, what it adopted."""
+    lines = []
+    for variant, d in sorted(decisions.items()):
+        if not isinstance(d, dict) or not isinstance(d.get("rule"), dict):
+            continue
+        rule = d["rule"]
+        adopted = ", ".join(f"{k} = {v!r}" for k, v in (d.get("adopted") or {}).items()) or "nothing (no trial qualified)"
+        lines += [
+            f"### {variant}: {d.get('budget')} trials on validation, adopted {adopted}",
+            "",
+            f"Criterion {rule.get('criterion')} at γ {rule.get('gamma'):g} ({'higher' if rule.get('higher_is_better') else 'lower'} is better); "
+            f"qualifies: {rule.get('qualify')}; ties {rule.get('tie')}. Recorded in tuning.json, which the main runs were trained from.",
+            "",
+        ]
+        rows = [
+            [
+                t["run"],
+                "failed" if t.get("failed") else "–" if t.get("value") is None else f"{t['value']:.6g}",
+                "yes" if t.get("qualifies") else "no",
+            ]
+            for t in d.get("trials", [])
+        ]
+        lines += markdown_table(["trial", "criterion", "qualifies"], rows)
+    return ["## Tuning the tool ran", "", *lines] if lines else []

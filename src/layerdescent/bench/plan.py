@@ -12,6 +12,7 @@ from typing import Any
 
 from layerdescent.analysis.endpoints import BenchSpec, parse_spec
 from layerdescent.analysis.groups import mean_domains
+from layerdescent.analysis.tuning import read_adopted, search_table
 from layerdescent.bench.executors import (
     executor_table,
 )
@@ -32,6 +33,8 @@ class BenchRun:
     seed: int
     config: RunConfig
     run_dir: Path
+    trial_of: str | None = None  # a tuning trial: the variant whose declared search it belongs to
+    awaits: bool = False  # a tuned variant's main run before its search is decided (its config still the placeholder)
 
 
 def merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
@@ -139,7 +142,27 @@ def plan(path: str | Path, out: str | Path, overrides: list[str] = (), registry:
         raise ConfigError(
             f"the bench has {count:,} runs (variants x grid points x seeds); at most {MAX_RUNS:,}: split it into several bench files"
         )
+    searches = parse_spec(bench).searches  # the tuned variants, whose trials come first
+    decided = read_adopted(Path(out))
     runs, where, tasks = [], {}, {}
+
+    def build(merged: dict[str, Any], name: str, settings: dict[str, Any], own: set[str]) -> RunConfig:
+        """One run's config, checked as a run's is: ``settings`` (dotted keys) set over ``merged``; errors blamed on what the user typed."""
+        try:
+            for key, value in settings.items():
+                set_path(merged, key, copy.deepcopy(value))
+            config = config_from_dict(merged, registry)
+            # the depth needs the built task; variants mostly share one, so it is built once each
+            key = repr(sorted(config.task.options.items())) + config.task.name
+            if key not in tasks:
+                tasks[key] = build_task(registry, config.task.name, config.task.options)
+            check_depth(config, tasks[key].num_layers, registry)
+            check_trackers(config.train, registry)
+        except ConfigError as exc:
+            lines = (blame(line.removeprefix("--set "), f"bench.variants.{name}", overrides, own) for line in str(exc).splitlines())
+            raise ConfigError("\n".join(dict.fromkeys(lines))) from None
+        return config
+
     for variant, override in variants.items():
         _check_variant_name(variant)
         if not isinstance(override, dict):
@@ -147,6 +170,24 @@ def plan(path: str | Path, out: str | Path, overrides: list[str] = (), registry:
         override = dict(override)
         # e.g. one seed for an ablation beside three-seed baselines
         variant_seeds = _check_seeds(override.pop("seeds", seeds), f"bench.variants.{variant}.seeds")
+        own = {*flat_keys(override, arrays=False), *grid}  # keys the variant or the grid set over a --set
+        search = searches.get(variant)
+        adopted = None
+        if search is not None:
+            if grid:
+                raise ConfigError(f"bench.tuning.{variant}: a variant the tool tunes cannot also be crossed with bench.grid")
+            decision = decided.get(variant)
+            # a decision stands only for the search it was made by: a changed search is decided again
+            if isinstance(decision, dict) and decision.get("search") == search_table(search):
+                adopted = decision.get("adopted")  # None where no trial qualified: the main runs wait, and the bench says why
+            for trial in search.trials:
+                name = search.trial_name(trial)
+                if name in variants:
+                    raise ConfigError(f"bench.tuning.{variant}: its trial {name!r} has the name of a variant; rename the variant")
+                merged = merge(data, {**override, "seed": search.seed, "label": name})
+                merged["eval"] = {**merged.get("eval", {}), "split": "validation", "gammas": list(search.gammas), "domains": []}
+                config = build(merged, name, dict(trial), own)
+                runs.append(BenchRun(name, search.seed, config, Path(out) / name / f"seed-{search.seed}", trial_of=variant))
         for point in itertools.product(*(range(len(v)) for v in grid.values())):
             name = ",".join([variant, *(f"{key.rsplit('.', 1)[-1]}={names[key][i]}" for key, i in zip(grid, point))])
             if name in where and where[name] != (variant, point):
@@ -154,21 +195,10 @@ def plan(path: str | Path, out: str | Path, overrides: list[str] = (), registry:
             where[name] = (variant, point)
             for seed in variant_seeds:
                 merged = merge(data, {**override, "seed": seed, "label": name})
-                try:
-                    for key, i in zip(grid, point):
-                        set_path(merged, key, copy.deepcopy(grid[key][i]))
-                    config = config_from_dict(merged, registry)
-                    # the depth needs the built task; variants mostly share one, so it is built once each
-                    key = repr(sorted(config.task.options.items())) + config.task.name
-                    if key not in tasks:
-                        tasks[key] = build_task(registry, config.task.name, config.task.options)
-                    check_depth(config, tasks[key].num_layers, registry)
-                    check_trackers(config.train, registry)
-                except ConfigError as exc:
-                    own = {*flat_keys(override, arrays=False), *grid}  # keys the variant or the grid set over a --set
-                    lines = (blame(line.removeprefix("--set "), f"bench.variants.{name}", overrides, own) for line in str(exc).splitlines())
-                    raise ConfigError("\n".join(dict.fromkeys(lines))) from None
-                runs.append(BenchRun(name, seed, config, Path(out) / name / f"seed-{seed}"))
+                settings = {key: grid[key][i] for key, i in zip(grid, point)} | (adopted or {})
+                config = build(merged, name, settings, own)
+                awaits = search is not None and adopted is None
+                runs.append(BenchRun(name, seed, config, Path(out) / name / f"seed-{seed}", awaits=awaits))
     spec = parse_spec(bench, [run.variant for run in runs])  # a bad [bench.primary] or baseline fails before anything trains
     if spec.primary:
         _check_primary(spec.primary, runs, tasks)

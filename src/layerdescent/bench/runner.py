@@ -40,7 +40,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from layerdescent.analysis import registration
+from layerdescent.analysis import registration, tuning
+from layerdescent.analysis.endpoints import BenchSpec
 from layerdescent.analysis.report import write_report
 from layerdescent.bench.executors import (
     ExecutorChoice,
@@ -89,6 +90,69 @@ def executor_choice(
     return choose_executor(bench if isinstance(bench, dict) else {}, executor, registry, **given)
 
 
+def _check_folder(runs: list[BenchRun], out: Path) -> None:
+    """Before anything trains: every run inside --out, no folder of another task's runs, no summary of yours in the way."""
+    for run in runs:
+        files.refuse_linked_path(out, run.run_dir)  # OUT/VARIANT/seed-N all inside --out
+        _check_same_task(run)  # a folder of another task's runs is never mixed in
+    publish.refuse_foreign(out)  # the summary and plots come last: a file of yours in their way is found first
+
+
+def _sorted_out(runs: list[BenchRun], registry: Registry | None, skip_failed: bool) -> tuple[list, list, list]:
+    """The runs to train (each with whether it resumes), those done, and those left failed (``skip_failed``); a conflict refused."""
+    pending, done, left = [], [], []
+    for run in runs:
+        conflict = rundir.conflict(run.run_dir, run.config, registry)
+        if conflict:
+            raise ConfigError(f"{run.run_dir} {conflict}: --out a new directory for this config, or remove that run to train it again")
+        if (run.run_dir / "results.json").exists():
+            done.append(run)
+        elif skip_failed and (failure := rundir.failure(run.run_dir)):
+            left.append(RunFailure(run, str(failure.get("error") or "no error recorded"), []))
+        else:
+            pending.append((run, (run.run_dir / "checkpoint.pt").exists()))
+    return pending, done, left
+
+
+def _tell(done: list[BenchRun], left: list[RunFailure], on_run: Callable[[BenchRun, str], None] | None) -> None:
+    """Say which runs are done or left failed, once every run is known to match (so nothing is called done and then refused)."""
+    if on_run:
+        for run in done:
+            on_run(run, "done")
+        for failure in left:
+            on_run(failure.run, "failed before, left as it is (--skip-failed)")
+
+
+def _decide(spec: BenchSpec, out: Path) -> None:
+    """Apply each declared search whose trials have all finished or failed, and record the decisions in ``OUT/tuning.json``."""
+    decisions = tuning.read_adopted(out)
+    changed = False
+    for variant, search in spec.searches.items():
+        decision = tuning.decide(search, out)
+        if decision is not None and decisions.get(variant) != decision:
+            decisions[variant], changed = decision, True
+    if changed:
+        tuning.write_adopted(out, decisions)
+
+
+def _refuse_waiting(runs: list[BenchRun], spec: BenchSpec, out: Path) -> None:
+    """A tuned variant's main runs asked for before its search is decided, or when no trial qualified: one line saying which."""
+    waiting = next((run for run in runs if run.awaits), None)
+    if waiting is None:
+        return
+    variant = next(v for v in spec.searches if waiting.variant == v)
+    decision = tuning.read_adopted(out).get(variant)
+    if isinstance(decision, dict) and decision.get("search") == tuning.search_table(spec.searches[variant]):
+        raise ConfigError(
+            f"bench.tuning.{variant}: no trial qualified ({spec.searches[variant].qualify!r}, criterion {spec.searches[variant].criterion!r}; "
+            f"see {out / tuning.ADOPTED}): widen the search, or train {variant} at settings of its own"
+        )
+    raise ConfigError(
+        f"bench.tuning.{variant}: its main runs wait for its trials, which have not all run: "
+        f"bench --only 'tune-{variant},*' first, or the bench without --only"
+    )
+
+
 def run_bench(
     path: str | Path,
     out: str | Path,
@@ -122,35 +186,32 @@ def run_bench(
     if executor.name == "local":
         executor = dataclasses.replace(executor, options=dataclasses.replace(executor.options, workers=executor.options.workers or workers))
     executor_cls = executor_class(executor, registry)  # an unknown name or a missing package stops the bench before it plans
-    pending, done, left = [], [], []
     runs = select(plan(path, out, overrides, registry), list(only))
-    for run in runs:
-        files.refuse_linked_path(Path(out), run.run_dir)  # OUT/VARIANT/seed-N all inside --out
-        _check_same_task(run)  # before anything trains: a folder of another task's runs is never mixed in
-    publish.refuse_foreign(Path(out))  # the summary and plots come last: a file of yours in their way is found first
-    for run in runs:
-        conflict = rundir.conflict(run.run_dir, run.config, registry)
-        if conflict:
-            raise ConfigError(f"{run.run_dir} {conflict}: --out a new directory for this config, or remove that run to train it again")
-        if (run.run_dir / "results.json").exists():
-            done.append(run)
-        elif skip_failed and (failure := rundir.failure(run.run_dir)):
-            left.append(RunFailure(run, str(failure.get("error") or "no error recorded"), []))
-        else:
-            pending.append((run, (run.run_dir / "checkpoint.pt").exists()))
     spec = bench_spec(path, overrides)
-    # each run about to begin records the plan it is made under, so a report can tell a plan changed afterwards
-    registration.record(Path(out), [(os.path.relpath(run.run_dir, out), run.config.eval.split != "test") for run, _ in pending], spec)
+    _check_folder(runs, Path(out))
+    pending, done, left = _sorted_out([run for run in runs if not run.awaits], registry, skip_failed)
     if before:
-        before(len(pending), len(runs))
-    for run in done:  # reported once every run is known to match, so nothing is called done and then refused
-        if on_run:
-            on_run(run, "done")
-    for failure in left:
-        if on_run:
-            on_run(failure.run, "failed before, left as it is (--skip-failed)")
-    failures, workers = executor_cls(executor.options, Path(out), tracker_env(path, out), registry).run(pending, on_run)
-    failures += left
+        before(len(pending) + sum(run.awaits for run in runs), len(runs))
+    _tell(done, left, on_run)
+    environment = tracker_env(path, out)
+    failures = list(left)
+    trials = [(run, resume) for run, resume in pending if run.trial_of]
+    if trials:  # a tuned variant's trials first: its main runs train from the setting they adopt
+        registration.record(Path(out), [(os.path.relpath(run.run_dir, out), True) for run, _ in trials], spec)
+        failed, _ = executor_cls(executor.options, Path(out), environment, registry).run(trials, on_run)
+        failures += failed
+        if not executor.options.wait:
+            return None
+    _decide(spec, Path(out))  # with the trials of this bench or of an earlier one
+    if any(run.awaits for run in runs):  # planned again, now from the adopted settings
+        runs = select(plan(path, out, overrides, registry), list(only))
+        _refuse_waiting(runs, spec, Path(out))
+        pending, _, _ = _sorted_out(runs, registry, skip_failed)
+    # each run about to begin records the plan it is made under, so a report can tell a plan changed afterwards
+    main = [(run, resume) for run, resume in pending if not run.trial_of]
+    registration.record(Path(out), [(os.path.relpath(run.run_dir, out), run.config.eval.split != "test") for run, _ in main], spec)
+    failed, workers = executor_cls(executor.options, Path(out), environment, registry).run(main, on_run)
+    failures += failed
     if not executor.options.wait:
         return None
     command = command or " ".join(

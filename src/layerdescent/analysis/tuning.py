@@ -1,0 +1,184 @@
+"""Tuning the tool runs: a declared search per tuned variant, its trials on validation, and the rule that adopts one.
+
+    [bench.tuning.levels]                       # the main variant "levels" is tuned first
+    trials = [                                  # each a set of dotted config keys; or `space`, a grid of them
+        { "solver.dual_lr" = 5.0, "constraints.0.alpha" = 0.05 },
+        { "solver.dual_lr" = 50.0, "constraints.0.alpha" = 0.05 },
+    ]
+    criterion = "loss"                          # the last layer's validation loss, or a metric the task reports
+    gamma = 1.0                                 # read at this validation gamma
+    higher_is_better = false
+    qualify = "binds"                           # "binds": only a setting whose multipliers bind at the end; "any"
+    seed = 100                                  # the tuning runs' seed (default 100)
+    gammas = [0.0, 0.5, 1.0]                    # the tuning runs' validation grid (default [gamma])
+
+Each trial is a run ``tune-VARIANT,KEY=VALUE,...`` evaluated on the validation split only. Once
+every trial has finished or failed, the rule adopts the qualifying trial with the best criterion;
+ties within 1e-9 go to the trial listed first (so list the values in the order you prefer them).
+A failed (diverged) trial qualifies for nothing. The adopted settings and every trial are written
+to ``OUT/tuning.json`` beside the results (never into the bench file), and the main runs of the
+variant are trained from them; the budget a report states is the number of trials.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from layerdescent.errors import ConfigError
+from layerdescent.results import read_results
+from layerdescent.run import rundir
+from layerdescent.run.files import write_atomic
+
+ADOPTED = "tuning.json"
+TIE = 1e-9  # criterion values this close are a tie, decided by the trials' order
+SEARCH_KEYS = {"trials", "space", "criterion", "gamma", "higher_is_better", "qualify", "seed", "gammas"}
+QUALIFY = ("any", "binds")
+
+
+@dataclass(frozen=True)
+class Search:
+    """A declared tuning rule: the settings a variant tries on validation, the criterion that picks one, and what qualifies."""
+
+    variant: str
+    trials: tuple[tuple[tuple[str, Any], ...], ...]  # each trial's (dotted key, value) pairs, in preference order
+    criterion: str
+    gamma: float
+    higher_is_better: bool = False
+    qualify: str = "any"
+    seed: int = 100
+    gammas: tuple[float, ...] = ()
+
+    def trial_name(self, trial: tuple[tuple[str, Any], ...]) -> str:
+        """A trial's run label: ``tune-VARIANT,alpha=0.05,dual_lr=5``."""
+        return ",".join([f"tune-{self.variant}", *(f"{key.rsplit('.', 1)[-1]}={_short(value)}" for key, value in trial)])
+
+
+def _short(value: Any) -> str:
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def parse_search(variant: str, table: Any) -> Search:
+    """``[bench.tuning.VARIANT]`` as a Search; ConfigError, one line, for a missing, unknown or mistyped key."""
+    where = f"bench.tuning.{variant}"
+    if not isinstance(table, dict):
+        raise ConfigError(f"{where} must be a number of runs or a table (trials or space, criterion, gamma)")
+    unknown = set(table) - SEARCH_KEYS
+    if unknown:
+        raise ConfigError(f"unknown key {where}.{sorted(unknown)[0]} (allowed: {', '.join(sorted(SEARCH_KEYS))})")
+    if ("trials" in table) == ("space" in table):
+        raise ConfigError(f"{where} needs trials (a list of settings) or space (a grid of them), one of the two")
+    if "trials" in table:
+        trials = table["trials"]
+        if not isinstance(trials, list) or not trials or not all(isinstance(t, dict) and t for t in trials):
+            raise ConfigError(f'{where}.trials must be a non-empty list of settings, e.g. [{{ "solver.dual_lr" = 5.0 }}]')
+        chosen = [tuple(t.items()) for t in trials]
+    else:
+        space = table["space"]
+        if not isinstance(space, dict) or not space or not all(isinstance(v, list) and v for v in space.values()):
+            raise ConfigError(f'{where}.space must map dotted config keys to non-empty lists, e.g. "solver.dual_lr" = [0.5, 5.0]')
+        chosen = [tuple(zip(space, point)) for point in itertools.product(*space.values())]
+    for key in ("criterion", "gamma", "higher_is_better"):
+        if key not in table:
+            raise ConfigError(f"{where} lacks {key!r} (a search needs criterion, gamma and higher_is_better)")
+    if not isinstance(table["criterion"], str) or not table["criterion"]:
+        raise ConfigError(f'{where}.criterion must be "loss" (the last layer\'s) or a metric the task reports')
+    if not isinstance(table["higher_is_better"], bool):
+        raise ConfigError(f"{where}.higher_is_better must be true or false")
+    gamma = table["gamma"]
+    if not isinstance(gamma, (int, float)) or isinstance(gamma, bool) or not gamma >= 0:
+        raise ConfigError(f"{where}.gamma must be one perturbation level >= 0, got {gamma!r}")
+    qualify = table.get("qualify", "any")
+    if qualify not in QUALIFY:
+        raise ConfigError(f"{where}.qualify must be one of {', '.join(QUALIFY)}, got {qualify!r}")
+    seed = table.get("seed", 100)
+    if not isinstance(seed, int) or isinstance(seed, bool):
+        raise ConfigError(f"{where}.seed must be an integer, got {seed!r}")
+    gammas = table.get("gammas", [gamma])
+    if not isinstance(gammas, list) or float(gamma) not in [float(g) for g in gammas if isinstance(g, (int, float))]:
+        raise ConfigError(f"{where}.gammas must be a list of validation gammas that holds gamma ({gamma:g})")
+    search = Search(
+        variant, tuple(chosen), table["criterion"], float(gamma), table["higher_is_better"], qualify, seed, tuple(map(float, gammas))
+    )
+    names = [search.trial_name(t) for t in search.trials]
+    if len(set(names)) != len(names):
+        clash = next(n for n in names if names.count(n) > 1)
+        raise ConfigError(f"{where}: two trials would share the run name {clash!r}; give them distinct values")
+    return search
+
+
+def search_table(search: Search) -> dict:
+    """A Search as the ``[bench.tuning.VARIANT]`` table :func:`parse_search` reads back (its trials listed)."""
+    return {
+        "trials": [dict(t) for t in search.trials],
+        "criterion": search.criterion,
+        "gamma": search.gamma,
+        "higher_is_better": search.higher_is_better,
+        "qualify": search.qualify,
+        "seed": search.seed,
+        "gammas": list(search.gammas),
+    }
+
+
+def _criterion(search: Search, results: dict) -> float | None:
+    """The trial's criterion at ``search.gamma``; None where the run did not record it."""
+    record = next((r for r in results.get("gammas", []) if float(r["gamma"]) == search.gamma), None)
+    if record is None:
+        return None
+    value = record["layer_loss"][-1] if search.criterion == "loss" else record.get("metrics", {}).get(search.criterion)
+    return float(value) if value is not None and math.isfinite(value) else None
+
+
+def _binds(results: dict) -> bool:
+    return any(x > 0 for table in results.get("constraints", {}).values() for x in table.get("lambda", []))
+
+
+def decide(search: Search, out: Path) -> dict | None:
+    """The rule applied to the finished trials under ``out``: the adopted settings and every trial; None while one is still to run."""
+    trials = []
+    for trial in search.trials:
+        run_dir = Path(out) / search.trial_name(trial) / f"seed-{search.seed}"
+        failed = rundir.failure(run_dir) is not None
+        if not failed and not (run_dir / "results.json").exists():
+            return None
+        results = {} if failed else read_results(run_dir / "results.json")
+        value = None if failed else _criterion(search, results)
+        qualifies = value is not None and (search.qualify == "any" or _binds(results))
+        trials.append({"run": search.trial_name(trial), "settings": dict(trial), "value": value, "failed": failed, "qualifies": qualifies})
+    sign = -1.0 if search.higher_is_better else 1.0
+    best = None
+    for t in trials:  # the first of the best: a later trial wins only by more than TIE
+        if t["qualifies"] and (best is None or sign * t["value"] < sign * best["value"] - TIE):
+            best = t
+    return {
+        "search": search_table(search),
+        "adopted": best["settings"] if best else None,
+        "adopted_run": best["run"] if best else None,
+        "budget": len(trials),
+        "rule": {
+            "criterion": search.criterion,
+            "gamma": search.gamma,
+            "higher_is_better": search.higher_is_better,
+            "qualify": search.qualify,
+            "tie": f"within {TIE:g}: the trial listed first",
+        },
+        "trials": trials,
+    }
+
+
+def read_adopted(out: Path) -> dict:
+    """``OUT/tuning.json``: each tuned variant's decision; empty where no search has been decided."""
+    try:
+        data = json.loads((Path(out) / ADOPTED).read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def write_adopted(out: Path, decisions: dict) -> None:
+    """Record the decisions beside the results (sorted keys, so writing them again unchanged changes no byte)."""
+    write_atomic(Path(out) / ADOPTED, json.dumps(decisions, indent=1, sort_keys=True) + "\n")
