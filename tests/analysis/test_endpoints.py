@@ -7,7 +7,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from helpers import REPO, assert_script_remakes, fake_results, reproduction_report
+from helpers import AT_GAMMA_1, REPO, assert_script_remakes, fake_results, reproduction_report, three_solvers, write_run
 
 from layerdescent.analysis.endpoints import BenchSpec, Primary, judge_cells, parse_spec
 from layerdescent.analysis.groups import ablated_keys, ablations
@@ -16,29 +16,6 @@ from layerdescent.analysis.stats import holm, paired_difference
 from layerdescent.analysis.tables import format_difference, format_stat
 from layerdescent.cli import main
 from layerdescent.errors import ConfigError
-
-# mse at gamma 1 per seed: primal-dual beats erm clearly in every seed, and ties penalty
-AT_GAMMA_1 = {"erm": (0.50, 0.52, 0.51), "penalty": (0.300, 0.321, 0.309), "primal-dual": (0.301, 0.320, 0.310)}
-
-
-def write_run(root: Path, label: str, solver: str, seed: int, mse0: float, mse1: float, code: str | None = None, task: str = "") -> None:
-    run = root / label / f"seed-{seed}"
-    run.mkdir(parents=True)
-    (run / "config.toml").write_text(f'seed = {seed}\n[task]\nname = "lista"\n{task}[solver]\nname = "{solver}"\n')
-    result = fake_results(label, solver, seed, mse0, mse1, 0.002)
-    for g in result["gammas"]:
-        g["layer_loss"] = [1.0, 0.8, 0.6]
-    if code:
-        result["code"] = {"version": "0.1.0", "commit": code, "dirty": False}
-    (run / "results.json").write_text(json.dumps(result))
-
-
-def three_solvers(root: Path) -> Path:
-    """A lista bench where primal-dual beats erm at gamma 1 in every seed but not penalty; all tie in distribution."""
-    for solver, values in AT_GAMMA_1.items():
-        for seed, mse1 in enumerate(values):
-            write_run(root, solver, solver, seed, 0.1 + 0.01 * seed, mse1)
-    return root
 
 
 def lista_bench_file(root: Path, bench: str) -> None:

@@ -6,7 +6,7 @@ import json
 
 import pytest
 import tomli_w
-from test_endpoints import AT_GAMMA_1, write_run
+from helpers import three_solvers, write_run
 
 from layerdescent.analysis.endpoints import BenchSpec, Endpoint, judge, parse_spec
 from layerdescent.analysis.registration import LEDGER, changes
@@ -21,14 +21,6 @@ PLAN = {
     "S1": {"variant": "primal-dual", "metric": "mse", "higher_is_better": False, "gamma": 0.0, "family": "cost"},
     "D1": {"variant": "primal-dual", "gamma": 1.0, "statistic": "rising"},
 }
-
-
-def three_solvers(root):
-    """primal-dual beats erm at gamma 1 in every seed and ties penalty (test_endpoints' fixture)."""
-    for solver, values in AT_GAMMA_1.items():
-        for seed, mse1 in enumerate(values):
-            write_run(root, solver, solver, seed, 0.1 + 0.01 * seed, mse1)
-    return root
 
 
 def test_each_endpoint_carries_the_p_of_the_comparison_it_shows(tmp_path):
