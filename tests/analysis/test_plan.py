@@ -6,9 +6,9 @@ import json
 
 import pytest
 import tomli_w
-from helpers import three_solvers, write_run
+from helpers import REPO, three_solvers, write_run
 
-from layerdescent.analysis.endpoints import BenchSpec, Endpoint, judge, parse_spec
+from layerdescent.analysis.endpoints import BenchSpec, Endpoint, judge, parse_spec, read_spec
 from layerdescent.analysis.registration import LEDGER, changes
 from layerdescent.analysis.report import collect, write_report
 from layerdescent.analysis.stats import holm, paired_difference
@@ -146,3 +146,13 @@ def test_a_bench_with_a_plan_records_it_even_for_a_spec_remembered_by_report(tmp
     write_report(three_solvers(tmp_path), spec=spec)
     write_report(tmp_path)  # report without --bench: the judging keys it was given before
     assert "| P1 (mse, lower is better) | primal-dual |" in (tmp_path / "summary.md").read_text()
+
+
+@pytest.mark.parametrize("bench", ["lista_shift", "text_shift"])
+def test_report_remakes_the_committed_endpoints_from_the_bench_files_plan(tmp_path, bench):
+    # what benchmarks/shift_endpoints.py computed by hand is now the bench file's [bench.plan], judged by report
+    committed = (REPO / "benchmarks" / "results" / bench / "endpoints.md").read_text()
+    spec = read_spec(REPO / "benchmarks" / f"{bench}.toml")
+    write_report(REPO / "benchmarks" / "results" / bench, tmp_path, spec=spec)
+    made = (tmp_path / "endpoints.md").read_text()
+    assert made.splitlines()[1:] == committed.splitlines()[1:]  # the title is the folder's report's own
