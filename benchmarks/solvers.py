@@ -24,6 +24,8 @@ sys.path.insert(0, str(HERE))
 
 import cost  # noqa: E402  (benchmarks/cost.py, beside this file)
 
+from layerdescent.analysis.plots import read_log, run_log  # noqa: E402
+
 BENCH = HERE / "lista_solvers.toml"
 DEFAULT = "lagrangian,simultaneous"  # primal-dual's default formulation and scheme
 
@@ -35,8 +37,8 @@ def _stat(values: list[float]) -> str:
 
 
 def _last_val_loss(run_dir: Path) -> float:
-    """The last-layer validation loss of the run's last epoch, from metrics.jsonl."""
-    epochs = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if '"event": "epoch"' in line]
+    """The last-layer validation loss of the run's last epoch, from its log (plain or, as committed, gzipped)."""
+    epochs = [r for r in read_log(run_log(run_dir)) if r.get("event") == "epoch"]
     return epochs[-1]["val_loss"][-1]
 
 

@@ -46,14 +46,20 @@ def read_log(path: Path) -> list[dict]:
     return records
 
 
+def run_log(run_dir: Path) -> Path | None:
+    """A run's log: ``metrics.jsonl``, or ``metrics.jsonl.gz`` where a committed bench keeps it compressed; None where it has none."""
+    for name in ("metrics.jsonl", "metrics.jsonl.gz"):
+        if os.path.lexists(Path(run_dir) / name):
+            return Path(run_dir) / name
+    return None
+
+
 def _traces(groups: dict) -> dict[tuple[str, str], tuple[np.ndarray, np.ndarray, np.ndarray]]:
     """(steps, lambda, violation), each [step, entry], per (label, constraint) from the first seed of each constrained label."""
     traces = {}
     for label, grp in groups.items():
-        log = Path(grp["run_dirs"][0]) / "metrics.jsonl" if grp["run_dirs"] else None
-        if log is not None and not os.path.lexists(log):
-            log = log.with_name("metrics.jsonl.gz")  # a committed bench keeps its logs compressed
-        if not role(grp["solver"], "enforces_constraints") or log is None or not os.path.lexists(log):
+        log = run_log(grp["run_dirs"][0]) if grp["run_dirs"] else None
+        if not role(grp["solver"], "enforces_constraints") or log is None:
             continue
         records = [r for r in read_log(log) if r.get("event") == "train" and isinstance(r.get("lambda"), dict) and "step" in r]
         for name in records[0]["lambda"] if records else []:
