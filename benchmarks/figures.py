@@ -5,6 +5,8 @@
     python benchmarks/figures.py video_depth --root benchmarks/results/video_depth   # Figure 3
     python benchmarks/figures.py video_depth_noisy --root benchmarks/results/video_depth_noisy   # Figure 3 at 0.13
     python benchmarks/figures.py video_deep --root benchmarks/results/video_deep     # Figure 2 at depth (+ band)
+    python benchmarks/figures.py video_paper --root benchmarks/results/video_paper_saltpepper   # the same, salt-and-pepper
+    python benchmarks/figures.py video_deep --root benchmarks/results/video_deep_saltpepper     # the same, salt-and-pepper
 
 Each writes PNGs into ``--root`` (or ``--out``) and prints their names. Constrained runs are drawn
 solid, the others dashed, as in the paper; bands and error bars are the std over seeds, and none
@@ -29,6 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
+from layerdescent.analysis.plots import png_bytes
 from layerdescent.analysis.report import collect, domain_results, summarize
 
 CONSTRAINED = "primal-dual"
@@ -71,7 +74,7 @@ def _save(fig, out: Path, name: str) -> str:
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize="x-small", loc="best")
     fig.tight_layout()
-    fig.savefig(out / name, dpi=120)
+    (out / name).write_bytes(png_bytes(fig, bbox=None))
     _plt().close(fig)
     return name
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gzip
+import io
 import json
 import os
 from pathlib import Path
@@ -151,10 +152,26 @@ def _finish(fig, axes, path: Path, title: str = "", note: str = "") -> None:
             fontsize="small",
             frameon=False,
         )
-    fig.savefig(path, dpi=120, bbox_inches="tight")
+    Path(path).write_bytes(png_bytes(fig))
     import matplotlib.pyplot as plt
 
     plt.close(fig)
+
+
+PNG_DPI = 100
+PNG_COLORS = 64  # a plot's few line colours and their anti-aliasing; a palette PNG is about a quarter of an RGB one
+
+
+def png_bytes(fig, bbox: str | None = "tight") -> bytes:
+    """``fig`` as a small PNG: rendered at ``PNG_DPI``, then reduced to a ``PNG_COLORS``-colour palette (the same bytes every time)."""
+    from PIL import Image
+
+    rendered = io.BytesIO()
+    fig.savefig(rendered, format="png", dpi=PNG_DPI, bbox_inches=bbox)
+    image = Image.open(io.BytesIO(rendered.getvalue())).convert("RGB").quantize(colors=PNG_COLORS, method=Image.Quantize.MEDIANCUT)
+    out = io.BytesIO()
+    image.save(out, format="PNG", optimize=True)
+    return out.getvalue()
 
 
 def _metric_panel(ax, groups: dict, context_key: str, metric: str, colors: dict[str, str]) -> None:

@@ -1,0 +1,48 @@
+"""The committed record stays small: plots only where the docs link them, each small; logs compressed; results under 50 MB."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PLOT_LIMIT = 150_000  # bytes a committed plot may take
+RESULTS_LIMIT = 50_000_000  # bytes the committed benchmarks/results may take
+
+
+def tracked(*patterns: str) -> list[str]:
+    if shutil.which("git") is None or not (ROOT / ".git").exists():
+        pytest.skip("the committed record is read from git: this is not a git checkout")
+    out = subprocess.run(["git", "ls-files", "-z", "--", *patterns], cwd=ROOT, capture_output=True, check=True).stdout
+    return [name for name in out.decode().split("\0") if name]
+
+
+def linked_plots() -> set[str]:
+    """The PNGs under benchmarks/results that the README, REPORT.md or a docs page links, as repository paths."""
+    pages = [ROOT / "README.md", ROOT / "benchmarks" / "REPORT.md", *sorted((ROOT / "docs").glob("*.md"))]
+    found = set()
+    for page in pages:
+        for target in re.findall(r"\]\(([^)\s]+\.png)\)", page.read_text()):
+            path = (page.parent / target).resolve()
+            if path.is_relative_to(ROOT / "benchmarks" / "results"):
+                found.add(path.relative_to(ROOT).as_posix())
+    return found
+
+
+def test_every_committed_plot_is_one_the_docs_link_and_is_small():
+    plots = set(tracked("benchmarks/results/**.png"))
+    linked = linked_plots()
+    assert plots - linked == set(), "committed plots no page links: git rm --cached them"
+    assert linked - plots == set(), "pages link plots that are not committed: git add -f them"
+    big = {name: (ROOT / name).stat().st_size for name in plots if (ROOT / name).stat().st_size > PLOT_LIMIT}
+    assert not big, f"plots over {PLOT_LIMIT} bytes: {big}"
+
+
+def test_committed_logs_are_compressed_and_the_results_stay_under_50_mb():
+    files = tracked("benchmarks/results")
+    assert not [f for f in files if f.endswith("metrics.jsonl")], "commit a run's log as metrics.jsonl.gz (gzip -n -9)"
+    assert sum((ROOT / f).stat().st_size for f in files) <= RESULTS_LIMIT
