@@ -9,9 +9,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import fake_results, reproduction_report, run_benchmark_script
+from helpers import fake_results, reproduction_report
 
 from layerdescent.analysis.report import collect, format_difference, paired_difference, summarize, write_report
+from layerdescent.cli import main
 from layerdescent.errors import LayerdescentError
 
 # label -> solver, then per seed: (mse at gamma 0, mse at gamma 1, step time in seconds)
@@ -415,22 +416,24 @@ def test_plots_name_the_split_of_runs_evaluated_on_validation(bench, monkeypatch
     assert shown["descent_rate.png"][0] == ["erm", "primal-dual (validation)"]
 
 
-def test_pairs_compares_two_labels_over_shared_seeds_on_the_test_split_and_each_domain(bench):
+def test_compare_pairs_two_labels_over_shared_seeds_on_the_test_split_and_each_domain(bench, capsys):
     for path in bench.rglob("results.json"):
         data = json.loads(path.read_text())
         path.write_text(
             json.dumps({**data, "domains": {"shifted": [{**g, "metrics": {"mse": 2 * g["metrics"]["mse"]}} for g in data["gammas"]]}})
         )
-    text = run_benchmark_script("pairs.py", str(bench), "primal-dual", "erm").stdout
+    assert main(["compare", str(bench), "primal-dual", "erm"]) == 0
+    text = capsys.readouterr().out
     # the summary's pairing (test_summary_pairs_seeds_against_erm...): mse at gamma 0 is -2 [-14, +11];
     # on the domain every value is doubled, and so is the difference
     assert "## mse: primal-dual − erm" in text and "| test | -2 [-14, +11] | -2 [-9, +4] |" in text
     assert "| shifted | -3 [-28, +22] | -5 [-18, +8] |" in text
 
 
-def test_pairs_names_the_labels_there_are_when_one_is_missing(bench):
-    out = run_benchmark_script("pairs.py", str(bench), "primal-dual", "erm-clean")
-    assert out.returncode == 2 and out.stderr == "error: no runs labelled 'erm-clean'; the bench's labels are: erm, primal-dual\n"
+def test_compare_names_the_labels_there_are_when_one_is_missing(bench, capsys):
+    assert main(["compare", str(bench), "primal-dual", "erm-clean"]) == 2
+    err = capsys.readouterr().err
+    assert err == "layerdescent: error: no runs labelled 'erm-clean'; the bench's labels are: erm, primal-dual\n"
 
 
 @pytest.mark.parametrize(
