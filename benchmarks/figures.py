@@ -31,7 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
-from layerdescent.analysis.plots import png_bytes
+from layerdescent.analysis.plots import save_png
 from layerdescent.analysis.report import collect, domain_results, summarize
 
 CONSTRAINED = "primal-dual"
@@ -74,7 +74,7 @@ def _save(fig, out: Path, name: str) -> str:
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize="x-small", loc="best")
     fig.tight_layout()
-    (out / name).write_bytes(png_bytes(fig, bbox=None))
+    save_png(fig, out / name, bbox=None)
     _plt().close(fig)
     return name
 

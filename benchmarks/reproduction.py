@@ -37,7 +37,7 @@ import subprocess
 from pathlib import Path
 from typing import NamedTuple
 
-from layerdescent.analysis.endpoints import BenchSpec, parse_spec, primary_cells, split_views, versus_strongest
+from layerdescent.analysis.endpoints import BenchSpec, decides_the_claim, parse_spec, primary_cells, split_views, versus_strongest
 from layerdescent.analysis.groups import baseline_group
 from layerdescent.analysis.report import (
     collect,
@@ -179,7 +179,7 @@ def spec_for(root: Path, bench: Bench) -> BenchSpec:
     path = root / bench.config
     spec = parse_spec(read_toml(path).get("bench", {})) if path.exists() else BenchSpec()
     # a re-evaluation (under another perturbation) is not what the bench file registered its endpoints for
-    return dataclasses.replace(spec, primary=None) if bench.command else spec
+    return dataclasses.replace(spec, primary=None, plan=()) if bench.command else spec
 
 
 def views(results: list[dict], bench: Bench) -> dict[tuple[str, str], list[dict]]:
@@ -426,7 +426,7 @@ def _section(name: str, bench: Bench, spec: BenchSpec, judged_views: list, chanc
         else "; ".join(  # a declared plan: each endpoint of its family "primary" by name ([endpoints.md](...) has them all)
             f"{e.name} ({e.metric} of {e.variant} at γ {e.gamma:g} on {e.on}{'' if e.against == 'strongest' else ' against ' + e.against})"
             for e in spec.endpoints()
-            if e.family == "primary" and e.statistic == "difference"
+            if decides_the_claim(e.family) and e.statistic == "difference"
         )
     )
     family = (

@@ -397,15 +397,15 @@ def test_runs_evaluated_on_validation_are_named_and_pair_with_no_test_run(bench)
 
 
 def test_plots_name_the_split_of_runs_evaluated_on_validation(bench, monkeypatch):
-    from matplotlib.figure import Figure
+    from layerdescent.analysis import plots
 
     for path in bench.rglob("results.json"):
         if '"primal-dual"' in path.read_text():
             path.write_text(json.dumps({**json.loads(path.read_text()), "split": "validation"}))
     shown = {}  # file name -> the legend's entries and the y labels, as each figure is saved
     monkeypatch.setattr(
-        Figure,
-        "savefig",
+        plots,
+        "save_png",
         lambda fig, path, **_: shown.__setitem__(
             Path(path).name, ([t.get_text() for legend in fig.legends for t in legend.get_texts()], [ax.get_ylabel() for ax in fig.axes])
         ),

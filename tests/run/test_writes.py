@@ -45,7 +45,7 @@ SAFE_WRITERS = {
         "run/publish.py",
         "Publication._move_in",
     ): "the stage's files replace only layerdescent's own (checked against its manifest) by an atomic replace",
-    ("analysis/plots.py", "_finish"): "a figure into the folder a report stages (Publication.stage) or a tracker's temporary folder",
+    ("analysis/plots.py", "save_png"): "a figure into the folder a report stages (Publication.stage) or a tracker's temporary folder",
     ("assets.py", "fetch"): "the asset cache (outside any run): a download checked against its sha256, then moved in",
     ("assets.py", "_write"): "extraction into the cache's own folder, each member checked to land inside it",
     ("assets.py", "_held"): "the cache's lock file, in the cache's own folder",

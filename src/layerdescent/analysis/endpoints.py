@@ -15,7 +15,7 @@
     "alpha=0.2" = 12
 
     [bench.plan.L1]                         # or: the endpoints one by one, by name, in families (not with [bench.primary])
-    family = "primary"                      # Holm within each family; "primary" decides the claim
+    family = "primary"                      # Holm within each family; "primary" (or "primary NAME") decides the claim
     variant = "primal-dual"
     metric = "accuracy"
     higher_is_better = true
@@ -81,6 +81,11 @@ class Endpoint:
 
 
 STATISTICS = ("difference", "rising")
+
+
+def decides_the_claim(family: str) -> bool:
+    """Whether a family is one of the claim's: "primary", or "primary" and a name ("primary V2"), each Holm-adjusted within itself."""
+    return family.split(maxsplit=1)[0] == "primary" if family.strip() else False
 
 
 @dataclass(frozen=True)
@@ -422,6 +427,6 @@ def versus_strongest(
 
 
 def primary_cells(results: list[dict], spec: BenchSpec, views: dict | None = None) -> list[dict]:
-    """The family "primary" of the declared endpoints, judged (empty for a bench that declares none)."""
+    """The claim's families of the declared endpoints ("primary", "primary V2", ...), judged (empty for a bench that declares none)."""
     cells = judge(results, spec, spec.endpoints(), views)
-    return [c for c in cells if c["family"] == "primary" and c["statistic"] == "difference"]
+    return [c for c in cells if decides_the_claim(c["family"]) and c["statistic"] == "difference"]

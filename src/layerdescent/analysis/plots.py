@@ -152,7 +152,7 @@ def _finish(fig, axes, path: Path, title: str = "", note: str = "") -> None:
             fontsize="small",
             frameon=False,
         )
-    Path(path).write_bytes(png_bytes(fig))
+    save_png(fig, path)
     import matplotlib.pyplot as plt
 
     plt.close(fig)
@@ -162,8 +162,8 @@ PNG_DPI = 100
 PNG_COLORS = 64  # a plot's few line colours and their anti-aliasing; a palette PNG is about a quarter of an RGB one
 
 
-def png_bytes(fig, bbox: str | None = "tight") -> bytes:
-    """``fig`` as a small PNG: rendered at ``PNG_DPI``, then reduced to a ``PNG_COLORS``-colour palette (the same bytes every time)."""
+def save_png(fig, path: Path, bbox: str | None = "tight") -> None:
+    """Write ``fig`` at ``path`` as a small PNG: rendered at ``PNG_DPI``, then reduced to a ``PNG_COLORS``-colour palette (the same bytes every time)."""
     from PIL import Image
 
     rendered = io.BytesIO()
@@ -171,7 +171,7 @@ def png_bytes(fig, bbox: str | None = "tight") -> bytes:
     image = Image.open(io.BytesIO(rendered.getvalue())).convert("RGB").quantize(colors=PNG_COLORS, method=Image.Quantize.MEDIANCUT)
     out = io.BytesIO()
     image.save(out, format="PNG", optimize=True)
-    return out.getvalue()
+    Path(path).write_bytes(out.getvalue())
 
 
 def _metric_panel(ax, groups: dict, context_key: str, metric: str, colors: dict[str, str]) -> None:

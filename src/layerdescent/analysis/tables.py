@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from layerdescent.analysis.endpoints import FAMILY_ALPHA, BenchSpec, judge, judge_cells, primary_cells, untuned
+from layerdescent.analysis.endpoints import FAMILY_ALPHA, BenchSpec, decides_the_claim, judge, judge_cells, primary_cells, untuned
 from layerdescent.analysis.groups import (
     _all_gammas,
     _baseline_name,
@@ -269,12 +269,14 @@ def primary_section(results: list[dict], spec, views: dict, tally: list[dict], s
     )
     lines = [heading, ""] + ([status.line(), ""] if changed else [])
     if p is None:  # the declared plan: every family is in endpoints.md, the claim's here
-        endpoints = [e for e in spec.endpoints() if e.family == "primary" and e.statistic == "difference"]
-        lines += [
-            f"The plan's family `primary` (every declared endpoint: [endpoints.md](endpoints.md)). {_family_note(len(cells))}",
-            "",
-        ]
-        lines += markdown_table(PLAN_HEADER, plan_rows(cells, endpoints))
+        endpoints = [e for e in spec.endpoints() if decides_the_claim(e.family) and e.statistic == "difference"]
+        for family in dict.fromkeys(e.family for e in endpoints):
+            members = [(c, e) for c, e in zip(cells, endpoints) if e.family == family]
+            lines += [
+                f"The plan's family `{family}` (every declared endpoint: [endpoints.md](endpoints.md)). {_family_note(len(members))}",
+                "",
+            ]
+            lines += markdown_table(PLAN_HEADER, plan_rows([c for c, _ in members], [e for _, e in members]))
         return lines + [count, ""]
     lines += [
         f"{p.metric} ({'higher' if p.higher_is_better else 'lower'} is better) of {', '.join(p.variants)} against the strongest of "
@@ -550,7 +552,7 @@ def endpoints_page(results: list[dict], spec, views: dict, tally: list[dict], ti
     for family in dict.fromkeys(e.family for _, e in tested):
         members = [(c, e) for c, e in tested if e.family == family]
         changed = status is not None and status.changed
-        role = "the claim" if family == "primary" else "secondary"
+        role = "the claim" if decides_the_claim(family) else "secondary"
         lines += [f"## Family {family}: {role}{' (exploratory: the plan changed)' if changed else ''}", "", _family_note(len(members)), ""]
         lines += markdown_table(PLAN_HEADER, plan_rows([c for c, _ in members], [e for _, e in members]))
     described = [(c, e) for c, e in zip(cells, endpoints) if e.statistic == "rising"]
