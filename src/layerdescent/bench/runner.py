@@ -123,6 +123,13 @@ def _tell(done: list[BenchRun], left: list[RunFailure], on_run: Callable[[BenchR
             on_run(failure.run, "failed before, left as it is (--skip-failed)")
 
 
+def _train(executor_cls, executor: ExecutorChoice, out: Path, environment: dict[str, str], registry, pending: list, spec, on_run):
+    """Train ``pending`` on the executor, each run first recording the plan it is made under; (failures, workers)."""
+    # so that a report can tell a plan changed after the runs began (tuning runs: under the tuning declaration alone)
+    registration.record(out, [(os.path.relpath(run.run_dir, out), run.config.eval.split != "test") for run, _ in pending], spec)
+    return executor_cls(executor.options, out, environment, registry).run(pending, on_run)
+
+
 def _decide(spec: BenchSpec, out: Path) -> None:
     """Apply each declared search whose trials have all finished or failed, and record the decisions in ``OUT/tuning.json``."""
     decisions = tuning.read_adopted(out)
@@ -133,6 +140,17 @@ def _decide(spec: BenchSpec, out: Path) -> None:
             decisions[variant], changed = decision, True
     if changed:
         tuning.write_adopted(out, decisions)
+
+
+def _refuse_unreachable(runs: list[BenchRun], pending: list, spec: BenchSpec, out: Path) -> None:
+    """Main runs whose variant's trials have neither run nor are about to: refused before anything trains."""
+    scheduled = {run.run_dir for run, _ in pending}
+    for variant in dict.fromkeys(run.variant for run in runs if run.awaits):
+        search = spec.searches[variant]
+        for trial in search.trials:
+            run_dir = out / search.trial_name(trial) / f"seed-{search.seed}"
+            if run_dir not in scheduled and not (run_dir / "results.json").exists() and rundir.failure(run_dir) is None:
+                _refuse_waiting([run for run in runs if run.variant == variant], spec, out)
 
 
 def _refuse_waiting(runs: list[BenchRun], spec: BenchSpec, out: Path) -> None:
@@ -193,25 +211,22 @@ def run_bench(
     if before:
         before(len(pending) + sum(run.awaits for run in runs), len(runs))
     _tell(done, left, on_run)
+    _refuse_unreachable(runs, pending, spec, Path(out))  # before anything trains
     environment = tracker_env(path, out)
     failures = list(left)
-    trials = [(run, resume) for run, resume in pending if run.trial_of]
-    if trials:  # a tuned variant's trials first: its main runs train from the setting they adopt
-        registration.record(Path(out), [(os.path.relpath(run.run_dir, out), True) for run, _ in trials], spec)
-        failed, _ = executor_cls(executor.options, Path(out), environment, registry).run(trials, on_run)
-        failures += failed
-        if not executor.options.wait:
-            return None
-    _decide(spec, Path(out))  # with the trials of this bench or of an earlier one
-    if any(run.awaits for run in runs):  # planned again, now from the adopted settings
+    # every run that can train now does, a tuned variant's trials among them; its main runs wait for what they adopt
+    failed, workers = _train(executor_cls, executor, Path(out), environment, registry, pending, spec, on_run)
+    failures += failed
+    if any(run.awaits for run in runs) and executor.options.wait:
+        _decide(spec, Path(out))
         runs = select(plan(path, out, overrides, registry), list(only))
         _refuse_waiting(runs, spec, Path(out))
-        pending, _, _ = _sorted_out(runs, registry, skip_failed)
-    # each run about to begin records the plan it is made under, so a report can tell a plan changed afterwards
-    main = [(run, resume) for run, resume in pending if not run.trial_of]
-    registration.record(Path(out), [(os.path.relpath(run.run_dir, out), run.config.eval.split != "test") for run, _ in main], spec)
-    failed, workers = executor_cls(executor.options, Path(out), environment, registry).run(main, on_run)
-    failures += failed
+        tried = {run.run_dir for run, _ in pending}
+        now = [(run, resume) for run, resume in _sorted_out(runs, registry, skip_failed)[0] if run.run_dir not in tried]
+        failed, workers = _train(executor_cls, executor, Path(out), environment, registry, now, spec, on_run)
+        failures += failed
+    else:
+        _decide(spec, Path(out))  # a search whose trials all ran records its decision, main runs waiting or not
     if not executor.options.wait:
         return None
     command = command or " ".join(
