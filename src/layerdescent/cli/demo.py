@@ -36,7 +36,7 @@ DEMOS = {
         "ERM, deep supervision (penalty) and primal-dual descent constraints each fine-tune MiniLM-L6 (22.7M parameters) "
         "for one epoch on 3,520 movie-review sentences (110 steps of 32), then test on 1,057 sentences at 4 "
         "embedding-noise levels; primal-dual is judged against the stronger of erm and penalty. "
-        "Aimed at 10 minutes on a quiet 2-CPU machine, longer when other work shares the CPUs "
+        "About 5 minutes on a quiet 2-CPU machine (within 10), longer when other work shares the CPUs "
         "(progress lines say how long is left). "
         "A checkpoint every 40 steps: run the same command again to continue an interrupted demo",
         workers=3,
@@ -133,7 +133,7 @@ def arguments(parser: argparse.ArgumentParser) -> None:
         type=_demo_task,
         default="text-classification",
         metavar="{" + ",".join(DEMOS) + "}",
-        help="text-classification (or text, the default): MiniLM on movie reviews, ~10 min; lista: synthetic sparse coding, <1 min",
+        help="text-classification (or text, the default): MiniLM on movie reviews, about 5 min on 2 CPUs; lista: synthetic sparse coding, <1 min",
     )
     parser.add_argument(
         "--out",
