@@ -1,7 +1,6 @@
-"""The tuning rules of video_deep, lista_band2 and video_levels, read from their tuning runs' validation losses (never test): the adopted settings.
+"""The tuning rules of video_deep and video_levels, read from their tuning runs' validation losses (never test): the adopted settings.
 
     python benchmarks/tuning_rule.py benchmarks/results/video_deep --out benchmarks/results/video_deep/tuning_rule.md
-    python benchmarks/tuning_rule.py benchmarks/results/lista_band2 --bench lista_band2 --out benchmarks/results/lista_band2/tuning_rule.md
     python benchmarks/tuning_rule.py benchmarks/results/video_levels --bench video_levels --out benchmarks/results/video_levels/tuning_rule.md
 
 Per architecture (dust, l1l1), primal-dual at alpha in {0.05, 0.2} x reference in {detached,
@@ -12,14 +11,15 @@ the end (lambda > 0); a run that failed (diverged) qualifies for nothing. Ties w
 the smaller alpha, the detached reference, the larger rho. A family is decided once each of its
 runs has finished or failed.
 
-lista_band2 (its header pre-registers the rule): levels and primal-dual at alpha in {0.05, 0.2} x
-dual_lr in {0.5, 5, 50, 500}, penalty over its weight families, one tuning seed each; the criterion
-is the last-layer validation loss at gamma 1.0, the band's top (``gammas[-1].layer_loss[-1]``); ties
-within 1e-9 go to the smaller alpha, then the smaller dual_lr, and for penalty to the family listed first.
+lista_band2's rule is declared in its bench file ([bench.tuning.*]) and applied by `layerdescent bench`
+(benchmarks/results/lista_band2/tuning.json). The two rules here wait for what the declaration cannot
+yet say: video_deep's criterion is ``train.best_val_loss`` and its trials are named by bare values;
+video_levels' pooled form takes the per-level form's adopted setting.
 
 video_levels (its header pre-registers the rule): per architecture (dust, transformer), levels at
 alpha in {0.05, 0.2} x dual_lr in {0.5, 5, 50} and penalty over six weight families; the criterion
-is the validation RMSE at gamma 0.26, the band's top (``gammas[-1].metrics.rmse``); ties as lista_band2's.
+is the validation RMSE at gamma 0.26, the band's top (``gammas[-1].metrics.rmse``); ties within 1e-9 go to
+the smaller alpha, then the smaller dual_lr, and for penalty to the family listed first.
 """
 
 from __future__ import annotations
@@ -35,22 +35,7 @@ ALPHAS, REFERENCES, RHOS = (0.05, 0.2), ("detached", "anchored"), (1, 0.9, 0.8, 
 TIE = 1e-6
 
 
-BAND2_LRS = (0.5, 5, 50, 500)
-BAND2_FAMILIES = ("uniform", "linear", "sum", "sqrt", "inv", "inv_sqrt", "geometric,rho=0.9", "geometric,rho=0.7")
-BAND2_TIE = 1e-9
-
-
-def band2_settings() -> dict[str, list[str]]:
-    """lista_band2's tuning labels per tuned form, in the rule's tie order (the preferred first)."""
-    constrained = {form: [f"tune-{form},alpha={a},dual_lr={lr}" for a in ALPHAS for lr in BAND2_LRS] for form in ("levels", "primal-dual")}
-    return {**constrained, "penalty": [f"tune-penalty,weights={family}" for family in BAND2_FAMILIES]}
-
-
-def band2_loss(results: dict) -> float:
-    """lista_band2's criterion: the last layer's validation loss at the band's top level, gamma 1.0."""
-    top = results["gammas"][-1]
-    assert top["gamma"] == 1.0, top["gamma"]
-    return top["layer_loss"][-1]
+LEVELS_TIE = 1e-9
 
 
 LEVELS_ARCHS, LEVELS_LRS = ("dust", "transformer"), (0.5, 5, 50)
@@ -163,24 +148,16 @@ def markdown(root: Path, command: str) -> str:
     return "\n".join(lines)
 
 
-def band2_markdown(root: Path, command: str) -> str:
-    """lista_band2's tuning table and adopted settings."""
-    criterion = "Last-layer validation loss at gamma 1.0, the band's top (`gammas[-1].layer_loss[-1]`)"
-    lines = heading("lista_band2", command, criterion) + columns("last-layer validation loss at gamma 1.0")
-    lines += decided(root, band2_settings(), band2_loss, BAND2_TIE, ".6g", "tune-")
-    return "\n".join(lines) + "\n"
-
-
 def video_levels_markdown(root: Path, command: str) -> str:
     """video_levels' tuning table and adopted settings, per architecture."""
     lines = heading("video_levels", command, "Validation RMSE at gamma 0.26, the band's top (`gammas[-1].metrics.rmse`)")
     for arch in LEVELS_ARCHS:
         lines += [f"## {arch}", "", *columns("validation RMSE at gamma 0.26")]
-        lines += [*decided(root, video_levels_settings(arch), video_levels_rmse, BAND2_TIE, ".6g", f"tune-{arch}-"), ""]
+        lines += [*decided(root, video_levels_settings(arch), video_levels_rmse, LEVELS_TIE, ".6g", f"tune-{arch}-"), ""]
     return "\n".join(lines)
 
 
-MARKDOWN = {"video_deep": markdown, "lista_band2": band2_markdown, "video_levels": video_levels_markdown}
+MARKDOWN = {"video_deep": markdown, "video_levels": video_levels_markdown}
 
 
 def main() -> None:

@@ -80,37 +80,9 @@ def test_the_script_reproduces_the_committed_tuning_rule(tmp_path):
     assert_script_remakes(tmp_path, root / "tuning_rule.md", "tuning_rule.py", str(root))
 
 
-def band2_run(root: Path, label: str, top_loss: float, lambdas: list[float] = ()) -> None:
-    """A lista_band2 tuning run whose last-layer validation loss at gamma 1.0 is ``top_loss``."""
-    run = root / label / "seed-100"
-    run.mkdir(parents=True)
-    gammas = [{"gamma": g, "layer_loss": [9.0, 0.1 * g]} for g in (0.0, 0.5)] + [{"gamma": 1.0, "layer_loss": [9.0, top_loss]}]
-    constraints = {"descent": {"labels": [f"e{i}" for i in range(len(lambdas))], "lambda": list(lambdas)}} if lambdas else {}
-    (run / "results.json").write_text(json.dumps({"gammas": gammas, "train": {}, "constraints": constraints}))
-
-
-def test_lista_band2_adopts_the_lowest_top_level_validation_loss_of_a_binding_setting_and_ties_to_the_first(tmp_path):
-    labels = tuning_rule.band2_settings()
-    *binding, slack = labels["levels"]
-    for i, label in enumerate(binding):
-        band2_run(tmp_path, label, 0.5 + i, [0.3])
-    band2_run(tmp_path, slack, 0.01, [0.0])  # the lowest loss, but no multiplier binds: a slack constraint cannot act
-    for label in labels["penalty"]:
-        band2_run(tmp_path, label, 0.2)  # all tied: the family listed first is adopted
-    runs = {label: tuning_rule.read_run(tmp_path / label / "seed-100", tuning_rule.band2_loss) for label in labels["levels"]}
-    assert tuning_rule.decide(runs, "levels", tuning_rule.BAND2_TIE) == ("tune-levels,alpha=0.05,dual_lr=0.5", "")
-    runs = {label: tuning_rule.read_run(tmp_path / label / "seed-100", tuning_rule.band2_loss) for label in labels["penalty"]}
-    assert tuning_rule.decide(runs, "penalty", tuning_rule.BAND2_TIE) == ("tune-penalty,weights=uniform", "")
-    text = tuning_rule.band2_markdown(tmp_path, "python benchmarks/tuning_rule.py X --bench lista_band2")
-    assert "- levels: **levels,alpha=0.05,dual_lr=0.5**" in text and "no: no multiplier binds" in text
-    assert "- primal-dual: undecided: 8 of 8 runs unfinished" in text
-
-
 def test_each_rule_reads_the_tuning_variants_its_bench_file_declares():
     from layerdescent.run.config_file import read_toml
 
-    declared = {name: set(read_toml(REPO / "benchmarks" / f"{name}.toml")["bench"]["variants"]) for name in ("lista_band2", "video_levels")}
-    band2 = {label for labels in tuning_rule.band2_settings().values() for label in labels}
-    assert band2 == {label for label in declared["lista_band2"] if label.startswith("tune-")}
+    declared = {name: set(read_toml(REPO / "benchmarks" / f"{name}.toml")["bench"]["variants"]) for name in ("video_levels",)}
     video = {label for arch in tuning_rule.LEVELS_ARCHS for labels in tuning_rule.video_levels_settings(arch).values() for label in labels}
     assert video == {label for label in declared["video_levels"] if label.startswith("tune-")}

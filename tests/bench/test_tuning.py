@@ -8,6 +8,7 @@ import pytest
 import tomli_w
 from helpers import REPO, fake_results
 
+from layerdescent.analysis.endpoints import read_spec
 from layerdescent.analysis.tuning import ADOPTED, decide, parse_search, read_adopted
 from layerdescent.cli import main
 from layerdescent.errors import ConfigError
@@ -95,6 +96,11 @@ def test_ties_go_to_the_trial_listed_first_and_binds_leaves_out_what_does_not_bi
     assert binding["adopted"] == {"solver.dual_lr": 0.5} and [t["qualifies"] for t in binding["trials"]] == [True, True, False]
 
 
+def test_a_search_may_name_its_trials_apart_from_its_variant():
+    search = parse_search("penalty-band", {**SEARCH, "trials": [{"solver.weights": "geometric", "solver.rho": 0.7}], "name": "penalty"})
+    assert [search.trial_name(t) for t in search.trials] == ["tune-penalty,weights=geometric,rho=0.7"]
+
+
 def test_a_grid_space_is_every_combination_in_order():
     rule = {k: v for k, v in SEARCH.items() if k != "trials"}
     search = parse_search("pd", {**rule, "space": {"constraints.0.alpha": [0.05, 0.2], "solver.dual_lr": [5.0, 50.0]}})
@@ -114,6 +120,7 @@ def test_a_grid_space_is_every_combination_in_order():
         ({**SEARCH, "space": {"solver.dual_lr": [1.0]}}, "bench.tuning.pd needs trials (a list of settings) or space"),
         ({**SEARCH, "qualify": "some"}, "bench.tuning.pd.qualify must be one of any, binds"),
         ({**SEARCH, "gammas": [0.0]}, "bench.tuning.pd.gammas must be a list of validation gammas that holds gamma"),
+        ({**SEARCH, "name": "a/b"}, "bench.tuning.pd.name must be a plain name for its trials' labels"),
     ],
 )
 def test_a_bad_search_is_one_line(search, message):
@@ -140,3 +147,12 @@ def test_the_declared_rule_reproduces_lista_band2s_adoption_from_its_committed_t
     assert decision["adopted"] == {"constraints.0.alpha": 0.05, "solver.dual_lr": dual_lr} and decision["budget"] == 8
     made_by = (REPO / "benchmarks" / "results" / "lista_band2" / "summary.md").read_text()
     assert f"--set bench.variants.{variant}.solver.dual_lr={dual_lr}" in made_by
+
+
+def test_lista_band2s_committed_decisions_are_its_declared_rules_applied_to_its_committed_trials():
+    # `layerdescent bench benchmarks/lista_band2.toml --out benchmarks/results/lista_band2 --workers 2` wrote them, training nothing
+    spec = read_spec(REPO / "benchmarks" / "lista_band2.toml")
+    out = REPO / "benchmarks" / "results" / "lista_band2"
+    assert set(spec.searches) == {"levels", "primal-dual", "penalty-band"}
+    assert read_adopted(out) == {variant: decide(search, out) for variant, search in spec.searches.items()}
+    assert read_adopted(out)["penalty-band"]["adopted"] == {"solver.weights": "geometric", "solver.rho": 0.7}

@@ -591,7 +591,7 @@ def _decisions(decisions: dict) -> list[str]:
             f"### {variant}: {d.get('budget')} trials on validation, adopted {adopted}",
             "",
             f"Criterion {rule.get('criterion')} at γ {rule.get('gamma'):g} ({'higher' if rule.get('higher_is_better') else 'lower'} is better); "
-            f"qualifies: {rule.get('qualify')}; ties {rule.get('tie')}. Recorded in tuning.json, which the main runs were trained from.",
+            f"qualifies: {rule.get('qualify')}; ties {rule.get('tie')}. Recorded in tuning.json, the settings the main runs are planned from.",
             "",
         ]
         rows = [

@@ -11,6 +11,7 @@
     qualify = "binds"                           # "binds": only a setting whose multipliers bind at the end; "any"
     seed = 100                                  # the tuning runs' seed (default 100)
     gammas = [0.0, 0.5, 1.0]                    # the tuning runs' validation grid (default [gamma])
+    name = "levels"                             # the trials' labels, tune-NAME,... (default: the variant's)
 
 Each trial is a run ``tune-VARIANT,KEY=VALUE,...`` evaluated on the validation split only. Once
 every trial has finished or failed, the rule adopts the qualifying trial with the best criterion;
@@ -36,7 +37,7 @@ from layerdescent.run.files import write_atomic
 
 ADOPTED = "tuning.json"
 TIE = 1e-9  # criterion values this close are a tie, decided by the trials' order
-SEARCH_KEYS = {"trials", "space", "criterion", "gamma", "higher_is_better", "qualify", "seed", "gammas"}
+SEARCH_KEYS = {"trials", "space", "criterion", "gamma", "higher_is_better", "qualify", "seed", "gammas", "name"}
 QUALIFY = ("any", "binds")
 
 
@@ -52,10 +53,11 @@ class Search:
     qualify: str = "any"
     seed: int = 100
     gammas: tuple[float, ...] = ()
+    name: str = ""  # the trials' label stem (default: the variant's)
 
     def trial_name(self, trial: tuple[tuple[str, Any], ...]) -> str:
-        """A trial's run label: ``tune-VARIANT,alpha=0.05,dual_lr=5``."""
-        return ",".join([f"tune-{self.variant}", *(f"{key.rsplit('.', 1)[-1]}={_short(value)}" for key, value in trial)])
+        """A trial's run label: ``tune-NAME,alpha=0.05,dual_lr=5``, NAME the variant's unless the search names its own."""
+        return ",".join([f"tune-{self.name or self.variant}", *(f"{key.rsplit('.', 1)[-1]}={_short(value)}" for key, value in trial)])
 
 
 def _short(value: Any) -> str:
@@ -101,8 +103,11 @@ def parse_search(variant: str, table: Any) -> Search:
     gammas = table.get("gammas", [gamma])
     if not isinstance(gammas, list) or float(gamma) not in [float(g) for g in gammas if isinstance(g, (int, float))]:
         raise ConfigError(f"{where}.gammas must be a list of validation gammas that holds gamma ({gamma:g})")
+    name = table.get("name", "")
+    if not isinstance(name, str) or "/" in name or "\\" in name:
+        raise ConfigError(f"{where}.name must be a plain name for its trials' labels (tune-NAME,...), got {name!r}")
     search = Search(
-        variant, tuple(chosen), table["criterion"], float(gamma), table["higher_is_better"], qualify, seed, tuple(map(float, gammas))
+        variant, tuple(chosen), table["criterion"], float(gamma), table["higher_is_better"], qualify, seed, tuple(map(float, gammas)), name
     )
     names = [search.trial_name(t) for t in search.trials]
     if len(set(names)) != len(names):
@@ -121,6 +126,7 @@ def search_table(search: Search) -> dict:
         "qualify": search.qualify,
         "seed": search.seed,
         "gammas": list(search.gammas),
+        **({"name": search.name} if search.name else {}),
     }
 
 
