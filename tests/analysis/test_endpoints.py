@@ -226,6 +226,7 @@ def test_the_trade_off_plot_is_drawn_and_shown(tmp_path):
         ({"variants": ["primal-dul"]}, "bench.primary: no variant is labelled 'primal-dul' (the bench's are: erm, primal-dual)"),
         ({"metric": "acuracy"}, "bench.primary.metric: 'acuracy' is not a metric of task 'lista' (it reports: "),
         ({"splits": ["test", "denser"]}, "bench.primary.splits: variant 'primal-dual' is not evaluated on 'denser'"),
+        ({"splits": ["mean(denser, noisier)"]}, "bench.primary.splits: variant 'primal-dual' is not evaluated on 'denser'"),
     ],
 )
 def test_a_bench_with_a_bad_primary_table_stops_before_anything_trains(tmp_path, tiny, capsys, primary, message):
@@ -244,6 +245,24 @@ def test_a_bench_with_a_bad_primary_table_stops_before_anything_trains(tmp_path,
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith(f"layerdescent: error: {message}")
     assert not (tmp_path / "out").exists()
+
+
+def test_a_primary_split_on_a_mean_over_domains_the_variants_are_evaluated_on_is_planned(tmp_path, tiny):
+    import tomli_w
+
+    from layerdescent.bench.plan import plan
+
+    tiny["eval"]["domains"] = ["denser", "noisier"]
+    primary = {
+        "metric": "mse",
+        "higher_is_better": False,
+        "gammas": [0.5],
+        "variants": ["primal-dual"],
+        "splits": ["mean(denser, noisier)"],
+    }
+    table = {**tiny, "bench": {"seeds": [0], "variants": {"erm": {"solver": {"name": "erm"}}, "primal-dual": {}}, "primary": primary}}
+    (tmp_path / "bench.toml").write_text(tomli_w.dumps(table))
+    assert [run.variant for run in plan(tmp_path / "bench.toml", tmp_path / "out")] == ["erm", "primal-dual"]
 
 
 def test_a_bench_summary_opens_with_the_bench_files_primary_family(tmp_path, tiny, capsys):

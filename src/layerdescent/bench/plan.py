@@ -207,40 +207,34 @@ def plan(path: str | Path, out: str | Path, overrides: list[str] = (), registry:
 
 
 def _check_plan(plan, runs: list[BenchRun], tasks: dict) -> None:
-    """Each endpoint's metric is one its runs' task reports, and its split is test, a domain they are evaluated on, or a mean of those."""
+    """Each declared endpoint reads a metric its runs' task reports, on a split they are evaluated on."""
     for e in plan:
-        for run in runs:
-            if run.variant not in (e.variant, e.against):
-                continue
-            task = tasks[repr(sorted(run.config.task.options.items())) + run.config.task.name]
-            metrics = list(task.metrics().keys())
-            if e.statistic == "difference" and e.metric not in metrics:
-                raise ConfigError(
-                    f"bench.plan.{e.name}.metric: {e.metric!r} is not a metric of task {run.config.task.name!r} (it reports: {', '.join(metrics) or 'none'})"
-                )
-            for split in mean_domains(e.on) or [e.on]:
-                if split != "test" and split not in run.config.eval.domains:
-                    raise ConfigError(
-                        f"bench.plan.{e.name}.on: variant {run.variant!r} is not evaluated on {split!r} (test, one of its eval.domains "
-                        f'or a mean of them, "mean(a, b)": {", ".join(run.config.eval.domains) or "no domains"})'
-                    )
+        metric = e.metric if e.statistic == "difference" else None
+        _check_reads(runs, tasks, (e.variant, e.against), metric, e.on, f"bench.plan.{e.name}.metric", f"bench.plan.{e.name}.on")
 
 
 def _check_primary(primary, runs: list[BenchRun], tasks: dict) -> None:
-    """The primary metric is one the variants' task reports, and each primary split is test or a domain they are evaluated on."""
+    """The primary metric is one the variants' task reports, and each primary split is one they are evaluated on."""
+    for split in primary.splits:
+        _check_reads(runs, tasks, primary.variants + primary.adopted, primary.metric, split, "bench.primary.metric", "bench.primary.splits")
+
+
+def _check_reads(runs: list[BenchRun], tasks: dict, variants, metric: str | None, split: str, metric_key: str, split_key: str) -> None:
+    """The runs of ``variants`` report ``metric`` (None: any) and are evaluated on ``split``: test, one of their domains or a mean of them."""
     for run in runs:
-        if run.variant not in primary.variants + primary.adopted:
+        if run.variant not in variants:
             continue
         task = tasks[repr(sorted(run.config.task.options.items())) + run.config.task.name]
         metrics = list(task.metrics().keys())
-        if primary.metric not in metrics:
+        if metric is not None and metric not in metrics:
             raise ConfigError(
-                f"bench.primary.metric: {primary.metric!r} is not a metric of task {run.config.task.name!r} (it reports: {', '.join(metrics) or 'none'})"
+                f"{metric_key}: {metric!r} is not a metric of task {run.config.task.name!r} (it reports: {', '.join(metrics) or 'none'})"
             )
-        for split in primary.splits:
-            if split != "test" and split not in run.config.eval.domains:
+        for name in mean_domains(split) or [split]:
+            if name != "test" and name not in run.config.eval.domains:
                 raise ConfigError(
-                    f"bench.primary.splits: variant {run.variant!r} is not evaluated on {split!r} (test, or one of its eval.domains: {', '.join(run.config.eval.domains) or 'none'})"
+                    f"{split_key}: variant {run.variant!r} is not evaluated on {name!r} (test, one of its eval.domains "
+                    f'or a mean of them, "mean(a, b)": {", ".join(run.config.eval.domains) or "no domains"})'
                 )
 
 
