@@ -59,6 +59,10 @@ class Search:
         """A trial's run label: ``tune-NAME,alpha=0.05,dual_lr=5``, NAME the variant's unless the search names its own."""
         return ",".join([f"tune-{self.name or self.variant}", *(f"{key.rsplit('.', 1)[-1]}={_short(value)}" for key, value in trial)])
 
+    def run_dir(self, out: Path, trial: tuple[tuple[str, Any], ...]) -> Path:
+        """Where a trial runs in the bench folder ``out``: ``OUT/tune-NAME,.../seed-SEED``."""
+        return Path(out) / self.trial_name(trial) / f"seed-{self.seed}"
+
 
 def _short(value: Any) -> str:
     return f"{value:g}" if isinstance(value, float) else str(value)
@@ -147,7 +151,7 @@ def decide(search: Search, out: Path) -> dict | None:
     """The rule applied to the finished trials under ``out``: the adopted settings and every trial; None while one is still to run."""
     trials = []
     for trial in search.trials:
-        run_dir = Path(out) / search.trial_name(trial) / f"seed-{search.seed}"
+        run_dir = search.run_dir(out, trial)
         failed = rundir.failure(run_dir) is not None
         if not failed and not (run_dir / "results.json").exists():
             return None
@@ -174,6 +178,12 @@ def decide(search: Search, out: Path) -> dict | None:
         },
         "trials": trials,
     }
+
+
+def decision_for(search: Search, decisions: dict) -> dict | None:
+    """The recorded decision of ``search``'s variant, if that search made it (a changed search is decided again); else None."""
+    decision = decisions.get(search.variant)
+    return decision if isinstance(decision, dict) and decision.get("search") == search_table(search) else None
 
 
 def read_adopted(out: Path) -> dict:

@@ -12,7 +12,7 @@ from typing import Any
 
 from layerdescent.analysis.endpoints import BenchSpec, parse_spec
 from layerdescent.analysis.groups import mean_domains
-from layerdescent.analysis.tuning import read_adopted, search_table
+from layerdescent.analysis.tuning import decision_for, read_adopted
 from layerdescent.bench.executors import (
     executor_table,
 )
@@ -176,9 +176,7 @@ def plan(path: str | Path, out: str | Path, overrides: list[str] = (), registry:
         if search is not None:
             if grid:
                 raise ConfigError(f"bench.tuning.{variant}: a variant the tool tunes cannot also be crossed with bench.grid")
-            decision = decided.get(variant)
-            # a decision stands only for the search it was made by: a changed search is decided again
-            if isinstance(decision, dict) and decision.get("search") == search_table(search):
+            if decision := decision_for(search, decided):
                 adopted = decision.get("adopted")  # None where no trial qualified: the main runs wait, and the bench says why
             for trial in search.trials:
                 name = search.trial_name(trial)
@@ -187,7 +185,7 @@ def plan(path: str | Path, out: str | Path, overrides: list[str] = (), registry:
                 merged = merge(data, {**override, "seed": search.seed, "label": name})
                 merged["eval"] = {**merged.get("eval", {}), "split": "validation", "gammas": list(search.gammas), "domains": []}
                 config = build(merged, name, dict(trial), own)
-                runs.append(BenchRun(name, search.seed, config, Path(out) / name / f"seed-{search.seed}", trial_of=variant))
+                runs.append(BenchRun(name, search.seed, config, search.run_dir(out, trial), trial_of=variant))
         for point in itertools.product(*(range(len(v)) for v in grid.values())):
             name = ",".join([variant, *(f"{key.rsplit('.', 1)[-1]}={names[key][i]}" for key, i in zip(grid, point))])
             if name in where and where[name] != (variant, point):

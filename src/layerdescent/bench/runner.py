@@ -148,7 +148,7 @@ def _refuse_unreachable(runs: list[BenchRun], pending: list, spec: BenchSpec, ou
     for variant in dict.fromkeys(run.variant for run in runs if run.awaits):
         search = spec.searches[variant]
         for trial in search.trials:
-            run_dir = out / search.trial_name(trial) / f"seed-{search.seed}"
+            run_dir = search.run_dir(out, trial)
             if run_dir not in scheduled and not (run_dir / "results.json").exists() and rundir.failure(run_dir) is None:
                 _refuse_waiting([run for run in runs if run.variant == variant], spec, out)
 
@@ -158,11 +158,10 @@ def _refuse_waiting(runs: list[BenchRun], spec: BenchSpec, out: Path) -> None:
     waiting = next((run for run in runs if run.awaits), None)
     if waiting is None:
         return
-    variant = next(v for v in spec.searches if waiting.variant == v)
-    decision = tuning.read_adopted(out).get(variant)
-    if isinstance(decision, dict) and decision.get("search") == tuning.search_table(spec.searches[variant]):
+    variant, search = waiting.variant, spec.searches[waiting.variant]
+    if tuning.decision_for(search, tuning.read_adopted(out)):  # decided, and still waiting: nothing was adopted
         raise ConfigError(
-            f"bench.tuning.{variant}: no trial qualified ({spec.searches[variant].qualify!r}, criterion {spec.searches[variant].criterion!r}; "
+            f"bench.tuning.{variant}: no trial qualified ({search.qualify!r}, criterion {search.criterion!r}; "
             f"see {out / tuning.ADOPTED}): widen the search, or train {variant} at settings of its own"
         )
     raise ConfigError(
@@ -217,16 +216,14 @@ def run_bench(
     # every run that can train now does, a tuned variant's trials among them; its main runs wait for what they adopt
     failed, workers = _train(executor_cls, executor, Path(out), environment, registry, pending, spec, on_run)
     failures += failed
+    _decide(spec, Path(out))  # with the trials of this bench or of an earlier one
     if any(run.awaits for run in runs) and executor.options.wait:
-        _decide(spec, Path(out))
         runs = select(plan(path, out, overrides, registry), list(only))
         _refuse_waiting(runs, spec, Path(out))
         tried = {run.run_dir for run, _ in pending}
         now = [(run, resume) for run, resume in _sorted_out(runs, registry, skip_failed)[0] if run.run_dir not in tried]
         failed, workers = _train(executor_cls, executor, Path(out), environment, registry, now, spec, on_run)
         failures += failed
-    else:
-        _decide(spec, Path(out))  # a search whose trials all ran records its decision, main runs waiting or not
     if not executor.options.wait:
         return None
     command = command or " ".join(
