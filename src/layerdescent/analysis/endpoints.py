@@ -85,7 +85,7 @@ STATISTICS = ("difference", "rising")
 
 def decides_the_claim(family: str) -> bool:
     """Whether a family is one of the claim's: "primary", or "primary" and a name ("primary V2"), each Holm-adjusted within itself."""
-    return family.split(maxsplit=1)[0] == "primary" if family.strip() else False
+    return family.split(maxsplit=1)[:1] == ["primary"]
 
 
 @dataclass(frozen=True)

@@ -105,6 +105,8 @@ class PlanStatus:
 def plan_status(root: Path, results: list[dict], spec: BenchSpec) -> PlanStatus | None:
     """The plan check of the runs under ``root`` against ``spec``; None where no run has a recorded plan (runs from before records)."""
     ledger = _read(Path(root))
+    tables = {tuning: plan_table(spec, tuning) for tuning in (False, True)}  # a main run's plan, a tuning run's
+    digests = {tuning: plan_hash(table) for tuning, table in tables.items()}
     changed: dict[str, None] = {}
     recorded = 0
     for r in results:
@@ -113,11 +115,11 @@ def plan_status(root: Path, results: list[dict], spec: BenchSpec) -> PlanStatus 
         if digest is None:
             continue
         recorded += 1
-        current = plan_table(spec, r.get("split", "test") != "test")
-        if digest != plan_hash(current):
+        tuning = r.get("split", "test") != "test"
+        if digest != digests[tuning]:
             old = ledger["plans"].get(digest)
-            found = changes(old, current) if isinstance(old, dict) else [f"a plan not kept in {LEDGER} (sha256 {digest[:12]})"]
+            found = changes(old, tables[tuning]) if isinstance(old, dict) else [f"a plan not kept in {LEDGER} (sha256 {digest[:12]})"]
             changed.update(dict.fromkeys(found))
     if not recorded:
         return None
-    return PlanStatus(plan_hash(plan_table(spec)), recorded, tuple(changed))
+    return PlanStatus(digests[False], recorded, tuple(changed))

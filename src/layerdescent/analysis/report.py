@@ -113,7 +113,7 @@ def write_report(
     with Publication(out) as pub:  # made aside, then moved in over nothing but layerdescent's own files
         # `report` on a bench keeps its title, note and judging keys
         title, note, workers, judging = pub.remembered(root, title, note, workers, spec_table(spec) if spec else None)
-        spec = parse_spec(judging) if judging else BenchSpec()
+        spec = spec or (parse_spec(judging) if judging else BenchSpec())
         images = plot(groups, pub.stage, {name: domain_groups for name, (_, domain_groups) in domains.items()}, spec=spec, results=results)
         title = title or f"layerdescent report: {root.name}"
         tally: list[dict] = []

@@ -549,9 +549,9 @@ def endpoints_page(results: list[dict], spec, views: dict, tally: list[dict], ti
         "",
     ]
     tested = [(c, e) for c, e in zip(cells, endpoints) if e.statistic == "difference"]
+    changed = status is not None and status.changed
     for family in dict.fromkeys(e.family for _, e in tested):
         members = [(c, e) for c, e in tested if e.family == family]
-        changed = status is not None and status.changed
         role = "the claim" if decides_the_claim(family) else "secondary"
         lines += [f"## Family {family}: {role}{' (exploratory: the plan changed)' if changed else ''}", "", _family_note(len(members)), ""]
         lines += markdown_table(PLAN_HEADER, plan_rows([c for c, _ in members], [e for _, e in members]))
