@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from layerdescent.analysis.endpoints import Primary, judge_cells, read_spec, split_views, versus_strongest
+from layerdescent.analysis.endpoints import Primary, judge_cells, read_spec, rising_transitions, split_views, versus_strongest
 from layerdescent.analysis.groups import baseline_group, summarize
 from layerdescent.analysis.report import collect
 from layerdescent.analysis.tables import FAMILY_HEADER, family_rows, format_difference, markdown_table, paired
@@ -50,18 +50,13 @@ def unseen_mean(results: list[dict]) -> list[dict]:
     return view
 
 
-def rises(layer_loss: list[float]) -> list[int]:
-    """The layers k at which the loss rises from layer k - 1 (layer 0 the input's)."""
-    return [k for k in range(1, len(layer_loss)) if layer_loss[k] > layer_loss[k - 1]]
-
-
 def rises_cell(groups: dict, label: str | None, gamma: float) -> str:
     """One cell of (a): how many transitions rise, at which layers, and the largest rise in percent."""
     stats = groups.get(label, {}).get("gammas", {}).get(gamma) if label else None
     if stats is None:
         return "–"
     loss = stats["layer_loss"]["mean"]
-    up = rises(loss)
+    up = rising_transitions(loss)
     if not up:
         return f"0 of {len(loss) - 1}"
     # the largest rise, relative to the loss it rose from: a plateau's 1e-5 wobble is not a 5% climb

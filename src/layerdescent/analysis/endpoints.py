@@ -345,13 +345,18 @@ def _cell(view, spec: BenchSpec, e: Endpoint) -> dict:
     return {**cell, **versus_strongest(*view, spec, e.variant, e.gamma, e.metric, 1.0 if e.higher_is_better else -1.0, e.on, against)}
 
 
+def rising_transitions(layer_loss: list[float]) -> list[int]:
+    """The layers k at which the loss rises from layer k - 1 (layer 0 the input's); equal is no rise."""
+    return [k for k in range(1, len(layer_loss)) if layer_loss[k] > layer_loss[k - 1]]
+
+
 def rising(groups: dict, label: str, gamma: float) -> dict:
     """The transitions l_{k-1} -> l_k at which ``label``'s mean (over seeds) per-layer test loss at ``gamma`` rises."""
     record = groups[label]["gammas"].get(gamma)
     if record is None:
         return {}
     loss = record["layer_loss"]["mean"]
-    return {"rises": [k for k in range(1, len(loss)) if loss[k] > loss[k - 1]], "layer_loss": loss, "seeds": groups[label]["seeds"]}
+    return {"rises": rising_transitions(loss), "layer_loss": loss, "seeds": groups[label]["seeds"]}
 
 
 def versus_strongest(
