@@ -21,10 +21,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-import numpy as np
-
 from layerdescent.analysis.endpoints import Primary, judge_cells, read_spec, rising_transitions, split_views, versus_strongest
-from layerdescent.analysis.groups import baseline_group, summarize
+from layerdescent.analysis.groups import baseline_group, domain_mean_results, summarize
 from layerdescent.analysis.report import collect
 from layerdescent.analysis.tables import FAMILY_HEADER, family_rows, format_difference, markdown_table, paired
 
@@ -32,22 +30,8 @@ UNSEEN = "unseen videos (mean)"
 
 
 def unseen_mean(results: list[dict]) -> list[dict]:
-    """Each run with domains, its ``gammas`` replaced by the mean over its domains of each metric and per-layer loss."""
-    view = []
-    for r in results:
-        domains = list(r.get("domains", {}).values())
-        if not domains:
-            continue
-        common = sorted(set.intersection(*({float(g["gamma"]) for g in d} for d in domains)))
-        records = []
-        for gamma in common:
-            at = [next(g for g in d if float(g["gamma"]) == gamma) for d in domains]
-            metrics = {m: float(np.mean([g["metrics"][m] for g in at])) for m in at[0]["metrics"] if all(m in g["metrics"] for g in at)}
-            layer_loss = np.mean([g["layer_loss"] for g in at], axis=0).tolist()
-            descent = np.mean([g["descent_rate"] for g in at], axis=0).tolist()
-            records.append({"gamma": gamma, "metrics": metrics, "layer_loss": layer_loss, "descent_rate": descent})
-        view.append({**r, "gammas": records})
-    return view
+    """Each run with domains, its ``gammas`` replaced by the mean over its own domains of each metric and per-layer loss."""
+    return [view for r in results if r.get("domains") for view in domain_mean_results([r], tuple(r["domains"]))]
 
 
 def rises_cell(groups: dict, label: str | None, gamma: float) -> str:

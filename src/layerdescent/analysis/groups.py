@@ -229,17 +229,18 @@ def mean_domains(split: str) -> tuple[str, ...] | None:
 def domain_mean_results(results: list[dict], domains: tuple[str, ...]) -> list[dict]:
     """Each run that was evaluated on every one of ``domains``, with the mean over them of each gamma's numbers as its ``gammas``.
 
-    Per run first, then paired across runs: a run's value is the mean of its own domain values.
+    Per run first, then paired across runs: a run's value is the mean of its own domain values, at
+    the gammas every one of the domains has.
     """
     out = []
     for r in results:
         tables = [r.get("domains", {}).get(name) for name in domains]
         if any(not t for t in tables):
             continue
+        common = sorted(set.intersection(*({float(record["gamma"]) for record in table} for table in tables)))
         records = []
-        for at_gamma in zip(*tables):
-            if len({float(record["gamma"]) for record in at_gamma}) != 1:
-                break
+        for gamma in common:
+            at_gamma = [next(record for record in table if float(record["gamma"]) == gamma) for table in tables]
             record = {"gamma": at_gamma[0]["gamma"]}
             for key in ("layer_loss", "descent_rate"):
                 record[key] = [sum(values) / len(values) for values in zip(*(rec[key] for rec in at_gamma))]
