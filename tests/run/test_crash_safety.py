@@ -119,6 +119,43 @@ def test_truncated_checkpoint_is_one_error_naming_the_file_and_the_previous_one_
     assert results["train"]["epochs"] == 2
 
 
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_an_interrupt_while_a_checkpoint_is_written_stops_after_it_is_whole_not_as_a_failed_write(tmp_path, monkeypatch, sig):
+    real_save = torch.save
+
+    class Interrupted:  # the file torch.save writes to, interrupted inside its zip writer (it made such a run "failed")
+        def __init__(self, handle):
+            self.handle, self.writes = handle, 0
+
+        def write(self, data):
+            self.writes += 1
+            if self.writes == 2:
+                os.kill(os.getpid(), sig)
+            return self.handle.write(data)
+
+        def __getattr__(self, name):
+            return getattr(self.handle, name)
+
+    def save(obj, handle):
+        real_save(obj, Interrupted(handle))
+
+    def terminated(signum, frame):
+        raise KeyboardInterrupt("SIGTERM")  # as the CLI turns SIGTERM
+
+    previous = signal.signal(signal.SIGTERM, terminated)
+    try:
+        path = tmp_path / "checkpoint.pt"
+        save_checkpoint(path, {"task": "lista", "step": 1})
+        monkeypatch.setattr(torch, "save", save)
+        with pytest.raises(KeyboardInterrupt):
+            save_checkpoint(path, {"task": "lista", "step": 2})
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert load_checkpoint(path, "lista")["step"] == 2  # written whole before the interrupt took effect
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint.prev.pt", "checkpoint.pt"]
+
+
 @pytest.mark.parametrize(
     "change, message",
     [

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import random
 import re
 import shutil
+import signal
 import tempfile
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -54,30 +58,53 @@ def save_checkpoint(path: Path, payload: dict[str, Any]) -> None:
     (a full disk, a copy cut short) never leaves a run without a good one.
     """
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    with interrupts_held():
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "wb") as handle:
+                try:
+                    torch.save({"format": FORMAT, "version": VERSION, **payload}, handle)
+                except RuntimeError as exc:
+                    if "inline_container" not in str(exc) and "PytorchStreamWriter" not in str(exc):
+                        raise
+                    raise _write_error(handle, tmp, exc) from None
+                handle.flush()
+                os.fsync(handle.fileno())
+            if path.exists():
+                keep = f"{tmp}.prev"
+                try:
+                    os.link(path, keep)  # a second name for the current file: `path` never disappears
+                except OSError:  # a filesystem without hard links
+                    shutil.copy2(path, keep, follow_symlinks=False)
+                os.replace(keep, previous_path(path))
+            os.replace(tmp, path)
+            _fsync_dir(path.parent)
+        except BaseException:
+            for leftover in (tmp, f"{tmp}.prev"):
+                Path(leftover).unlink(missing_ok=True)
+            raise
+
+
+@contextlib.contextmanager
+def interrupts_held() -> Iterator[None]:
+    """Hold SIGINT and SIGTERM until the block ends, then deliver them: an interrupt stops the run after its checkpoint is written, not inside it.
+
+    torch.save writes through the file's Python ``write``; a KeyboardInterrupt raised there comes
+    back out of its C++ writer as an "unexpected pos" RuntimeError, a failed run instead of an
+    interrupted one that resumes.
+    """
+    if threading.current_thread() is not threading.main_thread():  # only the main thread receives signals
+        yield
+        return
+    held: list[int] = []
+    previous = {signum: signal.signal(signum, lambda signum, _frame: held.append(signum)) for signum in (signal.SIGINT, signal.SIGTERM)}
     try:
-        with os.fdopen(fd, "wb") as handle:
-            try:
-                torch.save({"format": FORMAT, "version": VERSION, **payload}, handle)
-            except RuntimeError as exc:
-                if "inline_container" not in str(exc) and "PytorchStreamWriter" not in str(exc):
-                    raise
-                raise _write_error(handle, tmp, exc) from None
-            handle.flush()
-            os.fsync(handle.fileno())
-        if path.exists():
-            keep = f"{tmp}.prev"
-            try:
-                os.link(path, keep)  # a second name for the current file: `path` never disappears
-            except OSError:  # a filesystem without hard links
-                shutil.copy2(path, keep, follow_symlinks=False)
-            os.replace(keep, previous_path(path))
-        os.replace(tmp, path)
-        _fsync_dir(path.parent)
-    except BaseException:
-        for leftover in (tmp, f"{tmp}.prev"):
-            Path(leftover).unlink(missing_ok=True)
-        raise
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
+        for signum in dict.fromkeys(held):
+            signal.raise_signal(signum)  # now to the handler the block held it from
 
 
 def _write_error(handle: Any, tmp: str, exc: RuntimeError) -> OSError:
