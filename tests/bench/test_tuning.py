@@ -96,6 +96,43 @@ def test_ties_go_to_the_trial_listed_first_and_binds_leaves_out_what_does_not_bi
     assert binding["adopted"] == {"solver.dual_lr": 0.5} and [t["qualifies"] for t in binding["trials"]] == [True, True, False]
 
 
+def test_a_declared_tie_widens_what_counts_as_equal(tmp_path):
+    write_trial(tmp_path, "tune-pd,dual_lr=0.5", 0.3 + 5e-7)
+    write_trial(tmp_path, "tune-pd,dual_lr=5", 0.3)
+    assert decide(parse_search("pd", SEARCH), tmp_path)["adopted"] == {"solver.dual_lr": 5.0}
+    wide = decide(parse_search("pd", {**SEARCH, "tie": 1e-6}), tmp_path)
+    assert wide["adopted"] == {"solver.dual_lr": 0.5} and wide["rule"]["tie"] == "within 1e-06: the trial listed first"
+
+
+def test_a_search_with_labels_and_the_training_criterion_trains_the_variants_it_takes_at_the_adopted_settings(tmp_path, tiny, capsys):
+    search = {**SEARCH, "labels": ["slow", "fast"], "criterion": "best_val_loss", "gamma": 0.3, "takes": ["wide"]}
+    variants = {"primal-dual": {}, "wide": {"train": {"batch_size": 16}}}
+    table = {**tiny, "bench": {"seeds": [0], "variants": variants, "tuning": {"primal-dual": search}}}
+    path, out = tmp_path / "bench.toml", tmp_path / "out"
+    path.write_text(tomli_w.dumps(table))
+    assert main(["bench", str(path), "--out", str(out)]) == 2  # the criterion is early stopping's kept epoch
+    assert "criterion 'best_val_loss' is the validation loss of the epoch early stopping keeps" in capsys.readouterr().err
+    table["train"] = {**table["train"], "epochs": 2, "early_stopping": 1}
+    path.write_text(tomli_w.dumps(table))
+    assert main(["bench", str(path), "--out", str(out)]) == 0
+    capsys.readouterr()
+    trials = {label: out / f"tune-primal-dual,{label}" / "seed-100" for label in ("slow", "fast")}
+    assert sorted(p.name for p in out.glob("tune-*")) == ["tune-primal-dual,fast", "tune-primal-dual,slow"]  # none for "wide"
+    # the criterion is read from training's validation, which the trials ran at the rule's gamma
+    assert all(read_toml(t / "config.toml")["train"]["validation_gamma"] == 0.3 for t in trials.values())
+    kept = {label: json.loads((t / "results.json").read_text())["train"]["best_val_loss"][-1] for label, t in trials.items()}
+    best = min(kept, key=kept.get)
+    decision = read_adopted(out)["primal-dual"]
+    assert decision["adopted_run"] == f"tune-primal-dual,{best}" and [t["value"] for t in decision["trials"]] == [
+        kept["slow"],
+        kept["fast"],
+    ]
+    adopted = {"slow": 0.5, "fast": 5.0}[best]
+    for variant in ("primal-dual", "wide"):
+        assert read_toml(out / variant / "seed-0" / "config.toml")["solver"]["dual_lr"] == adopted
+    assert read_toml(out / "wide" / "seed-0" / "config.toml")["train"]["batch_size"] == 16
+
+
 def test_a_search_may_name_its_trials_apart_from_its_variant():
     search = parse_search("penalty-band", {**SEARCH, "trials": [{"solver.weights": "geometric", "solver.rho": 0.7}], "name": "penalty"})
     assert [search.trial_name(t) for t in search.trials] == ["tune-penalty,weights=geometric,rho=0.7"]
@@ -121,6 +158,9 @@ def test_a_grid_space_is_every_combination_in_order():
         ({**SEARCH, "qualify": "some"}, "bench.tuning.pd.qualify must be one of any, binds"),
         ({**SEARCH, "gammas": [0.0]}, "bench.tuning.pd.gammas must be a list of validation gammas that holds gamma"),
         ({**SEARCH, "name": "a/b"}, "bench.tuning.pd.name must be a plain name for its trials' labels"),
+        ({**SEARCH, "labels": ["one"]}, "bench.tuning.pd.labels must name each of its 2 trials"),
+        ({**SEARCH, "takes": ["pd"]}, "bench.tuning.pd.takes must list other variants trained at the adopted settings"),
+        ({**SEARCH, "tie": -1}, "bench.tuning.pd.tie must be a criterion difference >= 0"),
     ],
 )
 def test_a_bad_search_is_one_line(search, message):

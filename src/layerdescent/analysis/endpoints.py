@@ -98,6 +98,10 @@ class BenchSpec:
     plan: tuple[Endpoint, ...] = ()
     searches: dict[str, Search] = field(default_factory=dict)  # the variants the tool tunes, by their declared rule
 
+    def search_for(self, variant: str) -> Search | None:
+        """The search whose adopted settings ``variant``'s main runs train at: its own, or one that takes it; None where untuned."""
+        return self.searches.get(variant) or next((s for s in self.searches.values() if variant in s.takes), None)
+
     def claim(self) -> Primary | None:
         """The family "primary" as one Primary (its metric, gammas, splits and variants, as plots and REPORT.md read it); None where none is declared."""
         if self.primary is not None:
@@ -158,6 +162,10 @@ def parse_spec(bench: dict, variants: list[str] | None = None) -> BenchSpec:
             'bench.tuning must map variant labels to the number of runs spent choosing their setting, e.g. "primal-dual" = 6, '
             "or to a search the tool runs ([bench.tuning.VARIANT] trials, criterion, gamma)"
         )
+    taken = [label for search in searches.values() for label in search.takes]
+    twice = next((label for label in taken if taken.count(label) > 1 or label in searches), None)
+    if twice is not None:
+        raise ConfigError(f"bench.tuning: variant {twice!r} takes the settings of two searches; one search decides a variant's settings")
     primary = bench.get("primary")
     if primary is not None:
         primary = _primary(primary)
@@ -172,6 +180,7 @@ def parse_spec(bench: dict, variants: list[str] | None = None) -> BenchSpec:
             if e.against != "strongest":
                 named.setdefault(e.against, f"bench.plan.{e.name}.against")
         named.update({label: "bench.tuning" for label in tuning})
+        named.update({label: f"bench.tuning.{search.variant}.takes" for search in searches.values() for label in search.takes})
         for label, where in named.items():
             if label not in variants:
                 raise ConfigError(f"{where}: no variant is labelled {label!r} (the bench's are: {', '.join(dict.fromkeys(variants))})")

@@ -5,20 +5,24 @@
         { "solver.dual_lr" = 5.0, "constraints.0.alpha" = 0.05 },
         { "solver.dual_lr" = 50.0, "constraints.0.alpha" = 0.05 },
     ]
-    criterion = "loss"                          # the last layer's validation loss, or a metric the task reports
-    gamma = 1.0                                 # read at this validation gamma
+    criterion = "loss"                          # the last layer's validation loss, a metric the task reports, or
+                                                # "best_val_loss" (the kept epoch's last layer, during training)
+    gamma = 1.0                                 # read at this validation gamma (best_val_loss: trained with it)
     higher_is_better = false
     qualify = "binds"                           # "binds": only a setting whose multipliers bind at the end; "any"
     seed = 100                                  # the tuning runs' seed (default 100)
     gammas = [0.0, 0.5, 1.0]                    # the tuning runs' validation grid (default [gamma])
     name = "levels"                             # the trials' labels, tune-NAME,... (default: the variant's)
+    labels = ["alpha=0.05,lr=5", ...]           # optional: each trial's label after tune-NAME, (default KEY=VALUE,...)
+    takes = ["levels-pooled"]                   # optional: other variants trained at the adopted settings too
+    tie = 1e-9                                  # criterion values this close are a tie (default 1e-9)
 
 Each trial is a run ``tune-VARIANT,KEY=VALUE,...`` evaluated on the validation split only. Once
 every trial has finished or failed, the rule adopts the qualifying trial with the best criterion;
-ties within 1e-9 go to the trial listed first (so list the values in the order you prefer them).
+ties (within ``tie``) go to the trial listed first (so list the values in the order you prefer them).
 A failed (diverged) trial qualifies for nothing. The adopted settings and every trial are written
 to ``OUT/tuning.json`` beside the results (never into the bench file), and the main runs of the
-variant are trained from them; the budget a report states is the number of trials.
+variant (and those it ``takes``) are trained from them; the budget a report states is the number of trials.
 """
 
 from __future__ import annotations
@@ -37,7 +41,8 @@ from layerdescent.run.files import write_atomic
 
 ADOPTED = "tuning.json"
 TIE = 1e-9  # criterion values this close are a tie, decided by the trials' order
-SEARCH_KEYS = {"trials", "space", "criterion", "gamma", "higher_is_better", "qualify", "seed", "gammas", "name"}
+SEARCH_KEYS = {"trials", "space", "criterion", "gamma", "higher_is_better", "qualify", "seed", "gammas", "name", "labels", "takes", "tie"}
+BEST_VAL_LOSS = "best_val_loss"  # the criterion read from training: the kept epoch's last-layer validation loss
 QUALIFY = ("any", "binds")
 
 
@@ -54,10 +59,16 @@ class Search:
     seed: int = 100
     gammas: tuple[float, ...] = ()
     name: str = ""  # the trials' label stem (default: the variant's)
+    labels: tuple[str, ...] = ()  # each trial's label after the stem (default: its KEY=VALUE pairs)
+    takes: tuple[str, ...] = ()  # other variants trained at the adopted settings
+    tie: float = TIE
 
     def trial_name(self, trial: tuple[tuple[str, Any], ...]) -> str:
         """A trial's run label: ``tune-NAME,alpha=0.05,dual_lr=5``, NAME the variant's unless the search names its own."""
-        return ",".join([f"tune-{self.name or self.variant}", *(f"{key.rsplit('.', 1)[-1]}={_short(value)}" for key, value in trial)])
+        stem = f"tune-{self.name or self.variant}"
+        if self.labels:
+            return f"{stem},{self.labels[self.trials.index(trial)]}"
+        return ",".join([stem, *(f"{key.rsplit('.', 1)[-1]}={_short(value)}" for key, value in trial)])
 
     def run_dir(self, out: Path, trial: tuple[tuple[str, Any], ...]) -> Path:
         """Where a trial runs in the bench folder ``out``: ``OUT/tune-NAME,.../seed-SEED``."""
@@ -92,7 +103,7 @@ def parse_search(variant: str, table: Any) -> Search:
         if key not in table:
             raise ConfigError(f"{where} lacks {key!r} (a search needs criterion, gamma and higher_is_better)")
     if not isinstance(table["criterion"], str) or not table["criterion"]:
-        raise ConfigError(f'{where}.criterion must be "loss" (the last layer\'s) or a metric the task reports')
+        raise ConfigError(f'{where}.criterion must be "loss" (the last layer\'s), "{BEST_VAL_LOSS}" or a metric the task reports')
     if not isinstance(table["higher_is_better"], bool):
         raise ConfigError(f"{where}.higher_is_better must be true or false")
     gamma = table["gamma"]
@@ -110,8 +121,32 @@ def parse_search(variant: str, table: Any) -> Search:
     name = table.get("name", "")
     if not isinstance(name, str) or "/" in name or "\\" in name:
         raise ConfigError(f"{where}.name must be a plain name for its trials' labels (tune-NAME,...), got {name!r}")
+    labels = table.get("labels", [])
+    if (
+        not isinstance(labels, list)
+        or not all(isinstance(x, str) and x and "/" not in x for x in labels)
+        or len(labels) not in (0, len(chosen))
+    ):
+        raise ConfigError(f"{where}.labels must name each of its {len(chosen)} trials (plain names, in the trials' order), got {labels!r}")
+    takes = table.get("takes", [])
+    if not isinstance(takes, list) or not all(isinstance(x, str) and x for x in takes) or variant in takes:
+        raise ConfigError(f'{where}.takes must list other variants trained at the adopted settings, e.g. ["levels-pooled"], got {takes!r}')
+    tie = table.get("tie", TIE)
+    if not isinstance(tie, (int, float)) or isinstance(tie, bool) or not tie >= 0:
+        raise ConfigError(f"{where}.tie must be a criterion difference >= 0 below which trials tie, got {tie!r}")
     search = Search(
-        variant, tuple(chosen), table["criterion"], float(gamma), table["higher_is_better"], qualify, seed, tuple(map(float, gammas)), name
+        variant,
+        tuple(chosen),
+        table["criterion"],
+        float(gamma),
+        table["higher_is_better"],
+        qualify,
+        seed,
+        tuple(map(float, gammas)),
+        name,
+        tuple(labels),
+        tuple(takes),
+        float(tie),
     )
     names = [search.trial_name(t) for t in search.trials]
     if len(set(names)) != len(names):
@@ -131,11 +166,17 @@ def search_table(search: Search) -> dict:
         "seed": search.seed,
         "gammas": list(search.gammas),
         **({"name": search.name} if search.name else {}),
+        **({"labels": list(search.labels)} if search.labels else {}),
+        **({"takes": list(search.takes)} if search.takes else {}),
+        **({"tie": search.tie} if search.tie != TIE else {}),
     }
 
 
 def _criterion(search: Search, results: dict) -> float | None:
     """The trial's criterion at ``search.gamma``; None where the run did not record it."""
+    if search.criterion == BEST_VAL_LOSS:  # its trials validate at gamma during training (see the bench's plan)
+        value = (results.get("train", {}).get("best_val_loss") or [None])[-1]
+        return float(value) if value is not None and math.isfinite(value) else None
     record = next((r for r in results.get("gammas", []) if float(r["gamma"]) == search.gamma), None)
     if record is None:
         return None
@@ -162,7 +203,7 @@ def decide(search: Search, out: Path) -> dict | None:
     sign = -1.0 if search.higher_is_better else 1.0
     best = None
     for t in trials:  # the first of the best: a later trial wins only by more than TIE
-        if t["qualifies"] and (best is None or sign * t["value"] < sign * best["value"] - TIE):
+        if t["qualifies"] and (best is None or sign * t["value"] < sign * best["value"] - search.tie):
             best = t
     return {
         "search": search_table(search),
@@ -174,7 +215,7 @@ def decide(search: Search, out: Path) -> dict | None:
             "gamma": search.gamma,
             "higher_is_better": search.higher_is_better,
             "qualify": search.qualify,
-            "tie": f"within {TIE:g}: the trial listed first",
+            "tie": f"within {search.tie:g}: the trial listed first",
         },
         "trials": trials,
     }

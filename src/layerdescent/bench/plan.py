@@ -12,7 +12,7 @@ from typing import Any
 
 from layerdescent.analysis.endpoints import BenchSpec, parse_spec
 from layerdescent.analysis.groups import mean_domains
-from layerdescent.analysis.tuning import decision_for, read_adopted
+from layerdescent.analysis.tuning import BEST_VAL_LOSS, decision_for, read_adopted
 from layerdescent.bench.executors import (
     executor_table,
 )
@@ -142,7 +142,7 @@ def plan(path: str | Path, out: str | Path, overrides: list[str] = (), registry:
         raise ConfigError(
             f"the bench has {count:,} runs (variants x grid points x seeds); at most {MAX_RUNS:,}: split it into several bench files"
         )
-    searches = parse_spec(bench).searches  # the tuned variants, whose trials come first
+    spec = parse_spec(bench)  # the tuned variants, whose trials come first
     decided = read_adopted(Path(out))
     runs, where, tasks = [], {}, {}
 
@@ -171,20 +171,27 @@ def plan(path: str | Path, out: str | Path, overrides: list[str] = (), registry:
         # e.g. one seed for an ablation beside three-seed baselines
         variant_seeds = _check_seeds(override.pop("seeds", seeds), f"bench.variants.{variant}.seeds")
         own = {*flat_keys(override, arrays=False), *grid}  # keys the variant or the grid set over a --set
-        search = searches.get(variant)
+        search = spec.search_for(variant)  # its own, or the one whose adopted settings it takes
         adopted = None
         if search is not None:
             if grid:
-                raise ConfigError(f"bench.tuning.{variant}: a variant the tool tunes cannot also be crossed with bench.grid")
+                raise ConfigError(f"bench.tuning.{search.variant}: a variant the tool tunes cannot also be crossed with bench.grid")
             if decision := decision_for(search, decided):
                 adopted = decision.get("adopted")  # None where no trial qualified: the main runs wait, and the bench says why
-            for trial in search.trials:
+            for trial in search.trials if search.variant == variant else ():
                 name = search.trial_name(trial)
                 if name in variants:
                     raise ConfigError(f"bench.tuning.{variant}: its trial {name!r} has the name of a variant; rename the variant")
                 merged = merge(data, {**override, "seed": search.seed, "label": name})
                 merged["eval"] = {**merged.get("eval", {}), "split": "validation", "gammas": list(search.gammas), "domains": []}
+                if search.criterion == BEST_VAL_LOSS:  # read from training's validation, which must run at the rule's gamma
+                    merged["train"] = {**merged.get("train", {}), "validation_gamma": search.gamma}
                 config = build(merged, name, dict(trial), own)
+                if search.criterion == BEST_VAL_LOSS and not config.train.early_stopping:
+                    raise ConfigError(
+                        f"bench.tuning.{variant}: criterion {BEST_VAL_LOSS!r} is the validation loss of the epoch early stopping keeps; "
+                        'set train.early_stopping, or read the criterion at the end ("loss")'
+                    )
                 runs.append(BenchRun(name, search.seed, config, search.run_dir(out, trial), trial_of=variant))
         for point in itertools.product(*(range(len(v)) for v in grid.values())):
             name = ",".join([variant, *(f"{key.rsplit('.', 1)[-1]}={names[key][i]}" for key, i in zip(grid, point))])

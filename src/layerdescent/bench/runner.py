@@ -146,7 +146,7 @@ def _refuse_unreachable(runs: list[BenchRun], pending: list, spec: BenchSpec, ou
     """Main runs whose variant's trials have neither run nor are about to: refused before anything trains."""
     scheduled = {run.run_dir for run, _ in pending}
     for variant in dict.fromkeys(run.variant for run in runs if run.awaits):
-        search = spec.searches[variant]
+        search = spec.search_for(variant)
         for trial in search.trials:
             run_dir = search.run_dir(out, trial)
             if run_dir not in scheduled and not (run_dir / "results.json").exists() and rundir.failure(run_dir) is None:
@@ -158,15 +158,15 @@ def _refuse_waiting(runs: list[BenchRun], spec: BenchSpec, out: Path) -> None:
     waiting = next((run for run in runs if run.awaits), None)
     if waiting is None:
         return
-    variant, search = waiting.variant, spec.searches[waiting.variant]
+    variant, search = waiting.variant, spec.search_for(waiting.variant)
     if tuning.decision_for(search, tuning.read_adopted(out)):  # decided, and still waiting: nothing was adopted
         raise ConfigError(
-            f"bench.tuning.{variant}: no trial qualified ({search.qualify!r}, criterion {search.criterion!r}; "
+            f"bench.tuning.{search.variant}: no trial qualified ({search.qualify!r}, criterion {search.criterion!r}; "
             f"see {out / tuning.ADOPTED}): widen the search, or train {variant} at settings of its own"
         )
     raise ConfigError(
-        f"bench.tuning.{variant}: its main runs wait for its trials, which have not all run: "
-        f"bench --only 'tune-{variant},*' first, or the bench without --only"
+        f"bench.tuning.{search.variant}: {'its' if variant == search.variant else f'the {variant}'} main runs wait for its trials, which have not all run: "
+        f"bench --only 'tune-{search.name or search.variant},*' first, or the bench without --only"
     )
 
 
