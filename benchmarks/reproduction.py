@@ -11,7 +11,7 @@ so "holds" means "beats erm and deep supervision" where the bench names both. Th
 "A Constrained Optimization Perspective of Unrolled Transformers", by fixed rules:
 
 - monotone layerwise descent: the mean test loss falls at every layer, in distribution (at the γ of
-  the bench's declared rising-transitions endpoint for the variant, where its plan declares one);
+  the rising-transitions endpoint the bench's claim declares for the variant, where its plan has one);
 - graceful degradation: at the larger gammas (the upper half of the nonzero grid) the paired
   difference from the strongest baseline is distinguishably better somewhere and never distinguishably worse;
 - in-distribution parity: at the smallest gamma the difference from the strongest baseline is not distinguishably worse;
@@ -178,8 +178,8 @@ def spec_for(root: Path, bench: Bench) -> BenchSpec:
     """The bench file's judging keys, from the bench file beside ``results/`` under ``root`` (the defaults where there is none; a re-evaluation's all exploratory)."""
     path = root / bench.config
     spec = parse_spec(read_toml(path).get("bench", {})) if path.exists() else BenchSpec()
-    # a re-evaluation (under another perturbation) is not what the bench file registered its endpoints for
-    return dataclasses.replace(spec, primary=None, plan=()) if bench.command else spec
+    # a re-evaluation (under another perturbation) is not what the bench file registered its endpoints for, nor tuned
+    return dataclasses.replace(spec, primary=None, plan=(), searches={}, choices=()) if bench.command else spec
 
 
 def views(results: list[dict], bench: Bench) -> dict[tuple[str, str], list[dict]]:
@@ -237,7 +237,9 @@ def _pairs(results: list[dict], bench: Bench, spec: BenchSpec, family: dict) -> 
     sign = 1.0 if bench.higher_is_better else -1.0
     primary = spec.claim()
     # the declared endpoints are on test: a domain's view (judged without the family) keeps descent in distribution
-    declared_descent = {e.variant: e.gamma for e in spec.endpoints() if e.statistic == "rising" and e.on == "test"} if family else {}
+    # (the claim's: a secondary family that describes descent at other gammas does not move the claim's)
+    declared = [e for e in spec.endpoints() if e.statistic == "rising" and e.on == "test" and decides_the_claim(e.family)]
+    declared_descent = {e.variant: e.gamma for e in declared} if family else {}
     pairs = []
     for label, grp in groups.items():
         if not role(grp["solver"], "enforces_constraints") or grp["split"] != "test":

@@ -8,7 +8,7 @@ import pytest
 import tomli_w
 from helpers import REPO, three_solvers, write_run
 
-from layerdescent.analysis.endpoints import BenchSpec, Endpoint, judge, parse_spec, read_spec
+from layerdescent.analysis.endpoints import BenchSpec, Choice, Endpoint, judge, parse_spec, read_spec
 from layerdescent.analysis.registration import LEDGER, changes
 from layerdescent.analysis.report import collect, write_report
 from layerdescent.analysis.stats import holm, paired_difference
@@ -77,7 +77,8 @@ def test_the_older_primary_table_is_the_plans_family_primary():
     [
         ({"P1": {"variant": "a", "metric": "mse", "gamma": 0.5}}, "bench.plan.P1 lacks 'higher_is_better'"),
         ({"P1": {**PLAN["P1"], "gamm": 1}}, "unknown key bench.plan.P1.gamm"),
-        ({"P1": {**PLAN["P1"], "gamma": [0.5]}}, "bench.plan.P1.gamma must be one perturbation level"),
+        ({"P1": {**PLAN["P1"], "gamma": "0.5"}}, "bench.plan.P1.gamma must be one perturbation level"),
+        ({"P1": {**PLAN["P1"], "gamma": []}}, "bench.plan.P1.gamma is an empty list: name one or more"),
         ({"P1": {**PLAN["P1"], "statistic": "mean"}}, "bench.plan.P1.statistic must be one of difference, rising"),
         ({"P1": 3}, "bench.plan must hold one table per endpoint"),
         (
@@ -89,6 +90,77 @@ def test_the_older_primary_table_is_the_plans_family_primary():
 def test_a_bad_plan_is_one_line(plan, message):
     with pytest.raises(ConfigError, match="^" + message.replace(".", r"\.").replace("[", r"\[")):
         parse_spec({"plan": plan})
+
+
+def kept_epochs(root, losses: dict[str, list[float]], gamma: float = 0.5):
+    """Runs whose early stopping kept an epoch of last-layer validation loss ``losses[label][seed]`` at ``gamma``."""
+    for label, values in losses.items():
+        for seed, loss in enumerate(values):
+            write_run(root, label, label.split("-d")[0], seed, 0.1, 0.2)
+            run = root / label / f"seed-{seed}"
+            result = json.loads((run / "results.json").read_text())
+            result["train"] |= {"best_epoch": 1, "best_val_loss": [2.0, 1.0, loss]}
+            (run / "results.json").write_text(json.dumps(result))
+            (run / "config.toml").write_text(
+                (run / "config.toml").read_text() + f"[train]\nearly_stopping = 1\nvalidation_gamma = {gamma}\n"
+            )
+    return root
+
+
+def test_an_endpoint_on_the_kept_epoch_reads_early_stoppings_last_layer_validation_loss(tmp_path):
+    root = kept_epochs(tmp_path, {"erm-d8": [0.30, 0.31, 0.32], "primal-dual-d8": [0.20, 0.22, 0.21]})
+    e = {"variant": "primal-dual-d8", "against": "erm-d8", "on": "validation (kept epoch)", "metric": "loss"}
+    spec = parse_spec(
+        {"plan": {"R8": {**e, "higher_is_better": False, "gamma": 0.5}, "R0": {**e, "higher_is_better": False, "gamma": 0.0}}}
+    )
+    r8, r0 = judge(collect(root), spec, spec.endpoints())
+    expected = paired_difference([-0.20, -0.22, -0.21], [-0.30, -0.31, -0.32])  # signed: lower is better
+    assert r8["difference"]["mean"] == pytest.approx(expected["mean"]) and r8["verdict"] == "better"
+    assert r0["verdict"] == "missing"  # the runs validated at 0.5, not 0
+
+
+def test_a_choice_takes_the_first_candidate_judged_better_waits_for_an_unjudged_one_else_its_default():
+    choice = Choice("depth", (("8", "R8"), ("12", "R12"), ("16", "R16")), "12")
+    verdicts = lambda *v: {name: {"verdict": x} for name, x in zip(("R8", "R12", "R16"), v)}
+    assert choice.decide(verdicts("worse", "better", "better")) == ("12", "R12 is better, after R8 worse")
+    assert choice.decide(verdicts("no difference", "no difference", "worse"))[0] == "12"
+    assert choice.decide(verdicts("no difference", "missing", "better")) == (None, "R12 has not run, after R8 no difference")
+    assert choice.decide(verdicts("better", "missing", "missing"))[0] == "8"
+
+
+def test_report_writes_the_setting_a_plans_choice_takes(tmp_path):
+    root = kept_epochs(tmp_path, {"erm-d8": [0.30, 0.31, 0.32], "primal-dual-d8": [0.20, 0.22, 0.21]})
+    e = {"variant": "primal-dual-d8", "against": "erm-d8", "on": "validation (kept epoch)", "metric": "loss", "higher_is_better": False}
+    bench = {"plan": {"R8": {**e, "gamma": 0.5, "family": "rule 8"}}, "choice": {"depth": {"candidates": {"8": "R8"}, "otherwise": "12"}}}
+    write_report(root, spec=parse_spec(bench))
+    assert "**depth = 8** (R8 is better)." in (root / "endpoints.md").read_text()
+
+
+@pytest.mark.parametrize(
+    "choice, message",
+    [
+        ({"depth": {"candidates": {"8": "R9"}, "otherwise": "12"}}, "bench.choice.depth.candidates: 'R9' is no tested endpoint"),
+        ({"depth": {"candidates": {"8": "P1"}}}, "bench.choice.depth.otherwise must be the value chosen"),
+        ({"depth": {"candidates": {"8": "P1"}, "otherwise": "12", "first": 1}}, "unknown key bench.choice.depth.first"),
+        ({"depth": {"candidates": ["P1"], "otherwise": "12"}}, "bench.choice.depth.candidates must map each value to the endpoint"),
+    ],
+)
+def test_a_bad_choice_is_one_line(choice, message):
+    with pytest.raises(ConfigError, match="^" + message.replace(".", r"\.")):
+        parse_spec({"plan": {"P1": PLAN["P1"]}, "choice": choice})
+
+
+def test_a_list_of_variants_or_gammas_declares_one_endpoint_each_named_by_both():
+    spec = parse_spec({"plan": {"D": {"variant": ["erm", "primal-dual"], "gamma": [0.0, 1.0], "statistic": "rising"}, "P1": PLAN["P1"]}})
+    assert [(e.name, e.variant, e.gamma) for e in spec.plan] == [
+        ("D erm γ 0", "erm", 0.0),
+        ("D erm γ 1", "erm", 1.0),
+        ("D primal-dual γ 0", "primal-dual", 0.0),
+        ("D primal-dual γ 1", "primal-dual", 1.0),
+        ("P1", "primal-dual", 1.0),
+    ]
+    one = parse_spec({"plan": {"E": {**PLAN["P1"], "gamma": [0.0, 1.0]}}}).plan
+    assert [e.name for e in one] == ["E γ 0", "E γ 1"] and all(e.metric == "mse" for e in one)
 
 
 def test_a_plan_naming_a_variant_the_bench_lacks_is_refused():
@@ -148,9 +220,9 @@ def test_a_bench_with_a_plan_records_it_even_for_a_spec_remembered_by_report(tmp
     assert "| P1 (mse, lower is better) | primal-dual |" in (tmp_path / "summary.md").read_text()
 
 
-@pytest.mark.parametrize("bench", ["lista_shift", "text_shift"])
+@pytest.mark.parametrize("bench", ["lista_shift", "text_shift", "video_depth_noisy", "video_paper", "video_deep"])
 def test_report_remakes_the_committed_endpoints_from_the_bench_files_plan(tmp_path, bench):
-    # what benchmarks/shift_endpoints.py computed by hand is now the bench file's [bench.plan], judged by report
+    # what benchmarks/shift_endpoints.py, figure2_panels.py and depth_rule.py computed by hand is the bench file's [bench.plan], judged by report
     committed = (REPO / "benchmarks" / "results" / bench / "endpoints.md").read_text()
     spec = read_spec(REPO / "benchmarks" / f"{bench}.toml")
     write_report(REPO / "benchmarks" / "results" / bench, tmp_path, spec=spec)

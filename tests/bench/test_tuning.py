@@ -189,10 +189,35 @@ def test_the_declared_rule_reproduces_lista_band2s_adoption_from_its_committed_t
     assert f"--set bench.variants.{variant}.solver.dual_lr={dual_lr}" in made_by
 
 
-def test_lista_band2s_committed_decisions_are_its_declared_rules_applied_to_its_committed_trials():
-    # `layerdescent bench benchmarks/lista_band2.toml --out benchmarks/results/lista_band2 --workers 2` wrote them, training nothing
-    spec = read_spec(REPO / "benchmarks" / "lista_band2.toml")
-    out = REPO / "benchmarks" / "results" / "lista_band2"
-    assert set(spec.searches) == {"levels", "primal-dual", "penalty-band"}
-    assert read_adopted(out) == {variant: decide(search, out) for variant, search in spec.searches.items()}
-    assert read_adopted(out)["penalty-band"]["adopted"] == {"solver.weights": "geometric", "solver.rho": 0.7}
+def _at(table, dotted: str):
+    for part in dotted.split("."):
+        table = table[int(part)] if isinstance(table, list) else table[part]
+    return table
+
+
+@pytest.mark.parametrize("bench", ["lista_band2", "video_levels", "video_deep"])
+def test_a_committed_benchs_decisions_are_its_declared_rules_applied_to_its_committed_trials_and_its_main_runs_took_them(bench):
+    # `layerdescent bench benchmarks/BENCH.toml --out benchmarks/results/BENCH --only 'tune-*' --skip-failed` wrote them, training nothing
+    spec = read_spec(REPO / "benchmarks" / f"{bench}.toml")
+    out = REPO / "benchmarks" / "results" / bench
+    decisions = read_adopted(out)
+    assert decisions == {variant: decide(search, out) for variant, search in spec.searches.items()}
+    for variant, search in spec.searches.items():
+        adopted = decisions[variant]["adopted"]
+        for taker in (variant, *search.takes):
+            configs = sorted((out / taker).glob("seed-*/config.toml"))
+            assert configs, f"{taker} has no committed run"
+            for config in configs:
+                recorded = {key: _at(read_toml(config), key) for key in adopted}
+                assert recorded == adopted, f"{config} was not trained at the adopted settings"
+
+
+def test_the_committed_benches_adopt_what_their_headers_say():
+    adopted = {bench: read_adopted(REPO / "benchmarks" / "results" / bench) for bench in ("lista_band2", "video_levels", "video_deep")}
+    assert adopted["lista_band2"]["penalty-band"]["adopted"] == {"solver.weights": "geometric", "solver.rho": 0.7}
+    assert adopted["video_levels"]["vtest-dust-penalty-band"]["adopted"] == {"solver.weights": "linear"}
+    assert adopted["video_levels"]["vtest-transformer-levels"]["adopted"] == {"constraints.0.alpha": 0.2, "solver.dual_lr": 50.0}
+    runs = {arch: adopted["video_deep"][f"vtest-{arch}-{solver}"]["adopted_run"] for arch in ("dust", "l1l1") for solver in ("penalty",)}
+    assert runs == {"dust": "tune-dust-penalty,rho=0.7", "l1l1": "tune-l1l1-penalty,rho=0.9"}
+    trials = adopted["video_deep"]["vtest-dust-primal-dual"]["trials"]
+    assert [t["failed"] for t in trials] == [False, True, False, True]  # both anchored runs diverged: they qualify for nothing

@@ -20,8 +20,14 @@
     metric = "accuracy"
     higher_is_better = true
     gamma = 3.2
-    on = "mean(amazon, tweets)"             # "test" (default), a domain, or a mean over domains
+    on = "mean(amazon, tweets)"             # "test" (default), a domain, a mean over domains, or "validation (kept epoch)":
+                                            # early stopping's kept epoch, metric "loss" at train.validation_gamma
     against = "strongest"                   # (default) the best-mean named baseline, better than each; or a variant label
+                                            # variant or gamma may be a list: one endpoint each, "L1 VARIANT γ G"
+
+    [bench.choice.depth]                    # a setting chosen by the plan's endpoints, in order of preference:
+    candidates = { "8" = "depth-rule-8", "12" = "depth-rule-12" }   # the first whose verdict is "better" wins
+    otherwise = "12"                        # where none is
 
 Each primary cell (variant x split x gamma) pairs the variant with the strongest baseline there, the
 one whose mean is best at that cell, over the seeds both have; the family's p-values are
@@ -37,7 +43,15 @@ import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from layerdescent.analysis.groups import baseline_group, domain_mean_results, domain_results, mean_domains, summarize
+from layerdescent.analysis.groups import (
+    KEPT_EPOCH,
+    baseline_group,
+    domain_mean_results,
+    domain_results,
+    kept_epoch_results,
+    mean_domains,
+    summarize,
+)
 from layerdescent.analysis.stats import holm, paired_difference
 from layerdescent.analysis.tuning import Search, parse_search, search_table
 from layerdescent.errors import ConfigError
@@ -83,6 +97,27 @@ class Endpoint:
 STATISTICS = ("difference", "rising")
 
 
+@dataclass(frozen=True)
+class Choice:
+    """A setting the plan's endpoints choose: the first candidate whose endpoint is judged better, else ``otherwise``."""
+
+    name: str
+    candidates: tuple[tuple[str, str], ...]  # (value, endpoint name), the preferred first
+    otherwise: str
+
+    def decide(self, cells: dict[str, dict]) -> tuple[str | None, str]:
+        """The chosen value (None while a candidate before the first better one is unjudged) and why, from the cells by endpoint name."""
+        said = []
+        for value, name in self.candidates:
+            verdict = cells.get(name, {}).get("verdict", "missing")
+            if verdict == "better":
+                return value, f"{name} is better" + (f", after {'; '.join(said)}" if said else "")
+            if verdict == "missing":
+                return None, f"{name} has not run" + (f", after {'; '.join(said)}" if said else "")
+            said.append(f"{name} {verdict}")
+        return self.otherwise, f"otherwise, as no candidate is better: {'; '.join(said)}"
+
+
 def decides_the_claim(family: str) -> bool:
     """Whether a family is one of the claim's: "primary", or "primary" and a name ("primary V2"), each Holm-adjusted within itself."""
     return family.split(maxsplit=1)[:1] == ["primary"]
@@ -97,6 +132,7 @@ class BenchSpec:
     tuning: dict[str, int] = field(default_factory=dict)
     plan: tuple[Endpoint, ...] = ()
     searches: dict[str, Search] = field(default_factory=dict)  # the variants the tool tunes, by their declared rule
+    choices: tuple[Choice, ...] = ()
 
     def search_for(self, variant: str) -> Search | None:
         """The search whose adopted settings ``variant``'s main runs train at: its own, or one that takes it; None where untuned."""
@@ -172,7 +208,8 @@ def parse_spec(bench: dict, variants: list[str] | None = None) -> BenchSpec:
     plan = _plan(bench["plan"]) if "plan" in bench else ()
     if primary is not None and plan:
         raise ConfigError("bench.primary and bench.plan both declare endpoints: [bench.primary] is the older form, keep [bench.plan] alone")
-    spec = BenchSpec(baselines, primary, dict(tuning), plan, searches)
+    choices = _choices(bench["choice"], plan) if "choice" in bench else ()
+    spec = BenchSpec(baselines, primary, dict(tuning), plan, searches, choices)
     if variants is not None:
         named = {label: "bench.primary" for label in (primary.variants + primary.adopted if primary else ())}
         for e in plan:
@@ -194,7 +231,7 @@ def _plan(table) -> tuple[Endpoint, ...]:
             'bench.plan must hold one table per endpoint, e.g. [bench.plan.P1] variant = "levels", metric = "mse", gamma = 0.5'
         )
     endpoints = []
-    for name, e in table.items():
+    for name, e in (item for named in table.items() for item in _expanded(*named)):
         where = f"bench.plan.{name}"
         nested = next((k for k, v in e.items() if isinstance(v, dict)), None)
         if nested is not None:  # [bench.plan.dose-0.13] is dose-0 holding 13
@@ -221,6 +258,50 @@ def _plan(table) -> tuple[Endpoint, ...]:
             raise ConfigError(f"{where}.gamma must be one perturbation level >= 0, e.g. gamma = 0.5, got {gamma!r}")
         endpoints.append(Endpoint(name=name, **{**e, "gamma": float(gamma)}))
     return tuple(endpoints)
+
+
+def _expanded(name: str, e: dict) -> list[tuple[str, dict]]:
+    """An endpoint table whose ``variant`` or ``gamma`` is a list, as one endpoint per (variant, gamma): "NAME VARIANT γ G"."""
+    variants, gammas = e.get("variant"), e.get("gamma")
+    if not isinstance(variants, list) and not isinstance(gammas, list):
+        return [(name, e)]
+    for key, values in (("variant", variants), ("gamma", gammas)):
+        if isinstance(values, list) and not values:
+            raise ConfigError(f"bench.plan.{name}.{key} is an empty list: name one or more")
+    variants = variants if isinstance(variants, list) else [variants]
+    gammas = gammas if isinstance(gammas, list) else [gammas]
+    return [
+        (
+            " ".join([name, *([str(v)] if len(variants) > 1 else []), *([f"γ {g:g}"] if len(gammas) > 1 else [])]),
+            {**e, "variant": v, "gamma": g},
+        )
+        for v in variants
+        for g in gammas
+    ]
+
+
+def _choices(table, plan: tuple[Endpoint, ...]) -> tuple[Choice, ...]:
+    """``[bench.choice]``'s choices, each naming the plan's endpoints it chooses by; ConfigError, one line, for a bad one."""
+    example = '[bench.choice.depth] candidates = { "8" = "depth-rule-8", "12" = "depth-rule-12" }, otherwise = "12"'
+    if not isinstance(table, dict) or not table or not all(isinstance(v, dict) for v in table.values()):
+        raise ConfigError(f"bench.choice must hold one table per choice, e.g. {example}")
+    names = {e.name for e in plan if e.statistic == "difference"}
+    choices = []
+    for name, c in table.items():
+        where = f"bench.choice.{name}"
+        unknown = set(c) - {"candidates", "otherwise"}
+        if unknown:
+            raise ConfigError(f"unknown key {where}.{sorted(unknown)[0]} (allowed: candidates, otherwise)")
+        candidates, otherwise = c.get("candidates"), c.get("otherwise")
+        if not isinstance(candidates, dict) or not candidates or not all(isinstance(v, str) for v in candidates.values()):
+            raise ConfigError(f"{where}.candidates must map each value to the endpoint that chooses it, e.g. {example}")
+        if not isinstance(otherwise, str):
+            raise ConfigError(f"{where}.otherwise must be the value chosen where no candidate's endpoint is better, e.g. {example}")
+        stray = next((e for e in candidates.values() if e not in names), None)
+        if stray is not None:
+            raise ConfigError(f"{where}.candidates: {stray!r} is no tested endpoint of [bench.plan]")
+        choices.append(Choice(name, tuple(candidates.items()), otherwise))
+    return tuple(choices)
 
 
 def _primary(table) -> Primary:
@@ -262,6 +343,8 @@ def spec_table(spec: BenchSpec) -> dict:
         table["primary"] = {name: v for name, v in primary.items() if v != []}
     if spec.plan:
         table["plan"] = {e.name: _endpoint_table(e) for e in spec.plan}
+    if spec.choices:
+        table["choice"] = {c.name: {"candidates": dict(c.candidates), "otherwise": c.otherwise} for c in spec.choices}
     return table
 
 
@@ -319,9 +402,12 @@ def judge(results: list[dict], spec: BenchSpec, endpoints, views: dict | None = 
     marked missing, so an unfinished bench never looks like a smaller family.
     """
     views = dict(views if views is not None else split_views(results))
-    for e in endpoints:  # a mean over domains ("mean(carphone, bikes)") is a view of its own
+    for e in endpoints:  # a mean over domains ("mean(carphone, bikes)"), or the kept epoch's validation, is a view of its own
         if e.on not in views and (domains := mean_domains(e.on)):
             view = domain_mean_results(results, domains)
+            views[e.on] = (view, summarize(view))
+        elif e.on == KEPT_EPOCH and e.on not in views:
+            view = kept_epoch_results(results)
             views[e.on] = (view, summarize(view))
     cells = [_cell(views.get(e.on), spec, e) for e in endpoints]
     for family in dict.fromkeys(e.family for e in endpoints if e.statistic == "difference"):

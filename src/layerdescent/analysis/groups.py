@@ -13,6 +13,7 @@ config key (evaluation settings aside), with three or more values, form an ablat
 from __future__ import annotations
 
 import json
+import math
 import re
 
 import numpy as np
@@ -248,6 +249,22 @@ def domain_mean_results(results: list[dict], domains: tuple[str, ...]) -> list[d
             record["metrics"] = {m: sum(rec["metrics"][m] for rec in at_gamma) / len(at_gamma) for m in sorted(names)}
             records.append(record)
         out.append({**r, "gammas": records})
+    return out
+
+
+KEPT_EPOCH = "validation (kept epoch)"  # the evaluation set early stopping chose the tested epoch by
+
+
+def kept_epoch_results(results: list[dict]) -> list[dict]:
+    """Each run early stopping kept an epoch of, its ``gammas`` that epoch's validation: the per-layer loss at ``train.validation_gamma``, metric "loss" the last layer's."""
+    out = []
+    for r in results:
+        loss = r.get("train", {}).get("best_val_loss")
+        gamma = r.get("config", {}).get("train", {}).get("validation_gamma")
+        if loss and gamma is not None:
+            unknown = [math.nan] * (len(loss) - 1)  # training's validation records no per-sample descent
+            record = {"gamma": gamma, "layer_loss": list(loss), "descent_rate": unknown, "metrics": {"loss": loss[-1]}}
+            out.append({**r, "gammas": [record], "domains": {}})
     return out
 
 

@@ -262,6 +262,14 @@ def primary_section(results: list[dict], spec, views: dict, tally: list[dict], s
             "every verdict on these runs is exploratory. " + count,
             "",
         ]
+    if p is None and spec.claim() is None:
+        return [
+            "## Primary endpoints",
+            "",
+            "The plan declares no family `primary`: none of its endpoints decides a claim (its secondary families: "
+            "[endpoints.md](endpoints.md)). " + count,
+            "",
+        ]
     cells = primary_cells(results, spec, views)
     changed = status is not None and status.changed
     heading = (
@@ -568,15 +576,26 @@ def endpoints_page(results: list[dict], spec, views: dict, tally: list[dict], ti
             if "rises" not in c:
                 rows.append([e.name, e.variant, e.on, f"{e.gamma:g}", "–", "not run", "–"])
                 continue
-            rises = ", ".join(f"l{k}" for k in c["rises"])
-            loss = " ".join(f"{x:.4g}" for x in c["layer_loss"])
-            rows.append(
-                [e.name, e.variant, e.on, f"{e.gamma:g}", str(len(c["seeds"])), f"{len(c['rises'])}{': ' + rises if rises else ''}", loss]
+            loss = c["layer_loss"]
+            rises = f"{len(c['rises'])}" + (
+                f": {', '.join(f'l{k}' for k in c['rises'])} ({_largest_rise(loss, c['rises'])})" if c["rises"] else ""
             )
+            rows.append([e.name, e.variant, e.on, f"{e.gamma:g}", str(len(c["seeds"])), rises, " ".join(f"{x:.4g}" for x in loss)])
         lines += markdown_table(["endpoint", "variant", "evaluated on", "γ", "seeds", "rising transitions", "per-layer test loss"], rows)
+    by_name = {c["name"]: c for c in cells}
+    for choice in spec.choices:
+        value, why = choice.decide(by_name)
+        chosen = f"**{choice.name} = {value}**" if value is not None else f"{choice.name}: not yet chosen"
+        lines += [f"## Chosen by the plan: {choice.name}", "", f"{chosen} ({why}).", ""]
     lines += _decisions(decisions or {})
     lines += ["## Everything else: exploratory", "", _exploratory_count(tally), ""]
     return "\n".join(lines)
+
+
+def _largest_rise(loss: list[float], rises: list[int]) -> str:
+    """The largest of the rises, relative to the loss it rose from: a plateau's 1e-5 wobble is not a 5% climb."""
+    largest = 100 * max((loss[k] - loss[k - 1]) / loss[k - 1] for k in rises)
+    return f"at most +{largest:.2g}%" if largest < 10 else f"at most +{largest:.0f}%"  # two digits, never 2.4e+02
 
 
 def _decisions(decisions: dict) -> list[str]:

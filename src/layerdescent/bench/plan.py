@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from layerdescent.analysis.endpoints import BenchSpec, parse_spec
-from layerdescent.analysis.groups import mean_domains
+from layerdescent.analysis.groups import KEPT_EPOCH, mean_domains
 from layerdescent.analysis.tuning import BEST_VAL_LOSS, decision_for, read_adopted
 from layerdescent.bench.executors import (
     executor_table,
@@ -214,8 +214,26 @@ def plan(path: str | Path, out: str | Path, overrides: list[str] = (), registry:
 def _check_plan(plan, runs: list[BenchRun], tasks: dict) -> None:
     """Each declared endpoint reads a metric its runs' task reports, on a split they are evaluated on."""
     for e in plan:
+        if e.on == KEPT_EPOCH:
+            _check_kept_epoch(runs, e)
+            continue
         metric = e.metric if e.statistic == "difference" else None
         _check_reads(runs, tasks, (e.variant, e.against), metric, e.on, f"bench.plan.{e.name}.metric", f"bench.plan.{e.name}.on")
+
+
+def _check_kept_epoch(runs: list[BenchRun], e) -> None:
+    """An endpoint on the kept epoch's validation reads its last-layer loss, at the gamma its runs validate at, where early stopping keeps one."""
+    where = f"bench.plan.{e.name}"
+    if e.statistic == "difference" and e.metric != "loss":
+        raise ConfigError(f'{where}.metric: on {KEPT_EPOCH!r} the metric is "loss" (the last layer\'s), got {e.metric!r}')
+    for run in runs:
+        if run.variant in (e.variant, e.against):
+            if not run.config.train.early_stopping:
+                raise ConfigError(f"{where}.on: variant {run.variant!r} keeps no epoch (set train.early_stopping)")
+            if run.config.train.validation_gamma != e.gamma:
+                raise ConfigError(
+                    f"{where}.gamma: variant {run.variant!r} validates at train.validation_gamma {run.config.train.validation_gamma:g}, not {e.gamma:g}"
+                )
 
 
 def _check_primary(primary, runs: list[BenchRun], tasks: dict) -> None:
