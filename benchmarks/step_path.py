@@ -104,8 +104,8 @@ def step_path(solver_name: str, scheme: str) -> list[str]:
         batches = torch.arange(256).split(64)
         trainer.step(session, [batches[0]], 0)  # warm-up: anchors, lazy imports
         path = trace(lambda: trainer.step(session, [batches[1]], 1))
-    if path and path[0] != "trainer.py":
-        path.insert(0, "trainer.py")
+    if path and path[0] != "run/trainer.py":  # the step begins in the trainer, whose frame the trace starts inside
+        path.insert(0, "run/trainer.py")
     return path
 
 
@@ -120,7 +120,7 @@ def main() -> None:
     for title, (solver_name, scheme) in variants.items():
         path = step_path(solver_name, scheme)
         report(title, path, args.show)
-        solver_side = [name for name in path if name not in TASK_SIDE]
+        solver_side = [name for name in path if Path(name).name not in TASK_SIDE]
         report(
             f"{title}, without the task's forward pass",
             [name for i, name in enumerate(solver_side) if i == 0 or solver_side[i - 1] != name],

@@ -129,6 +129,26 @@ def test_the_guide_method_runs_under_every_scheme_with_its_cap(registry, scheme)
     assert bool((lam > 0).any()) and bool((lam <= 0.3).all()) and update.solver.dual_steps == 6
 
 
+@pytest.mark.parametrize("scheme, primal_steps_before", [("simultaneous", [1, 2, 3]), ("alternating", [0, 1, 2])])
+def test_under_alternating_a_steps_dual_step_comes_before_its_primal_step_as_the_guide_says(registry, scheme, primal_steps_before):
+    # a warm-up that switches after n dual steps switches one primal step earlier under alternating
+    param = torch.nn.Parameter(torch.ones(3))
+    primal = torch.optim.SGD([param], lr=0.01)
+    taken, seen = [0], []
+    step = primal.step
+    primal.step = lambda *a, **k: (taken.__setitem__(0, taken[0] + 1), step(*a, **k))[1]
+    update = ld.LayerwiseUpdate(
+        [ld.Descent(alpha=0.5)], num_layers=2, optimizer=primal, solver="capped-decay", registry=registry, scheme=scheme, dual_lr=1.0
+    )
+    dual_step = update.solver.dual_step
+    update.solver.dual_step = lambda: (seen.append(taken[0]), dual_step())[1]
+    for _ in range(3):
+        update.zero_grad()
+        update.backward((param * torch.tensor([1.0, 2.0, 3.0]))[None])  # every layer's loss above the last: each binds
+        update.step()
+    assert seen == primal_steps_before
+
+
 def test_the_guide_method_trains_from_a_config_and_resumes_on_the_same_trajectory(tiny, tmp_path, registry, monkeypatch):
     from layerdescent.run.trainer import Trainer
 

@@ -484,3 +484,49 @@ def test_record_returns_the_whole_log_line_means_over_its_steps_under_every_solv
     assert line["violation"]["descent"] == pytest.approx(torch.stack([v for _, v in steps]).mean(0).tolist())
     assert line["feasible"] == sum(bool((v <= 0).all()) for _, v in steps) / 3
     assert "loss" not in update.record()  # the next line starts empty
+
+
+def test_a_dual_window_is_a_count_of_steps_or_an_epoch():
+    from layerdescent.core.solvers import DualWindow
+
+    three, epoch = DualWindow.of(3), DualWindow.of("epoch")
+    assert [three.full(n) for n in (1, 2, 3, 4)] == [False, False, True, True] and not three.per_epoch
+    assert epoch.per_epoch and not epoch.full(10_000)  # the epoch's end closes it, never a count
+
+
+@pytest.mark.parametrize("scheme", ["simultaneous", "alternating", "alternating-primal-dual", "extrapolation"])
+def test_primal_dual_reads_its_scheme_and_window_strings_once_into_types(scheme):
+    from layerdescent.core.solvers import SCHEMES, DualWindow
+
+    train = ld.config_from_dict({"task": {"name": "lista"}, "train": {"optimizer": "sgd", "lr": 0.1}}).train
+    primal = ld.PrimalDual.primal_optimizer(ld.PrimalDualOptions(scheme=scheme), [torch.nn.Parameter(torch.zeros(1))], train)
+    update = ld.LayerwiseUpdate([ld.Descent()], num_layers=2, optimizer=primal, scheme=scheme)
+    assert type(update.solver.scheme) is SCHEMES[scheme] and update.solver.dual_window == DualWindow(1)
+
+
+def test_no_scheme_or_cadence_string_is_branched_on_outside_the_options_parsing():
+    import ast
+    import inspect
+
+    from layerdescent.core import solvers
+
+    names = {"simultaneous", "alternating", "alternating-primal-dual", "extrapolation", "epoch"}
+    for module in (solvers,):
+        tree = ast.parse(inspect.getsource(module))
+        parsing = {
+            id(node)
+            for cls in ast.walk(tree)
+            if isinstance(cls, ast.ClassDef) and cls.name == "PrimalDualOptions"
+            for node in ast.walk(cls)
+        }
+        parsing |= {
+            id(n) for f in ast.walk(tree) if isinstance(f, ast.FunctionDef) and f.name == "of" for n in ast.walk(f)
+        }  # DualWindow.of
+        compared = [
+            node.lineno
+            for node in ast.walk(tree)
+            if isinstance(node, ast.Compare)
+            and id(node) not in parsing
+            and any(isinstance(c, ast.Constant) and c.value in names for c in [node.left, *node.comparators])
+        ]
+        assert not compared, f"{module.__name__} compares a scheme or cadence string at lines {compared}"

@@ -142,17 +142,22 @@ def test_an_interrupt_while_a_checkpoint_is_written_stops_after_it_is_whole_not_
     def terminated(signum, frame):
         raise KeyboardInterrupt("SIGTERM")  # as the CLI turns SIGTERM
 
-    previous = signal.signal(signal.SIGTERM, terminated)
+    # the CLI's handlers (a background job starts with SIGINT ignored: the CLI installs Python's own)
+    previous = {
+        signal.SIGINT: signal.signal(signal.SIGINT, signal.default_int_handler),
+        signal.SIGTERM: signal.signal(signal.SIGTERM, terminated),
+    }
     try:
         path = tmp_path / "checkpoint.pt"
         save_checkpoint(path, {"task": "lista", "step": 1})
         monkeypatch.setattr(torch, "save", save)
         with pytest.raises(KeyboardInterrupt):
             save_checkpoint(path, {"task": "lista", "step": 2})
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler and signal.getsignal(signal.SIGTERM) is terminated
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
     assert load_checkpoint(path, "lista")["step"] == 2  # written whole before the interrupt took effect
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
     assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint.prev.pt", "checkpoint.pt"]
 
 

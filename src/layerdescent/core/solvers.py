@@ -4,7 +4,8 @@
 - ``penalty``: minimize fixed weights times the layer losses (deep supervision).
 - ``primal-dual``: minimize the Lagrangian (or augmented Lagrangian) in the model, ascend it in the
   multipliers, with Cooper's simultaneous, alternating or extrapolation schemes. ``PrimalDual`` is
-  the documented base for new dual methods (docs/solvers.md).
+  the documented base for new dual methods (docs/solvers.md); its scheme and its dual window
+  (``dual_every``) are types (``SCHEMES``, ``DualWindow``), chosen once from the options' strings.
 
 A solver declares its ``[solver]`` keys as a frozen dataclass ``Options`` (checked like every
 config table) and what the trainer and the report need as class attributes, so neither ever reads
@@ -18,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal, Union
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, Union
 
 from layerdescent.core.penalty import Penalty
 from layerdescent.core.solver import Observation, PrimalSettings, Solver, Tables, _means
@@ -95,6 +96,184 @@ class PrimalDualOptions:
             )
 
 
+# -- when primal-dual's steps happen: its schemes and its dual window ------------------------------
+
+
+@dataclass(frozen=True)
+class DualWindow:
+    """How many optimizer steps one dual step reads, from their mean layer losses: a count, or every step of an epoch (``steps`` None)."""
+
+    steps: int | None
+
+    @classmethod
+    def of(cls, every: int | str) -> DualWindow:
+        """The window ``solver.dual_every`` names: a number of steps, or ``"epoch"``."""
+        return cls(None if every == "epoch" else int(every))
+
+    @property
+    def per_epoch(self) -> bool:
+        """Whether the dual step comes at the end of each epoch."""
+        return self.steps is None
+
+    def full(self, count: int) -> bool:
+        """Whether ``count`` observed steps fill the window (never, for a window of an epoch: the epoch's end closes it)."""
+        return self.steps is not None and count >= self.steps
+
+
+class Simultaneous:
+    """One pass: the primal step, then the dual step from the same pass (Cooper's ``SimultaneousOptimizer``)."""
+
+    passes: ClassVar[int] = 1  # forward and backward passes per optimizer step
+    after_outside_primal: ClassVar[bool] = True  # whether the dual side may follow a primal step another loop took
+
+    def primal_optimizer(self, params: list, train: PrimalSettings) -> torch.optim.Optimizer | None:
+        """The model's optimizer this scheme needs, or None for the run's own (``train.optimizer``)."""
+        return None
+
+    def cooper_optimizer(self, solver: PrimalDual, primal: torch.optim.Optimizer) -> cooper.optim.CooperOptimizer:
+        """Cooper's constrained optimizer of this scheme, around ``primal`` and the solver's dual optimizer."""
+        import cooper
+
+        o = solver.options
+        dual = solver.problem.dual_optimizer(o.dual_optimizer, o.dual_lr, o.nupi_kp, o.nupi_ki, o.nupi_ema)
+        return self.cooper_class(cooper)(solver.problem.cmp, primal, dual)
+
+    @staticmethod
+    def cooper_class(cooper: Any) -> type:
+        return cooper.optim.SimultaneousOptimizer
+
+    def forward(self, solver: PrimalDual, batch: Any, means: torch.Tensor, weight: float) -> torch.Tensor:
+        """One micro-batch's primal Lagrangian; its violations serve the checks, the dual step and the log (lambda steps from the window)."""
+        lagrangian, violations, tables = solver.problem.primal_lagrangian(batch)
+        solver.count(means.detach(), weight, violations, tables)
+        return lagrangian
+
+    def step(self, solver: PrimalDual, closure: Callable[[], Any] | None) -> Observation:
+        """The optimizer step: the primal step, then what the scheme does on the dual side."""
+        seen = solver.take()
+        if solver.skip(seen):
+            return seen
+        solver.optimizer.primal_step()
+        self.after_primal(solver, seen, closure)
+        return seen
+
+    def after_primal(self, solver: PrimalDual, seen: Observation, closure: Callable[[], Any] | None) -> None:
+        """The dual side after the primal step: a dual step where the step's observation fills the window."""
+        if seen.means is not None and solver.observe_step(seen):
+            solver.dual_step()
+
+
+class Alternating(Simultaneous):
+    """Cooper's dual-then-primal (``AlternatingDualPrimalOptimizer``): lambda steps from the whole batch, then the primal Lagrangian reads it."""
+
+    after_outside_primal = False
+
+    @staticmethod
+    def cooper_class(cooper: Any) -> type:
+        return cooper.optim.AlternatingDualPrimalOptimizer
+
+    def forward(self, solver: PrimalDual, batch: Any, means: torch.Tensor, weight: float) -> torch.Tensor:
+        # the dual step comes here, in the batch's one pass: a method counting dual steps counts this
+        # step's before its primal step (docs/solvers.md: a warm-up switches one primal step earlier)
+        import torch
+
+        state, violations, tables = solver.problem.observe(batch, dual=False)
+        solver.count(means.detach(), weight, violations, tables)
+        seen = solver.observed()
+        if seen.micro > 1:
+            raise ConfigError(
+                "solver.scheme = 'alternating' steps lambda from the whole batch before its primal step: accumulate no micro-batches (train.accumulate = 1)"
+            )
+        # a non-finite batch is skipped in step(), before lambda reads it
+        if bool(torch.isfinite(seen.means).all()) and solver.observe_step(seen):
+            solver.dual_step()
+        return state.compute_primal_lagrangian().lagrangian
+
+    def after_primal(self, solver: PrimalDual, seen: Observation, closure: Callable[[], Any] | None) -> None:
+        """Nothing: the dual step came before the primal one, in ``forward``."""
+
+
+class AlternatingPrimalDual(Simultaneous):
+    """The primal step, then the dual step from a second pass of the batch, no-grad (Cooper's ``AlternatingPrimalDualOptimizer``)."""
+
+    after_outside_primal = False
+
+    @staticmethod
+    def cooper_class(cooper: Any) -> type:
+        return cooper.optim.AlternatingPrimalDualOptimizer
+
+    def after_primal(self, solver: PrimalDual, seen: Observation, closure: Callable[[], Any] | None) -> None:
+        import torch
+
+        with torch.no_grad():  # lambda follows the updated model: only the means are needed
+            _required(closure, "alternating-primal-dual")()
+        again = solver.take()
+        if again.means is not None and solver.observe_step(again):
+            solver.dual_step()
+
+
+class Extrapolation(Simultaneous):
+    """Cooper's extragradient (``ExtrapolationConstrainedOptimizer``): step to the midpoint, evaluate there, step from the start."""
+
+    passes = 2
+    after_outside_primal = False
+
+    def primal_optimizer(self, params: list, train: PrimalSettings) -> torch.optim.Optimizer:
+        import cooper
+
+        from layerdescent.core.problem import ExtraSGD
+
+        if train.optimizer == "adamw":
+            raise ConfigError(
+                "solver.scheme = 'extrapolation' has no extragradient AdamW: set train.optimizer = 'adam' (or 'sgd') and train.weight_decay as L2"
+            )
+        if train.optimizer == "sgd":
+            return ExtraSGD(params, lr=train.lr, momentum=train.momentum, weight_decay=train.weight_decay)
+        return cooper.optim.ExtraAdam(params, lr=train.lr, weight_decay=train.weight_decay)
+
+    def cooper_optimizer(self, solver: PrimalDual, primal: torch.optim.Optimizer) -> cooper.optim.CooperOptimizer:
+        import cooper
+
+        if not isinstance(primal, cooper.optim.ExtragradientOptimizer):
+            raise ConfigError(
+                f"solver.scheme = 'extrapolation' needs an extragradient primal optimizer (cooper.optim.ExtraAdam or ExtraSGD), "
+                f"got {type(primal).__name__}: set train.optimizer = 'adam' or 'sgd'"
+            )
+        dual = solver.problem.dual_optimizer("extra-sgd", solver.options.dual_lr)
+        return cooper.optim.ExtrapolationConstrainedOptimizer(solver.problem.cmp, primal, dual)
+
+    def step(self, solver: PrimalDual, closure: Callable[[], Any] | None) -> Observation:
+        _required(closure, "extrapolation")
+        seen = solver.take()
+        if solver.skip(seen):
+            return seen
+        solver.observe_step(seen)  # a window of one step (the options say so): always a dual gradient
+        solver.optimizer.primal_extrapolation_step()
+        solver.optimizer.dual_extrapolation_step()
+        solver.zero_grad()
+        closure()
+        solver.observe_step(solver.take())
+        solver.optimizer.primal_step()
+        solver.dual_step()
+        return seen
+
+
+SCHEMES: dict[str, type[Simultaneous]] = {
+    "simultaneous": Simultaneous,
+    "alternating": Alternating,
+    "alternating-primal-dual": AlternatingPrimalDual,
+    "extrapolation": Extrapolation,
+}
+
+
+def _required(closure: Callable[[], Any] | None, scheme: str) -> Callable[[], Any]:
+    if closure is None:
+        raise TypeError(
+            f"solver.scheme = {scheme!r} evaluates each batch twice: pass step(closure), a function that calls backward() on the batch again"
+        )
+    return closure
+
+
 class PrimalDual(Solver):
     """Gradient descent on the Lagrangian in the model, projected ascent in the multipliers: the base for dual methods.
 
@@ -116,6 +295,8 @@ class PrimalDual(Solver):
         if type(self).objective is not Solver.objective:  # a subclass's objective is the CMP's loss, for Cooper's roll() too
             problem.objective = self.objective
         self.max_multiplier = options.max_multiplier
+        self.scheme = SCHEMES[options.scheme]()  # the strings of the config, as types from here on
+        self.dual_window = DualWindow.of(options.dual_every)
         self._window = torch.zeros(problem.num_layers + 1)  # the sum of the steps' layer means since the last dual step
         self._count = 0
         self._window_violations: dict[str, torch.Tensor] | None = None  # a one-step window's violations, computed in its pass
@@ -123,7 +304,7 @@ class PrimalDual(Solver):
 
     @classmethod
     def gradient_passes(cls, options: PrimalDualOptions) -> int:
-        return 2 if options.scheme == "extrapolation" else 1
+        return SCHEMES[options.scheme].passes
 
     @classmethod
     def check(cls, options: PrimalDualOptions, num_layers: int, constraints: tuple) -> list[str]:
@@ -131,7 +312,7 @@ class PrimalDual(Solver):
 
     @classmethod
     def outside_primal_step(cls, options: PrimalDualOptions) -> str | None:
-        if options.scheme != "simultaneous":
+        if not SCHEMES[options.scheme].after_outside_primal:
             return f"needs scheme = 'simultaneous' (got {options.scheme!r})"
         return None
 
@@ -158,40 +339,10 @@ class PrimalDual(Solver):
     @classmethod
     def primal_optimizer(cls, options: PrimalDualOptions, params: list, train: PrimalSettings) -> torch.optim.Optimizer:
         """The model's optimizer; Cooper's ExtraAdam or ExtraSGD under the extrapolation scheme."""
-        if options.scheme != "extrapolation":
-            return super().primal_optimizer(options, params, train)
-        import cooper
-
-        from layerdescent.core.problem import ExtraSGD
-
-        if train.optimizer == "adamw":
-            raise ConfigError(
-                "solver.scheme = 'extrapolation' has no extragradient AdamW: set train.optimizer = 'adam' (or 'sgd') and train.weight_decay as L2"
-            )
-        if train.optimizer == "sgd":
-            return ExtraSGD(params, lr=train.lr, momentum=train.momentum, weight_decay=train.weight_decay)
-        return cooper.optim.ExtraAdam(params, lr=train.lr, weight_decay=train.weight_decay)
+        return SCHEMES[options.scheme]().primal_optimizer(params, train) or super().primal_optimizer(options, params, train)
 
     def cooper_optimizer(self, primal: torch.optim.Optimizer) -> cooper.optim.CooperOptimizer:
-        import cooper
-
-        o = self.options
-        if o.scheme == "extrapolation":
-            if not isinstance(primal, cooper.optim.ExtragradientOptimizer):
-                raise ConfigError(
-                    f"solver.scheme = 'extrapolation' needs an extragradient primal optimizer (cooper.optim.ExtraAdam or ExtraSGD), "
-                    f"got {type(primal).__name__}: set train.optimizer = 'adam' or 'sgd'"
-                )
-            return cooper.optim.ExtrapolationConstrainedOptimizer(
-                self.problem.cmp, primal, self.problem.dual_optimizer("extra-sgd", o.dual_lr)
-            )
-        dual = self.problem.dual_optimizer(o.dual_optimizer, o.dual_lr, o.nupi_kp, o.nupi_ki, o.nupi_ema)
-        scheme = {
-            "simultaneous": cooper.optim.SimultaneousOptimizer,
-            "alternating": cooper.optim.AlternatingDualPrimalOptimizer,
-            "alternating-primal-dual": cooper.optim.AlternatingPrimalDualOptimizer,
-        }[o.scheme]
-        return scheme(self.problem.cmp, primal, dual)
+        return self.scheme.cooper_optimizer(self, primal)
 
     # -- one micro-batch: one pass of the CMP ----------------------------------------------------
 
@@ -205,67 +356,13 @@ class PrimalDual(Solver):
         self._start(means, weight)
         if not torch.is_grad_enabled():  # a pass that only counts (the dual pass of alternating-primal-dual): no Lagrangian
             return super().forward(batch, weight)
-        if self.options.scheme == "alternating":
-            return self._dual_then_primal(batch, means, weight)
-        # one pass, whose violations serve the Lagrangian, the checks, the dual step and the log; lambda steps from the window of dual_every
-        lagrangian, violations, tables = self.problem.primal_lagrangian(batch)
-        self.count(means.detach(), weight, violations, tables)
-        return lagrangian
-
-    def _dual_then_primal(self, batch: Any, means: torch.Tensor, weight: float) -> torch.Tensor:
-        """The alternating scheme's pass (Cooper's dual-then-primal): lambda steps first, from this whole batch over every rank, then the primal Lagrangian reads it."""
-        import torch
-
-        state, violations, tables = self.problem.observe(batch, dual=False)
-        self.count(means.detach(), weight, violations, tables)
-        if self._seen.micro > 1:
-            raise ConfigError(
-                "solver.scheme = 'alternating' steps lambda from the whole batch before its primal step: accumulate no micro-batches (train.accumulate = 1)"
-            )
-        seen = self.observed()
-        # a non-finite batch is skipped in step(), before lambda reads it
-        if bool(torch.isfinite(seen.means).all()) and self.observe_step(seen):
-            self.dual_step()
-        return state.compute_primal_lagrangian().lagrangian
+        return self.scheme.forward(self, batch, means, weight)
 
     # -- the step, per scheme --------------------------------------------------------------------
 
     def step(self, closure: Callable[[], Any] | None = None) -> Observation:
-        """The step of ``options.scheme``: see docs/solvers.md for each one's order of calls."""
-        scheme = self.options.scheme
-        if scheme == "extrapolation":  # step to the midpoint, re-evaluate there, step from the start
-            _require(closure, scheme)
-            seen = self.take()
-            if self.skip(seen):
-                return seen
-            self.observe_step(seen)  # dual_every = 1: always a dual gradient
-            self.optimizer.primal_extrapolation_step()
-            self.optimizer.dual_extrapolation_step()
-            self.zero_grad()
-            closure()
-            self.observe_step(self.take())
-            self.optimizer.primal_step()
-            self.dual_step()
-            return seen
-        seen = self.take()
-        if self.skip(seen):
-            return seen
-        self.optimizer.primal_step()
-        if scheme == "alternating":
-            return seen  # its dual step came before the primal one, in forward()
-        if scheme == "alternating-primal-dual":
-            _require(closure, scheme)
-            import torch
-
-            with torch.no_grad():  # lambda follows the updated model: only the means are needed
-                closure()
-            again = self.take()
-            if again.means is not None and self.observe_step(again):
-                self.dual_step()
-            return seen
-        if seen.means is not None and self.observe_step(seen):
-            self.dual_step()
-        return seen
+        """The step of the scheme (``Simultaneous`` and the classes beside it): see docs/solvers.md for each one's order of calls."""
+        return self.scheme.step(self, closure)
 
     def step_after_primal(self) -> Observation:
         problem = self.outside_primal_step(self.options)
@@ -280,18 +377,17 @@ class PrimalDual(Solver):
 
         if seen.tables:
             self._tables = add_tables(self._tables, seen.tables)
-        every = self.options.dual_every
-        if every == 1 and seen.violations and len(seen.violations) == len(self.problem.plain):
+        if self.dual_window.steps == 1 and seen.violations and len(seen.violations) == len(self.problem.plain):
             self.dual_gradient(seen.violations, self._tables)  # a one-step window: the step's own violations, from its pass
             self._tables = {}
             return True
         self._window += seen.means.detach().to(self._window)
         self._count += 1
         self._window_violations = seen.violations if self._count == 1 else None
-        return every != "epoch" and self._count >= every and self._window_dual_gradient()
+        return self.dual_window.full(self._count) and self._window_dual_gradient()
 
     def end_epoch(self) -> bool:
-        return self.options.dual_every == "epoch" and self._count > 0 and self._window_dual_gradient()
+        return self.dual_window.per_epoch and self._count > 0 and self._window_dual_gradient()
 
     def _window_dual_gradient(self) -> bool:
         """Put the window's dual gradient on the multipliers (the caller steps them); True."""
@@ -334,13 +430,6 @@ class PrimalDual(Solver):
         self._count = int(state["count"])
         self._window_violations = None
         self._tables = {name: (sums.clone(), counts.clone()) for name, (sums, counts) in state.get("group_window", {}).items()}
-
-
-def _require(closure: Callable[[], Any] | None, scheme: str) -> None:
-    if closure is None:
-        raise TypeError(
-            f"solver.scheme = {scheme!r} evaluates each batch twice: pass step(closure), a function that calls backward() on the batch again"
-        )
 
 
 @hookimpl
