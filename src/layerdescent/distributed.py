@@ -30,6 +30,13 @@ class World:
     size: int = 1
     owns_group: bool = False
 
+    @classmethod
+    def current(cls) -> World:
+        """The process group this process is in now (one rank of one without torch.distributed): what a loop of a user's own joined."""
+        if dist.is_available() and dist.is_initialized():
+            return cls(dist.get_rank(), dist.get_world_size())
+        return cls()
+
     @property
     def is_main(self) -> bool:
         """Whether this rank writes logs, checkpoints and results."""

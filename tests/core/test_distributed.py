@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -12,6 +13,7 @@ import pytest
 import torch
 from conftest import lista_task
 
+import layerdescent as ld
 from layerdescent.run.checkpoint import load_checkpoint
 
 pytestmark = pytest.mark.skipif(
@@ -202,3 +204,26 @@ def test_a_per_level_per_sample_table_is_identical_on_every_rank(tmp_path):
     assert two.returncode == 0, two.stderr[-3000:]
     rank0, rank1 = (json.loads((tmp_path / "two" / f"lambda-rank{r}.json").read_text()) for r in (0, 1))
     assert rank0 == rank1 and torch.tensor(rank0[-1]).shape == (500, 3 * 4)
+
+
+def test_the_solver_reduces_over_ranks_through_the_worlds_one_all_reduce(monkeypatch):
+    from layerdescent.distributed import World
+
+    assert World.current() == World()  # no process group: one rank of one
+    sums = []
+
+    @dataclasses.dataclass(frozen=True)
+    class TwoRanks(World):  # both ranks saw the same rows: a sum is twice one rank's
+        def sum(self, tensor):
+            sums.append(tensor.numel())
+            return tensor * 2
+
+    monkeypatch.setattr(World, "current", classmethod(lambda cls: TwoRanks(0, 2)))
+    head = torch.nn.Linear(1, 1)
+    update = ld.LayerwiseUpdate([ld.Descent()], num_layers=2, optimizer=torch.optim.SGD(head.parameters(), lr=0.1))
+    losses = torch.cat([head(torch.ones(4, 1)).abs() * k for k in (3.0, 2.0, 1.0)], dim=1)
+    update.zero_grad()
+    update.backward(losses)
+    seen = update.step()
+    assert sums == [4, 3]  # the anchors' weighted means, then the step's means: each one all-reduce of the World's
+    torch.testing.assert_close(seen.means, losses.detach().mean(dim=0))

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import torch
 
 from layerdescent.core.constraints import ConstraintSpec
+from layerdescent.core.solver import layer_means
 from layerdescent.errors import ConfigError
 
 
@@ -21,7 +22,7 @@ class LayerBatch:
     @property
     def means(self) -> torch.Tensor:
         """E[l_k] over the batch, one entry per layer."""
-        return self.losses.mean(dim=0)
+        return layer_means(self.losses)
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,7 @@ import torch
 
 from layerdescent.core.constraints import ConstraintSpec
 from layerdescent.core.grouping import Grouping, LayerBatch, grouped_violation
+from layerdescent.core.solver import layer_means
 from layerdescent.errors import ConfigError, PluginError
 
 
@@ -148,7 +149,7 @@ class LayerwiseProblem:
         if isinstance(batch, LayerBatch):
             means, rows = batch.means, batch
         else:
-            means, rows = (batch.mean(dim=0) if batch.dim() == 2 else batch), None
+            means, rows = layer_means(batch), None
         violations = self.violations(means)
         observed = {
             self._constraints[spec.name]: cooper.ConstraintState(
@@ -174,7 +175,7 @@ class LayerwiseProblem:
         # The plain Lagrangian, the usual case: Cooper's sum (loss + lambda.detach() . g per constraint, by the
         # same einsum) written directly, without its per-step stores (and the loss's defensive clone, an exact
         # copy), which cost the small lista step 1%. A test checks it against compute_primal_lagrangian(), bit for bit.
-        means = batch.mean(dim=0) if batch.dim() == 2 else batch
+        means = layer_means(batch)
         violations = self.violations(means)
         lagrangian = self.objective(means)
         for spec in self.plain:

@@ -125,7 +125,7 @@ class Solver:
 
     def primal_loss(self, means: Any) -> torch.Tensor:
         """The differentiable quantity whose gradient the primal optimizer follows (of L+1 means, or a LayerBatch for grouped constraints)."""
-        return self.objective(_means(means))
+        return self.objective(layer_means(means))
 
     # -- one micro-batch -------------------------------------------------------------------------
 
@@ -135,7 +135,7 @@ class Solver:
 
         from layerdescent.core.grouping import LayerBatch
 
-        means = _means(batch)
+        means = layer_means(batch)
         if len(means) == 1 < self.problem.num_layers + 1:  # the last layer read alone: the others are NaN, left out of checks and means
             means = batch = torch.cat([means.new_full((self.problem.num_layers,), float("nan")), means])
             self._seen.every_layer = False
@@ -171,8 +171,11 @@ class Solver:
         seen = self._seen
         if seen.reduced or seen.means is None:
             return seen
-        if _world() > 1:
-            _all_reduce(seen)
+        from layerdescent.distributed import World
+
+        world = World.current()
+        if world.size > 1:
+            _all_reduce(seen, world)
             seen.reusable = False
         if self.enforces_constraints and (not seen.reusable or seen.violations is None):
             import torch
@@ -267,43 +270,35 @@ class Solver:
         """Restore what ``state_dict`` saved."""
 
 
-def _means(batch: Any) -> torch.Tensor:
-    """L+1 layer means of a LayerBatch, of B x (L+1) per-sample losses, or the means themselves."""
+def layer_means(batch: Any) -> torch.Tensor:
+    """L+1 layer means of a LayerBatch, of B x (L+1) per-sample losses, or the means themselves: the one way the package takes them."""
     losses = getattr(batch, "losses", batch)
     if losses.dim() != 2:
         return losses
     return losses.mean(dim=0) if len(losses) else losses.new_zeros(losses.shape[1])  # a rank with no rows in this micro-batch adds 0
 
 
-def _world() -> int:
-    """How many data-parallel ranks share this step (1 without torch.distributed)."""
-    import torch.distributed as dist
-
-    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
-
-
 def _over_ranks(means: torch.Tensor, weight: float) -> torch.Tensor:
     """One micro-batch's layer means over every rank, each rank's weighted by its share (these means on one rank)."""
-    if _world() == 1:
+    from layerdescent.distributed import World
+
+    world = World.current()
+    if world.size == 1:
         return means
     import torch
-    import torch.distributed as dist
 
-    flat = torch.cat([means * weight, torch.tensor([float(weight)], dtype=means.dtype, device=means.device)])
-    dist.all_reduce(flat, op=dist.ReduceOp.SUM)
+    flat = world.sum(torch.cat([means * weight, torch.tensor([float(weight)], dtype=means.dtype, device=means.device)]))
     return flat[:-1] / flat[-1]
 
 
-def _all_reduce(seen: Observation) -> None:
-    """Average the step's means over ranks and sum its tables, in one all-reduce (each rank saw its own rows)."""
+def _all_reduce(seen: Observation, world: Any) -> None:
+    """Average the step's means over the ranks of ``world`` and sum its tables, in one all-reduce (each rank saw its own rows)."""
     import torch
-    import torch.distributed as dist
 
     parts = [seen.means, *(t.to(seen.means.dtype).flatten() for sums, counts in seen.tables.values() for t in (sums, counts))]
-    flat = torch.cat(parts)
-    dist.all_reduce(flat, op=dist.ReduceOp.SUM)
+    flat = world.sum(torch.cat(parts))
     width = seen.means.numel()
-    seen.means = flat[:width] / dist.get_world_size()
+    seen.means = flat[:width] / world.size
     offset, tables = width, {}
     for name, (sums, counts) in seen.tables.items():
         sums_, offset = flat[offset : offset + sums.numel()].view_as(sums).to(sums.dtype), offset + sums.numel()

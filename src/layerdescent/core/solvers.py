@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, Union
 
 from layerdescent.core.penalty import Penalty
-from layerdescent.core.solver import Observation, PrimalSettings, Solver, Tables, _means
+from layerdescent.core.solver import Observation, PrimalSettings, Solver, Tables, layer_means
 from layerdescent.errors import ConfigError
 from layerdescent.hookspecs import hookimpl
 
@@ -352,7 +352,7 @@ class PrimalDual(Solver):
     def forward(self, batch: Any, weight: float = 1.0) -> torch.Tensor:
         import torch
 
-        means = _means(batch)
+        means = layer_means(batch)
         self._start(means, weight)
         if not torch.is_grad_enabled():  # a pass that only counts (the dual pass of alternating-primal-dual): no Lagrangian
             return super().forward(batch, weight)

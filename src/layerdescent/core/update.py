@@ -31,7 +31,7 @@ from layerdescent.core.constraints import ConstraintSpec
 from layerdescent.core.divergence import multiplier_problem
 from layerdescent.core.grouping import LayerBatch
 from layerdescent.core.problem import LayerwiseProblem
-from layerdescent.core.solver import Observation, Solver
+from layerdescent.core.solver import Observation, Solver, layer_means
 from layerdescent.errors import ConfigError
 from layerdescent.options import build_solver_options
 from layerdescent.registry import Registry, get_registry
@@ -109,7 +109,7 @@ class LayerwiseUpdate:
         loss = self.forward(losses, weight, rows, levels)
         if loss is not None and loss.requires_grad:
             (loss if weight == 1.0 else loss * weight).backward()  # times 1 changes no gradient: one node less
-        return losses.detach().mean(dim=0) if losses.dim() == 2 and len(losses) else losses.detach()
+        return layer_means(losses.detach())
 
     def observe(self, means: torch.Tensor, weight: float = 1.0) -> None:
         """Count L+1 layer means (detached) with ``weight`` toward this step, without a loss (a pass whose gradient is taken elsewhere)."""
