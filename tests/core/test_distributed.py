@@ -218,6 +218,9 @@ def test_the_solver_reduces_over_ranks_through_the_worlds_one_all_reduce(monkeyp
             sums.append(tensor.numel())
             return tensor * 2
 
+    # as in a process group of two (no group is started: the World's sum stands for its all-reduce)
+    monkeypatch.setattr(torch.distributed, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.distributed, "get_world_size", lambda group=None: 2)
     monkeypatch.setattr(World, "current", classmethod(lambda cls: TwoRanks(0, 2)))
     head = torch.nn.Linear(1, 1)
     update = ld.LayerwiseUpdate([ld.Descent()], num_layers=2, optimizer=torch.optim.SGD(head.parameters(), lr=0.1))

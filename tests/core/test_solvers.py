@@ -530,3 +530,18 @@ def test_no_scheme_or_cadence_string_is_branched_on_outside_the_options_parsing(
             and any(isinstance(c, ast.Constant) and c.value in names for c in [node.left, *node.comparators])
         ]
         assert not compared, f"{module.__name__} compares a scheme or cadence string at lines {compared}"
+
+
+def test_an_observation_is_a_frozen_value_of_what_the_step_saw_without_state_flags():
+    import dataclasses
+
+    head = torch.nn.Linear(1, 1)
+    update = ld.LayerwiseUpdate([ld.Descent()], num_layers=2, optimizer=torch.optim.SGD(head.parameters(), lr=0.1))
+    update.zero_grad()
+    update.backward(torch.cat([head(torch.ones(4, 1)).abs() * k for k in (3.0, 2.0, 1.0)], dim=1))
+    assert update.observed() is update.observed()  # the same value until the step is taken
+    seen = update.step()
+    assert {f.name for f in dataclasses.fields(seen)} == {"means", "violations", "tables", "micro", "every_layer", "skipped", "stop"}
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        seen.stop = "changed"
+    assert seen.micro == 1 and seen.every_layer and seen.skipped is None and set(seen.violations) == {"descent"}

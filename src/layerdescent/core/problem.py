@@ -21,7 +21,6 @@ import torch
 
 from layerdescent.core.constraints import ConstraintSpec
 from layerdescent.core.grouping import Grouping, LayerBatch, grouped_violation
-from layerdescent.core.solver import layer_means
 from layerdescent.errors import ConfigError, PluginError
 
 
@@ -139,17 +138,17 @@ class LayerwiseProblem:
             constraint.multiplier.weight.grad = observed.extract_violations()[1].clone()
 
     def observe(
-        self, batch: torch.Tensor | LayerBatch, primal: bool = True, dual: bool = True
+        self, batch: torch.Tensor | LayerBatch, primal: bool = True, dual: bool = True, means: torch.Tensor | None = None
     ) -> tuple[cooper.CMPState, dict[str, torch.Tensor], dict[str, tuple[torch.Tensor, torch.Tensor]]]:
         """One pass over a micro-batch: its CMPState, each plain spec's violation (detached) and each grouped spec's per-group sums and counts.
 
-        ``batch`` is a LayerBatch, B x (L+1) per-row losses or their L+1 means; the violations are
-        computed once here and serve the primal Lagrangian, the non-finite check, the dual step and the log.
+        ``batch`` is a LayerBatch, B x (L+1) per-row losses or their L+1 means (``means``, where the
+        caller took them already); the violations are computed once here and serve the primal
+        Lagrangian, the non-finite check, the dual step and the log.
         """
-        if isinstance(batch, LayerBatch):
-            means, rows = batch.means, batch
-        else:
-            means, rows = layer_means(batch), None
+        rows = batch if isinstance(batch, LayerBatch) else None
+        if means is None:
+            means = batch.means if rows is not None else batch.mean(dim=0) if batch.dim() == 2 else batch
         violations = self.violations(means)
         observed = {
             self._constraints[spec.name]: cooper.ConstraintState(
@@ -166,16 +165,17 @@ class LayerwiseProblem:
         return state, {name: value.detach() for name, value in violations.items()}, tables
 
     def primal_lagrangian(
-        self, batch: torch.Tensor | LayerBatch
+        self, batch: torch.Tensor | LayerBatch, means: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor], dict[str, tuple[torch.Tensor, torch.Tensor]]]:
         """One micro-batch's primal Lagrangian at the current multipliers (Cooper's), with what ``observe`` gives beside it; lambda moves from a later dual pass."""
         if self.augmented or self.groupings or isinstance(batch, LayerBatch):
-            state, violations, tables = self.observe(batch, dual=False)
+            state, violations, tables = self.observe(batch, dual=False, means=means)
             return state.compute_primal_lagrangian().lagrangian, violations, tables
         # The plain Lagrangian, the usual case: Cooper's sum (loss + lambda.detach() . g per constraint, by the
         # same einsum) written directly, without its per-step stores (and the loss's defensive clone, an exact
         # copy), which cost the small lista step 1%. A test checks it against compute_primal_lagrangian(), bit for bit.
-        means = layer_means(batch)
+        if means is None:
+            means = batch.mean(dim=0) if batch.dim() == 2 else batch
         violations = self.violations(means)
         lagrangian = self.objective(means)
         for spec in self.plain:

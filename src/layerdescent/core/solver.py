@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
@@ -29,21 +30,31 @@ class PrimalSettings(Protocol):
 Tables = dict  # constraint name -> (per-group loss sums G x (L+1), per-group row counts G)
 
 
-@dataclass
+@dataclass(frozen=True)
 class Observation:
     """What one optimizer step saw, over its micro-batches and every rank: the layer means, each constraint's violation there, and per-group sums."""
 
     means: Any = None  # L+1 weighted means (NaN where a step read the last layer alone); None before any micro-batch
     violations: dict[str, Any] | None = (
-        None  # each plain constraint's violation at ``means`` (constrained solvers); None until known, empty when ``means`` is not finite
+        None  # each plain constraint's violation at ``means`` (constrained solvers); None when not computed, empty when ``means`` is not finite
     )
     tables: Tables = field(default_factory=dict)  # each grouped constraint's per-group loss sums and row counts
     micro: int = 0  # micro-batches counted
-    reduced: bool = False  # means averaged and tables summed over ranks (done once, by ``Solver.observed``)
-    reusable: bool = True  # the one micro-batch's violations are those of ``means`` (weight 1, one rank)
     every_layer: bool = True  # False: a micro-batch read the last layer alone (the other means are NaN and unchecked)
     skipped: str | None = None  # why the step was dropped, not taken: a mean or violation it would train on was not finite
     stop: str | None = None  # why the run must stop after the step: a multiplier not finite or above max_multiplier (set by the front)
+
+
+@dataclass
+class _Counted:
+    """The step being counted, on this rank: its micro-batches' weighted means and per-group tables so far (the solver's own, never handed out)."""
+
+    means: Any = None
+    violations: dict[str, Any] | None = None  # the one micro-batch's, where they are those of ``means`` (weight 1)
+    tables: Tables = field(default_factory=dict)
+    micro: int = 0
+    every_layer: bool = True
+    observation: Observation | None = None  # the step over every rank, once asked for; the next micro-batch clears it
 
 
 class Solver:
@@ -67,7 +78,7 @@ class Solver:
         self.problem = problem
         self.gradient_evaluations = self.gradient_passes(options)
         self.optimizer: Any = None  # the Cooper optimizer, once ``attach`` built it
-        self._seen = Observation()  # this step's, so far
+        self._seen = _Counted()  # this step's, so far
 
     # -- what the solver is, before it is built -------------------------------------------------
 
@@ -125,7 +136,7 @@ class Solver:
 
     def primal_loss(self, means: Any) -> torch.Tensor:
         """The differentiable quantity whose gradient the primal optimizer follows (of L+1 means, or a LayerBatch for grouped constraints)."""
-        return self.objective(layer_means(means))
+        return self.objective(_means(means))
 
     # -- one micro-batch -------------------------------------------------------------------------
 
@@ -135,7 +146,7 @@ class Solver:
 
         from layerdescent.core.grouping import LayerBatch
 
-        means = layer_means(batch)
+        means = _means(batch)
         if len(means) == 1 < self.problem.num_layers + 1:  # the last layer read alone: the others are NaN, left out of checks and means
             means = batch = torch.cat([means.new_full((self.problem.num_layers,), float("nan")), means])
             self._seen.every_layer = False
@@ -158,37 +169,38 @@ class Solver:
 
         seen = self._seen
         term = means if weight == 1.0 else means * weight  # times 1 is exact: one op less on the usual path
+        # the one micro-batch's violations are those of the step's means (weight 1); a second makes them the sum's
+        seen.violations = violations if seen.micro == 0 and weight == 1.0 else None
         seen.means = term if seen.means is None else seen.means + term
-        seen.reusable = seen.micro == 0 and weight == 1.0
-        seen.violations = violations if seen.reusable else None
         if tables:
             seen.tables = add_tables(seen.tables, tables)
         seen.micro += 1
-        seen.reduced = False
+        seen.observation = None
 
     def observed(self) -> Observation:
-        """This step's observation over every rank (one all-reduce of means and tables), with its violations; the same object until the step is taken."""
+        """This step's observation over every rank (one all-reduce of means and tables), with its violations; the same value until the step is taken."""
         seen = self._seen
-        if seen.reduced or seen.means is None:
-            return seen
-        from layerdescent.distributed import World
-
-        world = World.current()
-        if world.size > 1:
-            _all_reduce(seen, world)
-            seen.reusable = False
-        if self.enforces_constraints and (not seen.reusable or seen.violations is None):
+        if seen.observation is not None:
+            return seen.observation
+        if seen.means is None:
+            return Observation(every_layer=seen.every_layer)
+        means, tables, violations = seen.means, seen.tables, seen.violations
+        if (world := _ranks()) is not None:
+            means, tables = _all_reduce(means, tables, world)
+            violations = None  # this rank's alone
+        if self.enforces_constraints and violations is None:
             import torch
 
-            finite = bool(torch.isfinite(seen.means).all())  # a last-layer-only read leaves the other layers NaN: no violations
+            finite = bool(torch.isfinite(means).all())  # a last-layer-only read leaves the other layers NaN: no violations
             with torch.no_grad():
-                seen.violations = self.problem.violations(seen.means) if finite else {}
-        seen.reduced = True  # a solver that enforces nothing leaves the violations to the log line, which takes them in one batch
-        return seen
+                violations = self.problem.violations(means) if finite else {}
+        # a solver that enforces nothing leaves the violations to the log line, which takes them in one batch
+        seen.observation = Observation(means, violations, tables, seen.micro, seen.every_layer)
+        return seen.observation
 
     def discard(self) -> None:
         """Drop this step's observation and the model's gradients (a skipped step)."""
-        self._seen = Observation()
+        self._seen = _Counted()
         self.zero_grad()
 
     def zero_grad(self) -> None:
@@ -199,34 +211,34 @@ class Solver:
     def take(self) -> Observation:
         """This step's observation, over every rank; the next micro-batch starts a new one."""
         seen = self.observed()
-        self._seen = Observation()
+        self._seen = _Counted()
         return seen
 
-    def skip(self, seen: Observation) -> bool:
-        """Whether the step must be dropped: a mean or violation it would train on is not finite; if so, say why in ``seen.skipped`` and clear the gradients.
+    def skip(self, seen: Observation) -> Observation | None:
+        """The step dropped, where a mean or violation it would train on is not finite: ``seen`` with ``skipped`` saying why, the gradients cleared; else None.
 
-        Every ``step`` calls it on the observation it takes first, before any primal or dual step.
+        Every ``step`` calls it on the observation it takes first, before any primal or dual step,
+        and returns what it gives instead of stepping.
         """
         import torch
 
         if seen.means is None:
-            return False
+            return None
         values = seen.means if seen.every_layer else seen.means[-1:]
         if seen.every_layer and seen.violations:
             values = torch.cat([values, *seen.violations.values()])
         if bool(torch.isfinite(values).all()):  # the usual case: one test
-            return False
-        seen.skipped = why_not_finite(seen, self.problem.labels)
+            return None
         self.zero_grad()
-        return True
+        return dataclasses.replace(seen, skipped=why_not_finite(seen, self.problem.labels))
 
     # -- the step --------------------------------------------------------------------------------
 
     def step(self, closure: Callable[[], Any] | None = None) -> Observation:
         """The primal step, then whatever the solver keeps from the step's observation; the observation (for the log line), with ``skipped`` set where it was dropped."""
         seen = self.take()
-        if self.skip(seen):
-            return seen
+        if (dropped := self.skip(seen)) is not None:
+            return dropped
         self.optimizer.primal_step()
         if seen.means is not None and self.observe_step(seen):  # erm and penalty never say so; a schedule may still count steps there
             self.dual_step()
@@ -235,8 +247,8 @@ class Solver:
     def step_after_primal(self) -> Observation:
         """The step's dual side alone, after a primal step another loop took; the observation."""
         seen = self.take()
-        if self.skip(seen):
-            return seen
+        if (dropped := self.skip(seen)) is not None:
+            return dropped
         if seen.means is not None and self.observe_step(seen):
             self.dual_step()
         return seen
@@ -270,20 +282,29 @@ class Solver:
         """Restore what ``state_dict`` saved."""
 
 
-def layer_means(batch: Any) -> torch.Tensor:
-    """L+1 layer means of a LayerBatch, of B x (L+1) per-sample losses, or the means themselves: the one way the package takes them."""
+def _means(batch: Any) -> torch.Tensor:
+    """L+1 layer means of a LayerBatch, of B x (L+1) per-sample losses, or the means themselves."""
     losses = getattr(batch, "losses", batch)
     if losses.dim() != 2:
         return losses
     return losses.mean(dim=0) if len(losses) else losses.new_zeros(losses.shape[1])  # a rank with no rows in this micro-batch adds 0
 
 
-def _over_ranks(means: torch.Tensor, weight: float) -> torch.Tensor:
-    """One micro-batch's layer means over every rank, each rank's weighted by its share (these means on one rank)."""
+def _ranks() -> Any:
+    """The ``World`` of the process group this process is in, whose ``sum`` is the one all-reduce; None on one process (the usual step asks nothing more)."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return None
     from layerdescent.distributed import World
 
-    world = World.current()
-    if world.size == 1:
+    return World.current()
+
+
+def _over_ranks(means: torch.Tensor, weight: float) -> torch.Tensor:
+    """One micro-batch's layer means over every rank, each rank's weighted by its share (these means on one rank)."""
+    world = _ranks()
+    if world is None:
         return means
     import torch
 
@@ -291,17 +312,16 @@ def _over_ranks(means: torch.Tensor, weight: float) -> torch.Tensor:
     return flat[:-1] / flat[-1]
 
 
-def _all_reduce(seen: Observation, world: Any) -> None:
-    """Average the step's means over the ranks of ``world`` and sum its tables, in one all-reduce (each rank saw its own rows)."""
+def _all_reduce(means: torch.Tensor, tables: Tables, world: Any) -> tuple[torch.Tensor, Tables]:
+    """The step's means averaged over the ranks of ``world`` and its tables summed, in one all-reduce (each rank saw its own rows)."""
     import torch
 
-    parts = [seen.means, *(t.to(seen.means.dtype).flatten() for sums, counts in seen.tables.values() for t in (sums, counts))]
+    parts = [means, *(t.to(means.dtype).flatten() for sums, counts in tables.values() for t in (sums, counts))]
     flat = world.sum(torch.cat(parts))
-    width = seen.means.numel()
-    seen.means = flat[:width] / world.size
-    offset, tables = width, {}
-    for name, (sums, counts) in seen.tables.items():
+    width = means.numel()
+    offset, reduced = width, {}
+    for name, (sums, counts) in tables.items():
         sums_, offset = flat[offset : offset + sums.numel()].view_as(sums).to(sums.dtype), offset + sums.numel()
         counts_, offset = flat[offset : offset + counts.numel()].view_as(counts).to(counts.dtype), offset + counts.numel()
-        tables[name] = (sums_, counts_)
-    seen.tables = tables
+        reduced[name] = (sums_, counts_)
+    return flat[:width] / world.size, reduced

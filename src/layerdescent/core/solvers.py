@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, Union
 
 from layerdescent.core.penalty import Penalty
-from layerdescent.core.solver import Observation, PrimalSettings, Solver, Tables, layer_means
+from layerdescent.core.solver import Observation, PrimalSettings, Solver, Tables, _means
 from layerdescent.errors import ConfigError
 from layerdescent.hookspecs import hookimpl
 
@@ -144,15 +144,15 @@ class Simultaneous:
 
     def forward(self, solver: PrimalDual, batch: Any, means: torch.Tensor, weight: float) -> torch.Tensor:
         """One micro-batch's primal Lagrangian; its violations serve the checks, the dual step and the log (lambda steps from the window)."""
-        lagrangian, violations, tables = solver.problem.primal_lagrangian(batch)
+        lagrangian, violations, tables = solver.problem.primal_lagrangian(batch, means)
         solver.count(means.detach(), weight, violations, tables)
         return lagrangian
 
     def step(self, solver: PrimalDual, closure: Callable[[], Any] | None) -> Observation:
         """The optimizer step: the primal step, then what the scheme does on the dual side."""
         seen = solver.take()
-        if solver.skip(seen):
-            return seen
+        if (dropped := solver.skip(seen)) is not None:
+            return dropped
         solver.optimizer.primal_step()
         self.after_primal(solver, seen, closure)
         return seen
@@ -177,7 +177,7 @@ class Alternating(Simultaneous):
         # step's before its primal step (docs/solvers.md: a warm-up switches one primal step earlier)
         import torch
 
-        state, violations, tables = solver.problem.observe(batch, dual=False)
+        state, violations, tables = solver.problem.observe(batch, dual=False, means=means)
         solver.count(means.detach(), weight, violations, tables)
         seen = solver.observed()
         if seen.micro > 1:
@@ -245,8 +245,8 @@ class Extrapolation(Simultaneous):
     def step(self, solver: PrimalDual, closure: Callable[[], Any] | None) -> Observation:
         _required(closure, "extrapolation")
         seen = solver.take()
-        if solver.skip(seen):
-            return seen
+        if (dropped := solver.skip(seen)) is not None:
+            return dropped
         solver.observe_step(seen)  # a window of one step (the options say so): always a dual gradient
         solver.optimizer.primal_extrapolation_step()
         solver.optimizer.dual_extrapolation_step()
@@ -352,7 +352,7 @@ class PrimalDual(Solver):
     def forward(self, batch: Any, weight: float = 1.0) -> torch.Tensor:
         import torch
 
-        means = layer_means(batch)
+        means = _means(batch)
         self._start(means, weight)
         if not torch.is_grad_enabled():  # a pass that only counts (the dual pass of alternating-primal-dual): no Lagrangian
             return super().forward(batch, weight)

@@ -21,6 +21,7 @@ A constraint held per level or per sample needs to know where each row came from
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -31,7 +32,7 @@ from layerdescent.core.constraints import ConstraintSpec
 from layerdescent.core.divergence import multiplier_problem
 from layerdescent.core.grouping import LayerBatch
 from layerdescent.core.problem import LayerwiseProblem
-from layerdescent.core.solver import Observation, Solver, layer_means
+from layerdescent.core.solver import Observation, Solver
 from layerdescent.errors import ConfigError
 from layerdescent.options import build_solver_options
 from layerdescent.registry import Registry, get_registry
@@ -109,7 +110,7 @@ class LayerwiseUpdate:
         loss = self.forward(losses, weight, rows, levels)
         if loss is not None and loss.requires_grad:
             (loss if weight == 1.0 else loss * weight).backward()  # times 1 changes no gradient: one node less
-        return layer_means(losses.detach())
+        return losses.detach().mean(dim=0) if losses.dim() == 2 and len(losses) else losses.detach()
 
     def observe(self, means: torch.Tensor, weight: float = 1.0) -> None:
         """Count L+1 layer means (detached) with ``weight`` toward this step, without a loss (a pass whose gradient is taken elsewhere)."""
@@ -232,7 +233,7 @@ class LayerwiseUpdate:
         """Count a taken step in the log line (its means, its violations where it brought them, its grouped constraints' per entry) and say whether a multiplier must stop the run."""
         if seen.means is None or seen.skipped:
             return seen
-        seen.stop = self._stop()
+        seen = dataclasses.replace(seen, stop=self._stop())
         grouped = {}
         if seen.tables and bool(torch.isfinite(seen.means).all()):  # from the step's tables, summed over ranks
             with torch.no_grad():

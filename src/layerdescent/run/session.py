@@ -16,7 +16,6 @@ import torch
 from layerdescent.core.divergence import check_nonnegative
 from layerdescent.core.grouping import LayerBatch
 from layerdescent.core.problem import LayerwiseProblem
-from layerdescent.core.solver import layer_means
 from layerdescent.core.update import LayerwiseUpdate
 from layerdescent.distributed import World, init_world, to_device
 from layerdescent.errors import ConfigError, DataError, PluginError
@@ -123,16 +122,16 @@ class Session:
                     output = task.layer_losses(self.model, batch, gamma=gamma)
             # the losses leave autocast in float32: the Lagrangian, the layer means and the dual step never see bf16
             if level < 0:
-                means = layer_means(losses)
+                means = losses.mean(dim=0)
                 rows = LayerBatch(losses, shard.repeat(len(band)), torch.arange(len(band)).repeat_interleave(len(shard)))
             elif last is None:
                 last_only = False
                 losses = _float32(output.losses)
-                means = layer_means(losses)
+                means = losses.mean(dim=0)
                 if grouped:
                     rows = LayerBatch(losses, shard, torch.full((len(shard),), level))
             else:
-                means = layer_means(_float32(last.losses))
+                means = _float32(last.losses).mean(dim=0)
             if not means.requires_grad and torch.is_grad_enabled():  # the alternating dual pass reads under no_grad
                 method = "last_layer_losses" if last_only else "layer_losses"
                 raise PluginError(
