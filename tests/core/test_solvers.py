@@ -545,3 +545,27 @@ def test_an_observation_is_a_frozen_value_of_what_the_step_saw_without_state_fla
     with pytest.raises(dataclasses.FrozenInstanceError):
         seen.stop = "changed"
     assert seen.micro == 1 and seen.every_layer and seen.skipped is None and set(seen.violations) == {"descent"}
+
+
+def test_a_dual_method_may_bring_its_own_dual_optimizer_over_the_problems_groups():
+    class AdamAscent(ld.PrimalDual):
+        name = "adam-ascent"
+
+        def dual_optimizer(self):
+            return torch.optim.Adam(self.problem.dual_groups(), lr=0.5, maximize=True)
+
+    class Plugin:
+        @hookimpl
+        def register_solvers(self, register):
+            register(AdamAscent)
+
+    registry = Registry(extra_plugins=[("adam-ascent", Plugin())])
+    head = torch.nn.Linear(1, 1)
+    update = ld.LayerwiseUpdate(
+        [ld.Descent()], num_layers=2, optimizer=torch.optim.SGD(head.parameters(), lr=0.01), solver="adam-ascent", registry=registry
+    )
+    assert isinstance(update.solver.optimizer.dual_optimizers[0], torch.optim.Adam)
+    update.zero_grad()
+    update.backward(torch.cat([head(torch.ones(4, 1)).abs() * k for k in (1.0, 2.0, 3.0)], dim=1))  # both transitions rise
+    update.step()
+    assert update.multipliers()["descent"].tolist() == pytest.approx([0.5, 0.5])  # Adam's first step is lr, whatever the gradient's size

@@ -111,23 +111,16 @@ class LayerwiseProblem:
         # the last layer's mean, or a solver's own objective
         self.objective: Callable[[torch.Tensor], torch.Tensor] = lambda means: means[-1]
 
-    def dual_optimizer(self, kind: str, lr: float, kp: float = 1.0, ki: float = 1.0, ema: float = 0.0) -> torch.optim.Optimizer:
-        """SGD or nuPI ascent on the multipliers; resilient specs get weight decay 1/c."""
+    def dual_groups(self) -> list[dict[str, Any]]:
+        """The multipliers as a dual optimizer's parameter groups, in registration order; a resilient spec's weight decay is 1/c."""
         # A grouped spec's relaxation cost enters its (sparse) dual gradient instead: weight decay would shrink every row's lambda.
-        groups = [
+        return [
             {
                 "params": [self.constraint(spec).multiplier.weight],
                 "weight_decay": 1.0 / spec.resilience if spec.resilience and not spec.grouped else 0.0,
             }
             for spec in self.specs
         ]
-        if kind == "nupi":
-            return cooper.optim.nuPI(groups, lr=lr, Kp=kp, Ki=ki, ema_nu=ema, maximize=True)
-        if kind == "extra-sgd":
-            return ExtraSGD(groups, lr=lr, maximize=True)
-        return torch.optim.SGD(
-            groups, lr=lr, maximize=True, foreach=False
-        )  # a few entries: the single-tensor step, without asking each time
 
     def dual_gradient(self, state: cooper.CMPState) -> None:
         """Put the gradient of Cooper's dual Lagrangian on each multiplier, replacing any there: the strict violation it observed."""

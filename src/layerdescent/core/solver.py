@@ -27,7 +27,7 @@ class PrimalSettings(Protocol):
     weight_decay: float
 
 
-Tables = dict  # constraint name -> (per-group loss sums G x (L+1), per-group row counts G)
+Tables = dict[str, tuple[Any, Any]]  # constraint name -> (per-group loss sums G x (L+1), per-group row counts G), tensors
 
 
 @dataclass(frozen=True)

@@ -134,9 +134,7 @@ class Simultaneous:
         """Cooper's constrained optimizer of this scheme, around ``primal`` and the solver's dual optimizer."""
         import cooper
 
-        o = solver.options
-        dual = solver.problem.dual_optimizer(o.dual_optimizer, o.dual_lr, o.nupi_kp, o.nupi_ki, o.nupi_ema)
-        return self.cooper_class(cooper)(solver.problem.cmp, primal, dual)
+        return self.cooper_class(cooper)(solver.problem.cmp, primal, solver.dual_optimizer())
 
     @staticmethod
     def cooper_class(cooper: Any) -> type:
@@ -234,12 +232,14 @@ class Extrapolation(Simultaneous):
     def cooper_optimizer(self, solver: PrimalDual, primal: torch.optim.Optimizer) -> cooper.optim.CooperOptimizer:
         import cooper
 
+        from layerdescent.core.problem import ExtraSGD
+
         if not isinstance(primal, cooper.optim.ExtragradientOptimizer):
             raise ConfigError(
                 f"solver.scheme = 'extrapolation' needs an extragradient primal optimizer (cooper.optim.ExtraAdam or ExtraSGD), "
                 f"got {type(primal).__name__}: set train.optimizer = 'adam' or 'sgd'"
             )
-        dual = solver.problem.dual_optimizer("extra-sgd", solver.options.dual_lr)
+        dual = ExtraSGD(solver.problem.dual_groups(), lr=solver.options.dual_lr, maximize=True)  # the options allow SGD alone here
         return cooper.optim.ExtrapolationConstrainedOptimizer(solver.problem.cmp, primal, dual)
 
     def step(self, solver: PrimalDual, closure: Callable[[], Any] | None) -> Observation:
@@ -343,6 +343,16 @@ class PrimalDual(Solver):
 
     def cooper_optimizer(self, primal: torch.optim.Optimizer) -> cooper.optim.CooperOptimizer:
         return self.scheme.cooper_optimizer(self, primal)
+
+    def dual_optimizer(self) -> torch.optim.Optimizer:
+        """The multipliers' optimizer the options name: SGD ascent (Cooper projects lambda >= 0 after it), or Cooper's nuPI."""
+        import cooper
+        import torch
+
+        o, groups = self.options, self.problem.dual_groups()
+        if o.dual_optimizer == "nupi":
+            return cooper.optim.nuPI(groups, lr=o.dual_lr, Kp=o.nupi_kp, Ki=o.nupi_ki, ema_nu=o.nupi_ema, maximize=True)
+        return torch.optim.SGD(groups, lr=o.dual_lr, maximize=True, foreach=False)  # a few entries: the single-tensor step
 
     # -- one micro-batch: one pass of the CMP ----------------------------------------------------
 
