@@ -233,7 +233,8 @@ class LayerwiseUpdate:
         """Count a taken step in the log line (its means, its violations where it brought them, its grouped constraints' per entry) and say whether a multiplier must stop the run."""
         if seen.means is None or seen.skipped:
             return seen
-        seen = dataclasses.replace(seen, stop=self._stop())
+        if (stop := self._stop()) is not None:  # rare: the usual step hands on the solver's observation as it is
+            seen = dataclasses.replace(seen, stop=stop)
         grouped = {}
         if seen.tables and bool(torch.isfinite(seen.means).all()):  # from the step's tables, summed over ranks
             with torch.no_grad():
