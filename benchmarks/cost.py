@@ -18,7 +18,12 @@ alike; round 0 warms up. Each step is the trainer's own ``Trainer.step``, with a
 (alpha 0.05, detached reference) on every layer; as in training, erm reads every layer only on
 the first step of each log line where the task can read the last one alone. "hand-written loop"
 is ERM in plain PyTorch on the same model, loss and batches (zero_grad, the task's last-layer
-loss, backward, optimizer step): the floor the framework's erm is held to. Peak memory is the
+loss, backward, optimizer step): the floor the framework's erm is held to. On lista, "primal-dual (simultaneous), Cooper's roll()"
+takes primal-dual's step as Cooper's own ``roll()`` does on the same CMP (zero_grad,
+compute_cmp_state, its primal and dual Lagrangians with their stores, both backward passes, both
+steps), without the trainer's checks and log line: beside "primal-dual (simultaneous)", what the
+training step's shortcut (the plain Lagrangian summed directly, the dual gradient written without an
+autograd pass; a test pins both to the roll, bit for bit) is worth. Peak memory is the
 rise of the process's resident set during a step (Linux: VmHWM, reset before each step after
 returning freed memory to the system). The table gives medians and, as ratios, the median over rounds of (variant / the setup's
 first variant) within a round, and each variant's multipliers: their count, and the memory of
@@ -60,6 +65,7 @@ from layerdescent.run.batches import epoch_levels
 from layerdescent.run.trainer import Trainer
 
 HAND_WRITTEN = "hand-written loop"
+COOPER_ROLL = "primal-dual (simultaneous), Cooper's roll()"
 SOLVERS = {
     "erm": {"name": "erm"},
     "penalty": {"name": "penalty"},
@@ -140,7 +146,7 @@ SETUPS: dict[str, dict[str, Setup]] = {
         )
     },
     "lista": {
-        f"{label}, {threads} thread{'s' * (threads > 1)}": Setup(train, threads, solvers(task))
+        f"{label}, {threads} thread{'s' * (threads > 1)}": Setup(train, threads, {**solvers(task), COOPER_ROLL: (task, PD)})
         for label, task, train in (
             ("small (8 layers, 64x32, 50k params)", LISTA, SMALL_TRAIN),
             # the wide model diverges at the small one's rate
@@ -276,6 +282,21 @@ class HandWrittenLoop:
         self.optimizer.step()
 
 
+class CooperRoll:
+    """primal-dual's step as Cooper's own ``roll()`` takes it on the run's CMP: its stores, its Lagrangians and the dual one's autograd pass."""
+
+    def __init__(self, trainer: Trainer) -> None:
+        session = trainer.setup()
+        self.task, self.model, self.rows, self.gamma = trainer.task, session.model, session.rows["train"], trainer.config.train.train_gamma
+        self.update = session.update
+
+    def losses(self, idx: torch.Tensor) -> torch.Tensor:
+        return self.task.layer_losses(self.model, self.task.collate(self.rows[idx]), self.gamma).losses
+
+    def step(self, idx: torch.Tensor, n: int) -> None:
+        self.update.optimizer.roll({"layer_losses": lambda: self.losses(idx)})
+
+
 def trainer(task: dict, train: dict, solver: dict, out: Path, constraint: dict | None = None) -> Trainer:
     """A trainer for ``solver`` with a detached descent constraint on every layer (``constraint``: more of its options)."""
     constraints = [{"kind": "descent", "alpha": 0.05, "reference": "detached", **(constraint or {})}]
@@ -302,6 +323,8 @@ def measure(setup: Setup, rounds: int, steps: int, clock=time.perf_counter) -> d
             if name == HAND_WRITTEN:
                 loop = HandWrittenLoop(run)
                 steppers[name] = lambda idx, n, loop=loop: loop.step(idx)
+            elif name == COOPER_ROLL:
+                steppers[name] = CooperRoll(run).step
             else:
                 session = run.setup()
                 rows = len(session.rows["train"])

@@ -1,4 +1,4 @@
-"""The committed record stays small: plots only where the docs link them, each small; logs compressed; results under 50 MB."""
+"""The committed record stays small (plots only where the docs link them, each small; logs compressed; results under 50 MB) and current (the step path)."""
 
 from __future__ import annotations
 
@@ -46,3 +46,16 @@ def test_committed_logs_are_compressed_and_the_results_stay_under_50_mb():
     files = tracked("benchmarks/results")
     assert not [f for f in files if f.endswith("metrics.jsonl")], "commit a run's log as metrics.jsonl.gz (gzip -n -9)"
     assert sum((ROOT / f).stat().st_size for f in files) <= RESULTS_LIMIT
+
+
+def test_the_committed_step_path_is_the_path_the_code_takes_and_stays_within_eight_returns():
+    import sys
+
+    walked = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "step_path.py")], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout.splitlines()
+    line = next(text for text in walked if text.startswith("primal-dual, without the task's forward pass:"))
+    assert line in (ROOT / "benchmarks" / "results" / "lista" / "step_path.md").read_text().splitlines(), (
+        f"benchmarks/results/lista/step_path.md is stale (the code walks {line!r}): python benchmarks/step_path.py --all --show"
+    )
+    assert int(re.search(r"(\d+) returns", line).group(1)) <= 8  # issue 49: a simultaneous primal-dual step reads in one pass

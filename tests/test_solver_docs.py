@@ -61,7 +61,7 @@ def _dual_steps(update, means, steps):
     history = []
     for _ in range(steps):
         update.zero_grad()
-        update.observe(torch.tensor(means))
+        update.count(torch.tensor(means))
         update.step()
         history.append(update.multipliers()["descent"].tolist())
     return history

@@ -48,7 +48,9 @@ _LAZY = {
     "evaluate_run": "layerdescent.run.reevaluate",
     "LayerwiseUpdate": "layerdescent.core.update",
     "LayerBatch": "layerdescent.core.grouping",
-    "Observation": "layerdescent.core.solver",
+    "Observation": "layerdescent.core.observation",
+    "LayerwiseCMP": "layerdescent.core.problem",
+    "LayerwiseProblem": "layerdescent.core.problem",
     "PrimalDual": "layerdescent.core.solvers",
     "PrimalDualOptions": "layerdescent.core.solvers",
     "Solver": "layerdescent.core.solver",
@@ -66,7 +68,9 @@ if TYPE_CHECKING:  # what static tools see; at run time __getattr__ imports them
     from layerdescent.commands import Command
     from layerdescent.core.constraints import Bound, ConstraintSpec, Descent
     from layerdescent.core.grouping import LayerBatch
-    from layerdescent.core.solver import Observation, Solver
+    from layerdescent.core.observation import Observation
+    from layerdescent.core.problem import LayerwiseCMP, LayerwiseProblem
+    from layerdescent.core.solver import Solver
     from layerdescent.core.solvers import PrimalDual, PrimalDualOptions
     from layerdescent.core.update import LayerwiseUpdate
     from layerdescent.integrations.hf import DescentTrainer
@@ -114,6 +118,8 @@ __all__ = [
     "ExecutorOptions",
     "LayerBatch",
     "LayerOutput",
+    "LayerwiseCMP",
+    "LayerwiseProblem",
     "LayerwiseUpdate",
     "LayerdescentError",
     "MicroBatch",

@@ -50,6 +50,25 @@ class World:
         dist.all_reduce(out, op=dist.ReduceOp.SUM)
         return out
 
+    def weighted_mean(self, means: torch.Tensor, weight: float) -> torch.Tensor:
+        """One micro-batch's layer means over every rank, each rank's weighted by its share (these means on one rank)."""
+        if self.size == 1:
+            return means
+        flat = self.sum(torch.cat([means * weight, torch.tensor([float(weight)], dtype=means.dtype, device=means.device)]))
+        return flat[:-1] / flat[-1]
+
+    def reduce_step(self, means: torch.Tensor, tables: dict[str, tuple[Any, Any]]) -> tuple[torch.Tensor, dict[str, tuple[Any, Any]]]:
+        """A step's layer means averaged over ranks and its per-group sums and counts added, in one all-reduce (each rank saw its own rows)."""
+        parts = [means, *(t.to(means.dtype).flatten() for sums, counts in tables.values() for t in (sums, counts))]
+        flat = self.sum(torch.cat(parts))
+        width = means.numel()
+        offset, reduced = width, {}
+        for name, (sums, counts) in tables.items():
+            sums_, offset = flat[offset : offset + sums.numel()].view_as(sums).to(sums.dtype), offset + sums.numel()
+            counts_, offset = flat[offset : offset + counts.numel()].view_as(counts).to(counts.dtype), offset + counts.numel()
+            reduced[name] = (sums_, counts_)
+        return flat[:width] / self.size, reduced
+
     def average_gradients(self, parameters: Iterable[torch.nn.Parameter]) -> None:
         """Replace each gradient by its mean over ranks, in one flat all-reduce (as DDP does: each rank's loss weighted by its share times the world size)."""
         if self.size == 1:

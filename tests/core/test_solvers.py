@@ -245,7 +245,7 @@ def test_augmented_lagrangian_grows_its_penalty_by_the_schedule_while_a_constrai
     )
     for _ in range(3):
         update.zero_grad()
-        update.observe(torch.tensor([1.0, 2.0, 0.5]))  # l1 violated (by 1), l2 met
+        update.count(torch.tensor([1.0, 2.0, 0.5]))  # l1 violated (by 1), l2 met
         update.step()
     rho = update.problem.penalties()["descent"]
     assert rho.tolist() == pytest.approx([2.0 * 1.5**3, 2.0])
@@ -274,7 +274,7 @@ def test_the_dual_gradient_is_the_backward_of_cooper_dual_lagrangian(formulation
     means = torch.tensor([1.0, 1.2, 0.7, 0.9])
     with torch.no_grad():
         state = update.problem.cmp.compute_cmp_state(means, primal=False)
-    update.problem.dual_gradient(state)
+    update.solver.dual_gradient(state.misc["violations"], state.misc["tables"])  # what a dual step of training writes
     written = {spec.name: update.problem.constraint(spec).multiplier.weight.grad.clone() for spec in specs}
     for multiplier in update.problem.cmp.multipliers():
         multiplier.weight.grad = None
@@ -294,9 +294,9 @@ def test_the_primal_lagrangian_is_cooper_primal_lagrangian_bit_for_bit(formulati
     for spec, values in zip(specs, ([0.3, 1.7], [0.2, 0.0, 2.5], [0.9, 0.1, 0.4, 1.1])):
         update.problem.constraint(spec).multiplier.weight.data = torch.tensor(values)
     losses = torch.rand(8, 4, generator=torch.Generator().manual_seed(0)).requires_grad_()
-    ours = update.problem.primal_lagrangian(losses)[0]
+    ours = update.problem.forward(losses)  # what a micro-batch of training backpropagates
     (ours_grad,) = torch.autograd.grad(ours, losses)
-    cooper_ = update.problem.observe(losses, dual=False)[0].compute_primal_lagrangian().lagrangian
+    cooper_ = update.problem.cmp.compute_cmp_state(losses, dual=False).compute_primal_lagrangian().lagrangian
     (cooper_grad,) = torch.autograd.grad(cooper_, losses)
     assert torch.equal(ours, cooper_) and torch.equal(ours_grad, cooper_grad)
     assert not torch.equal(ours, losses.mean(0)[-1])  # the multipliers weigh in
@@ -427,7 +427,7 @@ def test_the_update_state_round_trips_so_a_loop_resumes_on_the_same_multipliers(
     copy_.load_state_dict(update.state_dict())
     for u in (update, copy_):
         u.zero_grad()
-        u.observe(torch.tensor([1.0, 2.0, 1.0, 1.0]))
+        u.count(torch.tensor([1.0, 2.0, 1.0, 1.0]))
         u.step()
     assert torch.equal(update.multipliers()["descent"], copy_.multipliers()["descent"])
 
@@ -454,6 +454,40 @@ def test_cooper_roll_steps_the_model_and_lambda_from_the_layerwise_cmp_state():
     assert torch.allclose(update.multipliers()["descent"], violation.clamp(min=0))  # one ascent step of size 1 from 0
     assert roll.loss.item() == pytest.approx(_losses(*_toy(), x, y).mean(0)[-1].item())  # the objective: the last layer
     assert any(not torch.equal(a, b.detach()) for a, b in zip(before, params))
+
+
+@pytest.mark.parametrize("formulation", ["lagrangian", "augmented-lagrangian"])
+@pytest.mark.parametrize("scheme", ["simultaneous", "alternating", "alternating-primal-dual", "extrapolation"])
+def test_every_scheme_takes_the_steps_cooper_roll_takes_on_the_same_cmp(scheme, formulation):
+    # Training counts each micro-batch through the problem and steps through the scheme (the shortcut
+    # beside Cooper's roll(): no per-step stores, the dual gradient written directly); Cooper's own roll()
+    # on the same CMP must end at the same model and multipliers, bit for bit.
+    train = ld.config_from_dict({"task": {"name": "lista"}, "train": {"optimizer": "sgd", "lr": 0.02, "momentum": 0.5}}).train
+    runs = []
+    for _ in range(2):
+        layers, head = _toy()
+        params = [*layers.parameters(), *head.parameters()]
+        primal = ld.PrimalDual.primal_optimizer(ld.PrimalDualOptions(scheme=scheme), params, train)
+        specs = [Descent(alpha=0.3), ld.Bound(name="cap", value=0.9)]
+        update = ld.LayerwiseUpdate(specs, num_layers=3, optimizer=primal, scheme=scheme, formulation=formulation, dual_lr=0.5)
+        runs.append((layers, head, params, update))
+    (layers, head, params, ours), (layers_, head_, params_, theirs) = runs
+    data = torch.Generator().manual_seed(3)
+    for _ in range(6):
+        x, y = torch.randn(32, 4, generator=data), torch.randn(32, 1, generator=data)
+
+        def again(layers=layers, head=head, x=x, y=y):
+            return ours.backward(_losses(layers, head, x, y))
+
+        ours.zero_grad()
+        again()
+        seen = ours.step(again)
+        theirs.optimizer.roll({"layer_losses": lambda x=x, y=y: _losses(layers_, head_, x, y)})
+        assert seen.skipped is None and seen.stop is None
+    assert all(torch.equal(a, b) for a, b in zip(params, params_))
+    for name, value in ours.multipliers().items():
+        assert torch.equal(value, theirs.multipliers()[name]), name
+    assert ours.multipliers()["descent"].gt(0).any()  # the multipliers moved
 
 
 @pytest.mark.parametrize("solver", ["erm", "primal-dual"])
@@ -489,9 +523,15 @@ def test_record_returns_the_whole_log_line_means_over_its_steps_under_every_solv
 def test_a_dual_window_is_a_count_of_steps_or_an_epoch():
     from layerdescent.core.solvers import DualWindow
 
-    three, epoch = DualWindow.of(3), DualWindow.of("epoch")
-    assert [three.full(n) for n in (1, 2, 3, 4)] == [False, False, True, True] and not three.per_epoch
-    assert epoch.per_epoch and not epoch.full(10_000)  # the epoch's end closes it, never a count
+    problem = ld.LayerwiseUpdate(
+        [ld.Descent()], num_layers=2, optimizer=torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1)
+    ).problem
+    three, epoch = DualWindow.of(3, 3), DualWindow.of("epoch", 3)
+    step = ld.Observation(torch.tensor([1.0, 2.0, 1.5]))
+    assert [three.add(step, problem) is not None for _ in range(4)] == [False, False, True, False] and not three.per_epoch
+    assert epoch.per_epoch and all(epoch.add(step, problem) is None for _ in range(1000))  # the epoch's end closes it, never a count
+    violations, _ = epoch.close(problem)
+    assert torch.equal(violations["descent"], problem.violations(torch.tensor([1.0, 2.0, 1.5]))["descent"]) and epoch.count == 0
 
 
 @pytest.mark.parametrize("scheme", ["simultaneous", "alternating", "alternating-primal-dual", "extrapolation"])
@@ -501,17 +541,18 @@ def test_primal_dual_reads_its_scheme_and_window_strings_once_into_types(scheme)
     train = ld.config_from_dict({"task": {"name": "lista"}, "train": {"optimizer": "sgd", "lr": 0.1}}).train
     primal = ld.PrimalDual.primal_optimizer(ld.PrimalDualOptions(scheme=scheme), [torch.nn.Parameter(torch.zeros(1))], train)
     update = ld.LayerwiseUpdate([ld.Descent()], num_layers=2, optimizer=primal, scheme=scheme)
-    assert type(update.solver.scheme) is SCHEMES[scheme] and update.solver.dual_window == DualWindow(1)
+    window = update.solver.dual_window
+    assert type(update.solver.scheme) is SCHEMES[scheme] and isinstance(window, DualWindow) and window.steps == 1
 
 
 def test_no_scheme_or_cadence_string_is_branched_on_outside_the_options_parsing():
     import ast
     import inspect
 
-    from layerdescent.core import solvers
+    from layerdescent.core import problem, solver, solvers, update
 
     names = {"simultaneous", "alternating", "alternating-primal-dual", "extrapolation", "epoch"}
-    for module in (solvers,):
+    for module in (solvers, solver, problem, update):
         tree = ast.parse(inspect.getsource(module))
         parsing = {
             id(node)
@@ -539,7 +580,7 @@ def test_an_observation_is_a_frozen_value_of_what_the_step_saw_without_state_fla
     update = ld.LayerwiseUpdate([ld.Descent()], num_layers=2, optimizer=torch.optim.SGD(head.parameters(), lr=0.1))
     update.zero_grad()
     update.backward(torch.cat([head(torch.ones(4, 1)).abs() * k for k in (3.0, 2.0, 1.0)], dim=1))
-    assert update.observed() is update.observed()  # the same value until the step is taken
+    assert update.observation() is update.observation()  # the same value until the step is taken
     seen = update.step()
     assert {f.name for f in dataclasses.fields(seen)} == {"means", "violations", "tables", "micro", "every_layer", "skipped", "stop"}
     with pytest.raises(dataclasses.FrozenInstanceError):

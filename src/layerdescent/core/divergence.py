@@ -9,8 +9,8 @@ from layerdescent.errors import DivergenceError, PluginError
 if TYPE_CHECKING:  # solvers import this module where torch is not yet loaded (the registry, `layerdescent list`)
     import torch
 
+    from layerdescent.core.observation import Observation
     from layerdescent.core.problem import LayerwiseProblem
-    from layerdescent.core.solver import Observation
 
 
 def nonfinite(what: str, values: torch.Tensor, labels: list[str]) -> str | None:

@@ -18,11 +18,6 @@ class LayerBatch:
     rows: torch.Tensor | None = None  # each row's index in the training split
     levels: torch.Tensor | None = None  # each row's perturbation level, as an index into the band
 
-    @property
-    def means(self) -> torch.Tensor:
-        """E[l_k] over the batch, one entry per layer."""
-        return self.losses.mean(dim=0)
-
 
 @dataclass(frozen=True)
 class Grouping:

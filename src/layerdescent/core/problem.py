@@ -1,4 +1,4 @@
-"""The run's constraint specs compiled into one Cooper CMP, with multipliers, penalties and a dual optimizer.
+"""The run's constraint specs compiled into one Cooper CMP, with multipliers and penalties, and the micro-batches of a step counted through it.
 
 Cooper's sharp edges stay here: constraints register by attribute after ``super().__init__()``,
 each spec gets a ``DenseMultiplier`` sized to its violation vector, the dual optimizer has
@@ -20,7 +20,8 @@ import cooper
 import torch
 
 from layerdescent.core.constraints import ConstraintSpec
-from layerdescent.core.grouping import Grouping, LayerBatch, grouped_violation
+from layerdescent.core.grouping import Grouping, LayerBatch, add_tables, grouped_violation
+from layerdescent.core.observation import Observation
 from layerdescent.errors import ConfigError, PluginError
 
 
@@ -33,8 +34,16 @@ class ExtraSGD(cooper.optim.ExtraSGD):
             group.setdefault("nesterov", False)
 
 
-class _LayerwiseCMP(cooper.ConstrainedMinimizationProblem):
-    """The layerwise problem as a Cooper CMP: layer means in, the objective and every spec's violation out."""
+def layer_means(batch: Any) -> torch.Tensor:
+    """L+1 layer means of a LayerBatch, of B x (L+1) per-sample losses, or the means themselves: the one place they are taken."""
+    losses = getattr(batch, "losses", batch)
+    if losses.dim() != 2:
+        return losses
+    return losses.mean(dim=0) if len(losses) else losses.new_zeros(losses.shape[1])  # a rank with no rows in this micro-batch adds 0
+
+
+class LayerwiseCMP(cooper.ConstrainedMinimizationProblem):
+    """The layerwise problem as a Cooper CMP: a micro-batch's layer losses in, the objective and every constraint's violation out, for Cooper's ``roll()`` as for the trainer."""
 
     def __init__(self, problem: LayerwiseProblem) -> None:
         super().__init__()
@@ -44,11 +53,29 @@ class _LayerwiseCMP(cooper.ConstrainedMinimizationProblem):
         """The CMPState of B x (L+1) layer losses, their L+1 means or a LayerBatch (or a callable returning one, as ``roll()`` passes).
 
         The loss is the solver's objective; ``primal = False`` (a dual pass) leaves it out and
-        ``dual = False`` leaves the dual update to a pass of its own (the window of ``dual_every``).
-        Specs held per level or per sample are observed only in a LayerBatch, which says where its rows come from.
+        ``dual = False`` leaves the dual update to a step of its own (the window of ``dual_every``).
+        Every kind of constraint is observed here: pooled ones from the layer means, those held per
+        level or per sample from a LayerBatch, which says where its rows come from. ``misc`` holds
+        what the step's observation and the log line take: ``means`` and ``violations`` (detached)
+        and ``tables``, each grouped constraint's per-group loss sums and row counts.
         """
+        problem = self._problem
         batch = layer_losses() if callable(layer_losses) else layer_losses
-        return self._problem.observe(batch, primal, dual)[0]
+        means = layer_means(batch)
+        violations = problem.violations(means)
+        observed = {
+            problem.constraint(spec): cooper.ConstraintState(
+                violation=violations[spec.name], contributes_to_primal_update=primal, contributes_to_dual_update=dual
+            )
+            for spec in problem.plain
+        }
+        tables: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+        if isinstance(batch, LayerBatch) and problem.groupings:
+            for spec in problem.specs:
+                if spec.grouped:
+                    observed[problem.constraint(spec)], tables[spec.name] = problem.grouped_state(spec, batch, primal, dual)
+        misc = {"means": means.detach(), "violations": {name: value.detach() for name, value in violations.items()}, "tables": tables}
+        return cooper.CMPState(loss=problem.objective(means) if primal else None, observed_constraints=observed, misc=misc)
 
 
 class LayerwiseProblem:
@@ -72,7 +99,7 @@ class LayerwiseProblem:
             spec for spec in specs if getattr(spec, "needs_nonnegative_losses", False)
         )  # descent's (1 - alpha) margin assumes losses >= 0
         self.num_layers = num_layers
-        self.cmp = _LayerwiseCMP(self)
+        self.cmp = LayerwiseCMP(self)
         self.labels: dict[str, list[str]] = {}
         self.groupings: dict[str, Grouping] = {}  # the specs held per level or per sample
         for spec in specs:
@@ -102,7 +129,7 @@ class LayerwiseProblem:
                 }
             setattr(self.cmp, spec.name, cooper.Constraint(cooper.ConstraintType.INEQUALITY, multiplier=multiplier, **extra))
         self._constraints = {spec.name: getattr(self.cmp, spec.name) for spec in specs}
-        self._growth = (
+        self.growth = (  # the augmented Lagrangian's rho updater, where rho grows
             cooper.penalty_coefficients.MultiplicativePenaltyCoefficientUpdater(growth, tolerance, has_restart=False)
             if augmented and growth > 1
             else None
@@ -110,6 +137,9 @@ class LayerwiseProblem:
         self.state: dict[str, dict[str, torch.Tensor]] | None = None
         # the last layer's mean, or a solver's own objective
         self.objective: Callable[[torch.Tensor], torch.Tensor] = lambda means: means[-1]
+        self.enforced = False  # whether the constraints enter the primal loss (the solver's enforces_constraints)
+        self.before_primal: Callable[[], None] | None = None  # a scheme's dual step between a pass and its primal loss (alternating)
+        self.seen: Observation | None = None  # the step's micro-batches so far, on this rank; the solver takes it at the step
 
     def dual_groups(self) -> list[dict[str, Any]]:
         """The multipliers as a dual optimizer's parameter groups, in registration order; a resilient spec's weight decay is 1/c."""
@@ -130,64 +160,70 @@ class LayerwiseProblem:
         for constraint, observed in state.observed_constraints.items():
             constraint.multiplier.weight.grad = observed.extract_violations()[1].clone()
 
-    def observe(
-        self, batch: torch.Tensor | LayerBatch, primal: bool = True, dual: bool = True, means: torch.Tensor | None = None
-    ) -> tuple[cooper.CMPState, dict[str, torch.Tensor], dict[str, tuple[torch.Tensor, torch.Tensor]]]:
-        """One pass over a micro-batch: its CMPState, each plain spec's violation (detached) and each grouped spec's per-group sums and counts.
+    def forward(self, batch: torch.Tensor | LayerBatch, weight: float = 1.0) -> torch.Tensor | None:
+        """Count one micro-batch toward the step (``weight``: its share) and return its primal loss, unweighted; None under ``torch.no_grad()``, a pass that only counts.
 
-        ``batch`` is a LayerBatch, B x (L+1) per-row losses or their L+1 means (``means``, where the
-        caller took them already); the violations are computed once here and serve the primal
-        Lagrangian, the non-finite check, the dual step and the log.
+        ``batch`` is a LayerBatch, B x (L+1) per-row losses, their L+1 means, or the last layer's
+        mean alone (a read of the last layer only: the other layers count as NaN, left out of the
+        checks and the log line's means). Its violations are computed once, here, and serve the
+        primal Lagrangian, the non-finite check, the dual step and the log line.
         """
-        rows = batch if isinstance(batch, LayerBatch) else None
-        if means is None:
-            means = batch.means if rows is not None else batch.mean(dim=0) if batch.dim() == 2 else batch
+        if not (self.enforced and torch.is_grad_enabled()):
+            means = layer_means(batch)
+            every_layer = len(means) == self.num_layers + 1
+            if not every_layer:
+                means = batch = torch.cat([means.new_full((self.num_layers,), float("nan")), means])
+            if self.state is None:
+                self.anchor(means, weight)
+            tables = self.group_tables(batch) if self.groupings and isinstance(batch, LayerBatch) else {}
+            self.count(means.detach(), weight, None, tables, every_layer)
+            return self.objective(means) if torch.is_grad_enabled() else None
+        if self.state is None:
+            self.anchor(layer_means(batch), weight)
+        if self.augmented or self.groupings:
+            state = self.cmp.compute_cmp_state(batch, dual=False)
+            self.count(state.misc["means"], weight, state.misc["violations"], state.misc["tables"])
+            if self.before_primal is not None:
+                self.before_primal()
+            return state.compute_primal_lagrangian().lagrangian
+        # The plain Lagrangian, the usual case: Cooper's sum (loss + lambda.detach() . g per constraint, by the same
+        # einsum) written directly, without the CMPState and its per-step stores (and the loss's defensive clone, an
+        # exact copy), which cost the small lista step 1%. A test pins it to compute_primal_lagrangian(), bit for bit.
+        means = layer_means(batch)
         violations = self.violations(means)
-        observed = {
-            self._constraints[spec.name]: cooper.ConstraintState(
-                violation=violations[spec.name], contributes_to_primal_update=primal, contributes_to_dual_update=dual
-            )
-            for spec in self.plain
-        }
-        tables: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
-        if rows is not None and self.groupings:
-            for spec in self.specs:
-                if spec.grouped:
-                    observed[self.constraint(spec)], tables[spec.name] = self._grouped_state(spec, rows, primal, dual)
-        state = cooper.CMPState(loss=self.objective(means) if primal else None, observed_constraints=observed)
-        return state, {name: value.detach() for name, value in violations.items()}, tables
-
-    def primal_lagrangian(
-        self, batch: torch.Tensor | LayerBatch, means: torch.Tensor | None = None
-    ) -> tuple[torch.Tensor, dict[str, torch.Tensor], dict[str, tuple[torch.Tensor, torch.Tensor]]]:
-        """One micro-batch's primal Lagrangian at the current multipliers (Cooper's), with what ``observe`` gives beside it; lambda moves from a later dual pass."""
-        if self.augmented or self.groupings or isinstance(batch, LayerBatch):
-            state, violations, tables = self.observe(batch, dual=False, means=means)
-            return state.compute_primal_lagrangian().lagrangian, violations, tables
-        # The plain Lagrangian, the usual case: Cooper's sum (loss + lambda.detach() . g per constraint, by the
-        # same einsum) written directly, without its per-step stores (and the loss's defensive clone, an exact
-        # copy), which cost the small lista step 1%. A test checks it against compute_primal_lagrangian(), bit for bit.
-        if means is None:
-            means = batch.mean(dim=0) if batch.dim() == 2 else batch
-        violations = self.violations(means)
+        self.count(means.detach(), weight, {name: value.detach() for name, value in violations.items()})
+        if self.before_primal is not None:
+            self.before_primal()
         lagrangian = self.objective(means)
         for spec in self.plain:
             lagrangian = lagrangian + torch.einsum(
                 "i...,i...->", self._constraints[spec.name].multiplier.weight.detach(), violations[spec.name]
             )
-        return lagrangian, {name: value.detach() for name, value in violations.items()}, {}
+        return lagrangian
 
-    def put_dual_gradient(self, violations: dict[str, torch.Tensor], tables: dict[str, tuple[torch.Tensor, torch.Tensor]]) -> None:
-        """The dual pass from known violations: each multiplier's gradient (plain specs' from ``violations``, grouped ones' from ``tables``) and the penalties' growth."""
-        if self._growth is None:  # the usual case: the gradient of the dual Lagrangian is each violation (see dual_gradient)
-            for spec in self.plain:
-                self._constraints[spec.name].multiplier.weight.grad = violations[spec.name].clone()
-        else:  # the augmented Lagrangian's penalty updater reads Cooper's constraint states
-            state = self.dual_state(violations)
-            self.dual_gradient(state)
-            self.grow_penalties(state)
-        if self.groupings:
-            self.grouped_dual_gradient(tables)
+    def primal_loss(self, batch: torch.Tensor | LayerBatch) -> torch.Tensor:
+        """One micro-batch's primal loss at the current multipliers (the objective where the constraints are not enforced); counts nothing."""
+        if not self.enforced:
+            return self.objective(layer_means(batch))
+        return self.cmp.compute_cmp_state(batch, dual=False).compute_primal_lagrangian().lagrangian
+
+    def count(
+        self,
+        means: torch.Tensor,
+        weight: float = 1.0,
+        violations: dict[str, torch.Tensor] | None = None,
+        tables: dict[str, tuple[torch.Tensor, torch.Tensor]] | None = None,
+        every_layer: bool = True,
+    ) -> None:
+        """Add detached layer means (times ``weight``), their violations and per-group tables to the step's observation (``seen``): the one accumulation."""
+        seen = self.seen
+        term = means if weight == 1.0 else means * weight  # times 1 is exact: one op less on the usual path
+        if seen is None:  # the one micro-batch's violations are those of the step's means (weight 1); a second makes them the sum's
+            self.seen = Observation(term, violations if weight == 1.0 else None, tables or {}, 1, every_layer)
+            return
+        if tables:
+            tables = add_tables(seen.tables, tables)
+        self.seen = Observation(seen.means + term, None, tables or seen.tables, seen.micro + 1, seen.every_layer and every_layer)
 
     def dual_state(self, violations: dict[str, torch.Tensor]) -> cooper.CMPState:
         """The CMPState of a dual pass whose plain specs' violations are already known (the step's, or its window's)."""
@@ -197,7 +233,7 @@ class LayerwiseProblem:
         }
         return cooper.CMPState(loss=None, observed_constraints=observed)
 
-    def _grouped_state(
+    def grouped_state(
         self, spec: ConstraintSpec, batch: LayerBatch, primal: bool, dual: bool
     ) -> tuple[cooper.ConstraintState, tuple[torch.Tensor, torch.Tensor]]:
         """A grouped spec's ConstraintState on one micro-batch (each group present, weighted by its share of the rows) and its per-group sums and counts (detached)."""
@@ -255,8 +291,8 @@ class LayerwiseProblem:
 
     def grow_penalties(self, state: cooper.CMPState) -> None:
         """Grow the augmented Lagrangian's rho where a dual pass saw a violation above the tolerance."""
-        if self._growth is not None:
-            self._growth.step(state.observed_constraints)
+        if self.growth is not None:
+            self.growth.step(state.observed_constraints)
 
     def penalties(self) -> dict[str, torch.Tensor]:
         """The augmented Lagrangian's current rho of each spec (empty for the plain Lagrangian)."""
@@ -269,6 +305,12 @@ class LayerwiseProblem:
     def constraint(self, spec: ConstraintSpec) -> cooper.Constraint:
         """The Cooper constraint compiled from ``spec``."""
         return self._constraints[spec.name]
+
+    def anchor(self, means: torch.Tensor, weight: float) -> None:
+        """Fix the constraints' anchors from the run's first micro-batch (its layer means, ``weight`` its share), over every rank."""
+        from layerdescent.distributed import World
+
+        self.start(World.current().weighted_mean(means.detach(), weight))
 
     def start(self, means: torch.Tensor) -> None:
         """Fix what specs take from the first training batch (anchors), once per run."""

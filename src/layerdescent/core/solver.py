@@ -1,13 +1,20 @@
-"""The solver contract: what a registered solver implements, what one step observed, and the layer means reduced over ranks."""
+"""The solver contract: what a registered solver implements, and the one step every solver takes, its scheme and its dual window as types.
+
+A step is counted by the problem, micro-batch by micro-batch (``LayerwiseProblem.forward``),
+then taken here: the step's observation (over every rank), the non-finite check, then the
+scheme's primal and dual steps on Cooper's optimizer. Each scheme is one of the classes below,
+named for Cooper's constrained optimizer that steps it, chosen once from the options' string.
+"""
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from layerdescent.core.divergence import why_not_finite
+from layerdescent.core.observation import Observation, Tables
+from layerdescent.errors import ConfigError
 from layerdescent.options import NoOptions
 
 if TYPE_CHECKING:  # the registry loads solvers without torch or cooper; their methods run in training
@@ -16,6 +23,8 @@ if TYPE_CHECKING:  # the registry loads solvers without torch or cooper; their m
 
     from layerdescent.core.constraints import ConstraintSpec
     from layerdescent.core.problem import LayerwiseProblem
+
+__all__ = ["DualWindow", "Observation", "PrimalSettings", "SCHEMES", "Solver", "Tables"]
 
 
 class PrimalSettings(Protocol):
@@ -27,42 +36,239 @@ class PrimalSettings(Protocol):
     weight_decay: float
 
 
-Tables = dict[str, tuple[Any, Any]]  # constraint name -> (per-group loss sums G x (L+1), per-group row counts G), tensors
+# -- when the multipliers step: the dual window --------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Observation:
-    """What one optimizer step saw, over its micro-batches and every rank: the layer means, each constraint's violation there, and per-group sums."""
+class DualWindow:
+    """The optimizer steps one dual step reads (``dual_every``: a count, or every step of an epoch) and their sums since the last one."""
 
-    means: Any = None  # L+1 weighted means (NaN where a step read the last layer alone); None before any micro-batch
-    violations: dict[str, Any] | None = (
-        None  # each plain constraint's violation at ``means`` (constrained solvers); None when not computed, empty when ``means`` is not finite
-    )
-    tables: Tables = field(default_factory=dict)  # each grouped constraint's per-group loss sums and row counts
-    micro: int = 0  # micro-batches counted
-    every_layer: bool = True  # False: a micro-batch read the last layer alone (the other means are NaN and unchecked)
-    skipped: str | None = None  # why the step was dropped, not taken: a mean or violation it would train on was not finite
-    stop: str | None = None  # why the run must stop after the step: a multiplier not finite or above max_multiplier (set by the front)
+    def __init__(self, steps: int | None, width: int) -> None:
+        import torch
+
+        self.steps = steps  # None: the end of each epoch closes the window
+        self.means = torch.zeros(width)  # the sum of the steps' layer means
+        self.count = 0
+        self.violations: dict[str, Any] | None = None  # a one-step window's violations, computed in its pass
+        self.tables: Tables = {}  # the steps' per-group sums and counts
+
+    @classmethod
+    def of(cls, every: int | str, width: int) -> DualWindow:
+        """The window ``solver.dual_every`` names (a number of steps, or ``"epoch"``) over ``width`` layer means."""
+        return cls(None if every == "epoch" else int(every), width)
+
+    @property
+    def per_epoch(self) -> bool:
+        """Whether the dual step comes at the end of each epoch."""
+        return self.steps is None
+
+    def add(self, seen: Observation, problem: LayerwiseProblem) -> tuple[dict[str, Any], Tables] | None:
+        """Count a taken step: the window's violations and per-group tables where this step fills it (the window starts again), else None."""
+        if seen.tables:
+            from layerdescent.core.grouping import add_tables
+
+            self.tables = add_tables(self.tables, seen.tables)
+        if self.steps == 1 and seen.violations and len(seen.violations) == len(problem.plain):
+            tables, self.tables = self.tables, {}  # a one-step window: the step's own violations, from its pass
+            return seen.violations, tables
+        self.means += seen.means.detach().to(self.means)
+        self.count += 1
+        self.violations = seen.violations if self.count == 1 else None
+        return self.close(problem) if self.steps is not None and self.count >= self.steps else None
+
+    def close(self, problem: LayerwiseProblem) -> tuple[dict[str, Any], Tables]:
+        """The window's violations and tables, and it starts again: its one step's violations where its pass computed them, else those at its mean layer losses."""
+        # The window holds expectations E[l_k] over its batches; specs are functions of them.
+        import torch
+
+        violations = self.violations if self.count == 1 else None
+        if violations is None or len(violations) < len(problem.plain):  # none known, or a non-finite step's
+            with torch.no_grad():
+                violations = problem.violations((self.means / self.count).to(problem.device))
+        tables, self.tables = self.tables, {}
+        self.means.zero_()
+        self.count = 0
+        self.violations = None
+        return violations, tables
+
+    def state_dict(self) -> dict[str, Any]:
+        """The sums since the last dual step, for checkpoints."""
+        state: dict[str, Any] = {"window": self.means.clone(), "count": self.count}
+        if self.tables:  # only runs with constraints held per level or per sample have them
+            state["group_window"] = {name: [sums.clone(), counts.clone()] for name, (sums, counts) in self.tables.items()}
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what ``state_dict`` saved."""
+        self.means = state["window"].clone()
+        self.count = int(state["count"])
+        self.violations = None
+        self.tables = {name: (sums.clone(), counts.clone()) for name, (sums, counts) in state.get("group_window", {}).items()}
 
 
-@dataclass
-class _Counted:
-    """The step being counted, on this rank: its micro-batches' weighted means and per-group tables so far (the solver's own, never handed out)."""
+# -- how the primal and dual steps interleave: the schemes ---------------------------------------
 
-    means: Any = None
-    violations: dict[str, Any] | None = None  # the one micro-batch's, where they are those of ``means`` (weight 1)
-    tables: Tables = field(default_factory=dict)
-    micro: int = 0
-    every_layer: bool = True
-    observation: Observation | None = None  # the step over every rank, once asked for; the next micro-batch clears it
+
+class Simultaneous:
+    """One pass: the primal step, then the dual step from the same pass (Cooper's ``SimultaneousOptimizer``)."""
+
+    passes: ClassVar[int] = 1  # forward and backward passes per optimizer step
+    after_outside_primal: ClassVar[bool] = True  # whether the dual side may follow a primal step another loop took
+
+    def primal_optimizer(self, params: list, train: PrimalSettings) -> torch.optim.Optimizer | None:
+        """The model's optimizer this scheme needs, or None for the run's own (``train.optimizer``)."""
+        return None
+
+    def cooper_optimizer(self, solver: Solver, primal: torch.optim.Optimizer) -> cooper.optim.CooperOptimizer:
+        """Cooper's constrained optimizer of this scheme, around ``primal`` and the solver's dual optimizer."""
+        import cooper
+
+        return self.cooper_class(cooper)(solver.problem.cmp, primal, solver.dual_optimizer())
+
+    @staticmethod
+    def cooper_class(cooper: Any) -> type:
+        return cooper.optim.SimultaneousOptimizer
+
+    def attach(self, solver: Solver) -> None:
+        """What the scheme needs of a step's passes (nothing, but for alternating)."""
+
+    def step(self, solver: Solver, closure: Callable[[], Any] | None) -> Observation:
+        """The optimizer step: the primal step, then what the scheme does on the dual side."""
+        seen = solver.take()
+        if (dropped := solver.skip(seen)) is not None:
+            return dropped
+        solver.optimizer.primal_step()
+        self.after_primal(solver, seen, closure)
+        return seen
+
+    def after_primal(self, solver: Solver, seen: Observation, closure: Callable[[], Any] | None) -> None:
+        """The dual side after the primal step: a dual step where the step fills the window."""
+        if seen.means is not None and solver.count_step(seen):
+            solver.dual_step()
+
+
+class Alternating(Simultaneous):
+    """Cooper's dual-then-primal (``AlternatingDualPrimalOptimizer``): lambda steps from the whole batch, then the primal Lagrangian reads it."""
+
+    after_outside_primal = False
+
+    @staticmethod
+    def cooper_class(cooper: Any) -> type:
+        return cooper.optim.AlternatingDualPrimalOptimizer
+
+    def attach(self, solver: Solver) -> None:
+        solver.problem.before_primal = lambda: self.dual_first(solver)
+
+    def dual_first(self, solver: Solver) -> None:
+        """The dual step, in the batch's one pass, between its violations and its primal Lagrangian."""
+        # a method counting dual steps counts this step's before its primal step (docs/solvers.md: a
+        # warm-up switches one primal step earlier)
+        import torch
+
+        seen = solver.observation()
+        if seen.micro > 1:
+            raise ConfigError(
+                "solver.scheme = 'alternating' steps lambda from the whole batch before its primal step: accumulate no micro-batches (train.accumulate = 1)"
+            )
+        # a non-finite batch is skipped in step(), before lambda reads it
+        if bool(torch.isfinite(seen.means).all()) and solver.count_step(seen):
+            solver.dual_step()
+
+    def after_primal(self, solver: Solver, seen: Observation, closure: Callable[[], Any] | None) -> None:
+        """Nothing: the dual step came before the primal one, in the pass."""
+
+
+class AlternatingPrimalDual(Simultaneous):
+    """The primal step, then the dual step from a second pass of the batch, no-grad (Cooper's ``AlternatingPrimalDualOptimizer``)."""
+
+    after_outside_primal = False
+
+    @staticmethod
+    def cooper_class(cooper: Any) -> type:
+        return cooper.optim.AlternatingPrimalDualOptimizer
+
+    def after_primal(self, solver: Solver, seen: Observation, closure: Callable[[], Any] | None) -> None:
+        import torch
+
+        with torch.no_grad():  # lambda follows the updated model: only the means are needed
+            _required(closure, "alternating-primal-dual")()
+        again = solver.take()
+        if again.means is not None and solver.count_step(again):
+            solver.dual_step()
+
+
+class Extrapolation(Simultaneous):
+    """Cooper's extragradient (``ExtrapolationConstrainedOptimizer``): step to the midpoint, evaluate there, step from the start."""
+
+    passes = 2
+    after_outside_primal = False
+
+    def primal_optimizer(self, params: list, train: PrimalSettings) -> torch.optim.Optimizer:
+        import cooper
+
+        from layerdescent.core.problem import ExtraSGD
+
+        if train.optimizer == "adamw":
+            raise ConfigError(
+                "solver.scheme = 'extrapolation' has no extragradient AdamW: set train.optimizer = 'adam' (or 'sgd') and train.weight_decay as L2"
+            )
+        if train.optimizer == "sgd":
+            return ExtraSGD(params, lr=train.lr, momentum=train.momentum, weight_decay=train.weight_decay)
+        return cooper.optim.ExtraAdam(params, lr=train.lr, weight_decay=train.weight_decay)
+
+    def cooper_optimizer(self, solver: Solver, primal: torch.optim.Optimizer) -> cooper.optim.CooperOptimizer:
+        import cooper
+
+        from layerdescent.core.problem import ExtraSGD
+
+        if not isinstance(primal, cooper.optim.ExtragradientOptimizer):
+            raise ConfigError(
+                f"solver.scheme = 'extrapolation' needs an extragradient primal optimizer (cooper.optim.ExtraAdam or ExtraSGD), "
+                f"got {type(primal).__name__}: set train.optimizer = 'adam' or 'sgd'"
+            )
+        dual = ExtraSGD(solver.problem.dual_groups(), lr=solver.options.dual_lr, maximize=True)  # the options allow SGD alone here
+        return cooper.optim.ExtrapolationConstrainedOptimizer(solver.problem.cmp, primal, dual)
+
+    def step(self, solver: Solver, closure: Callable[[], Any] | None) -> Observation:
+        _required(closure, "extrapolation")
+        seen = solver.take()
+        if (dropped := solver.skip(seen)) is not None:
+            return dropped
+        solver.count_step(seen)  # a window of one step (the options say so): always a dual gradient
+        solver.optimizer.primal_extrapolation_step()
+        solver.optimizer.dual_extrapolation_step()
+        solver.zero_grad()
+        closure()
+        solver.count_step(solver.take())
+        solver.optimizer.primal_step()
+        solver.dual_step()
+        return seen
+
+
+SCHEMES: dict[str, type[Simultaneous]] = {
+    "simultaneous": Simultaneous,
+    "alternating": Alternating,
+    "alternating-primal-dual": AlternatingPrimalDual,
+    "extrapolation": Extrapolation,
+}
+
+
+def _required(closure: Callable[[], Any] | None, scheme: str) -> Callable[[], Any]:
+    if closure is None:
+        raise TypeError(
+            f"solver.scheme = {scheme!r} evaluates each batch twice: pass step(closure), a function that calls backward() on the batch again"
+        )
+    return closure
+
+
+# -- the solver ----------------------------------------------------------------------------------
 
 
 class Solver:
-    """A registered solver: the objective, the primal and dual steps of its scheme, and the state they keep; subclass and register.
+    """A registered solver: the objective, the scheme and dual window of its step, the dual update and the state they keep; subclass and register.
 
-    The update front (:class:`~layerdescent.LayerwiseUpdate`) calls ``forward`` once per
-    micro-batch, ``observed`` once the step's micro-batches are in, then ``step`` (or, after a primal
-    step taken elsewhere, ``step_after_primal``); docs/solvers.md gives the order per scheme.
+    The problem counts each micro-batch (``LayerwiseProblem.forward``, through the update front's
+    ``backward``); the front then calls ``step`` (or, after a primal step taken elsewhere,
+    ``step_after_primal``). docs/solvers.md gives the order of calls per scheme.
     """
 
     name: ClassVar[str] = ""
@@ -78,7 +284,10 @@ class Solver:
         self.problem = problem
         self.gradient_evaluations = self.gradient_passes(options)
         self.optimizer: Any = None  # the Cooper optimizer, once ``attach`` built it
-        self._seen = _Counted()  # this step's, so far
+        self.scheme: Simultaneous = Simultaneous()  # how the primal and dual steps interleave
+        self.dual_window: DualWindow | None = None  # the steps one dual step reads; None: the solver's own hooks (observe) see each step
+        self._multipliers: dict[str, Any] = {}  # each constraint's multiplier tensor, by name (what dual_gradient writes .grad of)
+        self._reduced: tuple[Observation, Observation] | None = None  # the problem's observation and the same over every rank
 
     # -- what the solver is, before it is built -------------------------------------------------
 
@@ -118,7 +327,11 @@ class Solver:
         cls_ = torch.optim.AdamW if train.optimizer == "adamw" else torch.optim.Adam
         return cls_(params, lr=train.lr, weight_decay=train.weight_decay)
 
-    # -- the objective ---------------------------------------------------------------------------
+    # -- the objective and the optimizers ------------------------------------------------------
+
+    def objective(self, means: torch.Tensor) -> torch.Tensor:
+        """What the primal step minimizes, before constraint terms."""
+        return means[-1]
 
     def cooper_optimizer(self, primal: torch.optim.Optimizer) -> cooper.optim.CooperOptimizer:
         """The Cooper optimizer that steps ``primal`` (and, for constrained solvers, the multipliers)."""
@@ -127,98 +340,67 @@ class Solver:
         return cooper.optim.UnconstrainedOptimizer(self.problem.cmp, primal)
 
     def attach(self, primal: torch.optim.Optimizer) -> None:
-        """Build the Cooper optimizer around the model's optimizer (the front calls this once)."""
+        """Join the problem (its loss, the multipliers, the scheme's hooks) and build the Cooper optimizer around the model's optimizer (the front calls this once)."""
+        problem = self.problem
+        problem.enforced = self.enforces_constraints  # the constraints enter the primal loss
+        if type(self).objective is not Solver.objective:  # the problem's loss, for Cooper's roll() too
+            problem.objective = self.objective
+        self._multipliers = {spec.name: problem.constraint(spec).multiplier.weight for spec in problem.specs}
         self.optimizer = self.cooper_optimizer(primal)
+        self.scheme.attach(self)
 
-    def objective(self, means: torch.Tensor) -> torch.Tensor:
-        """What the primal step minimizes, before constraint terms."""
-        return means[-1]
+    # -- the step's observation ----------------------------------------------------------------
 
-    def primal_loss(self, means: Any) -> torch.Tensor:
-        """The differentiable quantity whose gradient the primal optimizer follows (of L+1 means, or a LayerBatch for grouped constraints)."""
-        return self.objective(_means(means))
-
-    # -- one micro-batch -------------------------------------------------------------------------
-
-    def forward(self, batch: Any, weight: float = 1.0) -> torch.Tensor | None:
-        """Count one micro-batch (L+1 means, the last layer's alone, or a LayerBatch) toward this step with ``weight``; its primal loss, unweighted (None under ``torch.no_grad()``: a pass that only counts)."""
+    def observation(self) -> Observation:
+        """This step's observation over every rank (one all-reduce of means and tables), with its violations; the same value until the step is taken."""
+        seen = self.problem.seen
+        if seen is None:
+            return Observation()
+        if self._reduced is not None and self._reduced[0] is seen:
+            return self._reduced[1]
         import torch
 
-        from layerdescent.core.grouping import LayerBatch
-
-        means = _means(batch)
-        if len(means) == 1 < self.problem.num_layers + 1:  # the last layer read alone: the others are NaN, left out of checks and means
-            means = batch = torch.cat([means.new_full((self.problem.num_layers,), float("nan")), means])
-            self._seen.every_layer = False
-        self._start(means, weight)
-        loss = self.primal_loss(batch) if torch.is_grad_enabled() else None
-        tables = self.problem.group_tables(batch) if self.problem.groupings and isinstance(batch, LayerBatch) else {}
-        self.count(means.detach(), weight, None, tables)
-        return loss
-
-    def _start(self, means: torch.Tensor, weight: float) -> None:
-        """Fix the constraints' anchors from the run's first micro-batch, over every rank, before any Lagrangian needs them."""
-        if self.problem.state is None:
-            self.problem.start(_over_ranks(means.detach(), weight))
-
-    def count(
-        self, means: torch.Tensor, weight: float = 1.0, violations: dict[str, torch.Tensor] | None = None, tables: Tables | None = None
-    ) -> None:
-        """Add detached layer means (times ``weight``), and per-group tables, to this step's observation: the one accumulation path."""
-        from layerdescent.core.grouping import add_tables
-
-        seen = self._seen
-        term = means if weight == 1.0 else means * weight  # times 1 is exact: one op less on the usual path
-        # the one micro-batch's violations are those of the step's means (weight 1); a second makes them the sum's
-        seen.violations = violations if seen.micro == 0 and weight == 1.0 else None
-        seen.means = term if seen.means is None else seen.means + term
-        if tables:
-            seen.tables = add_tables(seen.tables, tables)
-        seen.micro += 1
-        seen.observation = None
-
-    def observed(self) -> Observation:
-        """This step's observation over every rank (one all-reduce of means and tables), with its violations; the same value until the step is taken."""
-        seen = self._seen
-        if seen.observation is not None:
-            return seen.observation
-        if seen.means is None:
-            return Observation(every_layer=seen.every_layer)
         means, tables, violations = seen.means, seen.tables, seen.violations
-        if (world := _ranks()) is not None:
-            means, tables = _all_reduce(means, tables, world)
+        distributed = torch.distributed
+        if distributed.is_available() and distributed.is_initialized() and distributed.get_world_size() > 1:
+            from layerdescent.distributed import World
+
+            means, tables = World.current().reduce_step(means, tables)
             violations = None  # this rank's alone
         if self.enforces_constraints and violations is None:
-            import torch
-
             finite = bool(torch.isfinite(means).all())  # a last-layer-only read leaves the other layers NaN: no violations
             with torch.no_grad():
                 violations = self.problem.violations(means) if finite else {}
         # a solver that enforces nothing leaves the violations to the log line, which takes them in one batch
-        seen.observation = Observation(means, violations, tables, seen.micro, seen.every_layer)
-        return seen.observation
-
-    def discard(self) -> None:
-        """Drop this step's observation and the model's gradients (a skipped step)."""
-        self._seen = _Counted()
-        self.zero_grad()
-
-    def zero_grad(self) -> None:
-        """Clear the model's gradients (each dual pass clears the multipliers' own before it writes them)."""
-        for optimizer in self.optimizer.primal_optimizers:
-            optimizer.zero_grad()
+        out = (
+            seen
+            if means is seen.means and violations is seen.violations
+            else dataclasses.replace(seen, means=means, violations=violations, tables=tables)
+        )
+        self._reduced = (seen, out)
+        return out
 
     def take(self) -> Observation:
         """This step's observation, over every rank; the next micro-batch starts a new one."""
-        seen = self.observed()
-        self._seen = _Counted()
+        seen = self.observation()
+        self.problem.seen = self._reduced = None
         return seen
+
+    def discard(self) -> None:
+        """Drop this step's observation and the model's gradients (a skipped step)."""
+        self.problem.seen = self._reduced = None
+        self.zero_grad()
+
+    def zero_grad(self) -> None:
+        """Clear the model's gradients (each dual step writes the multipliers' own afresh)."""
+        for optimizer in self.optimizer.primal_optimizers:
+            optimizer.zero_grad()
 
     def skip(self, seen: Observation) -> Observation | None:
         """The step dropped, where a mean or violation it would train on is not finite: ``seen`` with ``skipped`` saying why, the gradients cleared; else None.
 
-        Every ``step`` calls it on the observation it takes first, before any primal or dual step,
-        and returns what it gives instead of stepping.
+        Every scheme's ``step`` calls it on the observation it takes first, before any primal or
+        dual step, and returns what it gives instead of stepping.
         """
         import torch
 
@@ -235,93 +417,81 @@ class Solver:
     # -- the step --------------------------------------------------------------------------------
 
     def step(self, closure: Callable[[], Any] | None = None) -> Observation:
-        """The primal step, then whatever the solver keeps from the step's observation; the observation (for the log line), with ``skipped`` set where it was dropped."""
-        seen = self.take()
-        if (dropped := self.skip(seen)) is not None:
-            return dropped
-        self.optimizer.primal_step()
-        if seen.means is not None and self.observe_step(seen):  # erm and penalty never say so; a schedule may still count steps there
-            self.dual_step()
-        return seen
+        """The step of the scheme: the primal step and the dual side, in its order; the observation (for the log line), with ``skipped`` set where it was dropped."""
+        return self.scheme.step(self, closure)
 
     def step_after_primal(self) -> Observation:
         """The step's dual side alone, after a primal step another loop took; the observation."""
+        problem = self.outside_primal_step(self.options)
+        if problem:
+            raise ConfigError(f"dual_step() follows a primal step taken elsewhere, which {problem}: use step() for it")
         seen = self.take()
         if (dropped := self.skip(seen)) is not None:
             return dropped
-        if seen.means is not None and self.observe_step(seen):
+        if seen.means is not None and self.count_step(seen):
             self.dual_step()
         return seen
 
-    def observe_step(self, seen: Observation) -> bool:
-        """Record one step's observation for the dual update; True when a dual gradient is on the multipliers (``dual_step`` follows)."""
-        if seen.tables:
-            self.observe_groups(seen.tables)
-        return self.observe(seen.means)
+    # -- the dual side ---------------------------------------------------------------------------
+
+    def count_step(self, seen: Observation) -> bool:
+        """Count one taken step toward the dual update; True when a dual gradient is on the multipliers (``dual_step`` follows)."""
+        if self.dual_window is None:  # a solver of its own schedule: its hooks see the step
+            if seen.tables:
+                self.observe_groups(seen.tables)
+            return self.observe(seen.means)
+        full = self.dual_window.add(seen, self.problem)
+        if full is None:
+            return False
+        self.dual_gradient(*full)
+        return True
+
+    def end_epoch(self) -> bool:
+        """Epoch boundary; True when a dual gradient is on the multipliers (``dual_step`` follows): the window of ``dual_every = "epoch"``."""
+        window = self.dual_window
+        if window is None or not window.per_epoch or window.count == 0:
+            return False
+        self.dual_gradient(*window.close(self.problem))
+        return True
 
     def observe(self, means: torch.Tensor) -> bool:
-        """Record one step's layer means for the dual update; True when multipliers moved."""
+        """A solver without a dual window sees each taken step's layer means here; True when a dual gradient is on the multipliers."""
         return False
 
     def observe_groups(self, tables: Tables) -> None:
-        """Record one step's per-group loss sums and row counts of the constraints held per level or per sample (called before ``observe``)."""
+        """A solver without a dual window sees each taken step's per-group loss sums and row counts here (before ``observe``)."""
+
+    def dual_gradient(self, violations: dict[str, torch.Tensor], tables: Tables) -> None:
+        """Put the gradient of the dual Lagrangian on every multiplier: each plain constraint's violation, and each grouped one's per group seen.
+
+        ``violations`` are the window's (one entry per constraint name, detached); ``tables`` its
+        per-group sums and counts. The augmented Lagrangian's penalties grow here too. Override to
+        change what the multipliers ascend (``self.dual_parameters()`` names each one's tensor).
+        """
+        problem = self.problem
+        if problem.growth is None:  # the dual Lagrangian is lambda . g.detach() (Cooper's): its gradient is each violation
+            for spec in problem.plain:
+                self._multipliers[spec.name].grad = violations[spec.name].clone()
+        else:  # the augmented Lagrangian's penalty updater reads Cooper's constraint states
+            state = problem.dual_state(violations)
+            problem.dual_gradient(state)
+            problem.grow_penalties(state)
+        if problem.groupings:
+            problem.grouped_dual_gradient(tables)
+
+    def dual_parameters(self) -> dict[str, torch.nn.Parameter]:
+        """Each constraint's multiplier tensor, by name: what ``dual_gradient`` writes ``.grad`` of and ``dual_step`` steps."""
+        return dict(self._multipliers)
 
     def dual_step(self) -> None:
-        """Step the multipliers from the gradient ``observe_step`` or ``end_epoch`` put on them (Cooper's dual step also projects lambda >= 0)."""
+        """Step the multipliers from the gradient ``dual_gradient`` put on them (Cooper's dual step also projects lambda >= 0)."""
         self.optimizer.dual_step()
 
-    def end_epoch(self) -> bool:
-        """Epoch boundary; True when a dual gradient is on the multipliers (``dual_step`` follows)."""
-        return False
-
     def state_dict(self) -> dict[str, Any]:
-        """What a checkpoint keeps beyond the optimizers (nothing, by default)."""
-        return {}
+        """What a checkpoint keeps beyond the optimizers: the dual window's sums, where there is one."""
+        return self.dual_window.state_dict() if self.dual_window is not None else {}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore what ``state_dict`` saved."""
-
-
-def _means(batch: Any) -> torch.Tensor:
-    """L+1 layer means of a LayerBatch, of B x (L+1) per-sample losses, or the means themselves."""
-    losses = getattr(batch, "losses", batch)
-    if losses.dim() != 2:
-        return losses
-    return losses.mean(dim=0) if len(losses) else losses.new_zeros(losses.shape[1])  # a rank with no rows in this micro-batch adds 0
-
-
-def _ranks() -> Any:
-    """The ``World`` of the process group this process is in, whose ``sum`` is the one all-reduce; None on one process (the usual step asks nothing more)."""
-    import torch.distributed as dist
-
-    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
-        return None
-    from layerdescent.distributed import World
-
-    return World.current()
-
-
-def _over_ranks(means: torch.Tensor, weight: float) -> torch.Tensor:
-    """One micro-batch's layer means over every rank, each rank's weighted by its share (these means on one rank)."""
-    world = _ranks()
-    if world is None:
-        return means
-    import torch
-
-    flat = world.sum(torch.cat([means * weight, torch.tensor([float(weight)], dtype=means.dtype, device=means.device)]))
-    return flat[:-1] / flat[-1]
-
-
-def _all_reduce(means: torch.Tensor, tables: Tables, world: Any) -> tuple[torch.Tensor, Tables]:
-    """The step's means averaged over the ranks of ``world`` and its tables summed, in one all-reduce (each rank saw its own rows)."""
-    import torch
-
-    parts = [means, *(t.to(means.dtype).flatten() for sums, counts in tables.values() for t in (sums, counts))]
-    flat = world.sum(torch.cat(parts))
-    width = means.numel()
-    offset, reduced = width, {}
-    for name, (sums, counts) in tables.items():
-        sums_, offset = flat[offset : offset + sums.numel()].view_as(sums).to(sums.dtype), offset + sums.numel()
-        counts_, offset = flat[offset : offset + counts.numel()].view_as(counts).to(counts.dtype), offset + counts.numel()
-        reduced[name] = (sums_, counts_)
-    return flat[:width] / world.size, reduced
+        if self.dual_window is not None:
+            self.dual_window.load_state_dict(state)

@@ -17,12 +17,11 @@ through the ``register_solvers`` hook.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar, Literal, Union
+from typing import TYPE_CHECKING, Literal, Union
 
 from layerdescent.core.penalty import Penalty
-from layerdescent.core.solver import Observation, PrimalSettings, Solver, Tables, _means
+from layerdescent.core.solver import SCHEMES, DualWindow, PrimalSettings, Solver
 from layerdescent.errors import ConfigError
 from layerdescent.hookspecs import hookimpl
 
@@ -96,184 +95,6 @@ class PrimalDualOptions:
             )
 
 
-# -- when primal-dual's steps happen: its schemes and its dual window ------------------------------
-
-
-@dataclass(frozen=True)
-class DualWindow:
-    """How many optimizer steps one dual step reads, from their mean layer losses: a count, or every step of an epoch (``steps`` None)."""
-
-    steps: int | None
-
-    @classmethod
-    def of(cls, every: int | str) -> DualWindow:
-        """The window ``solver.dual_every`` names: a number of steps, or ``"epoch"``."""
-        return cls(None if every == "epoch" else int(every))
-
-    @property
-    def per_epoch(self) -> bool:
-        """Whether the dual step comes at the end of each epoch."""
-        return self.steps is None
-
-    def full(self, count: int) -> bool:
-        """Whether ``count`` observed steps fill the window (never, for a window of an epoch: the epoch's end closes it)."""
-        return self.steps is not None and count >= self.steps
-
-
-class Simultaneous:
-    """One pass: the primal step, then the dual step from the same pass (Cooper's ``SimultaneousOptimizer``)."""
-
-    passes: ClassVar[int] = 1  # forward and backward passes per optimizer step
-    after_outside_primal: ClassVar[bool] = True  # whether the dual side may follow a primal step another loop took
-
-    def primal_optimizer(self, params: list, train: PrimalSettings) -> torch.optim.Optimizer | None:
-        """The model's optimizer this scheme needs, or None for the run's own (``train.optimizer``)."""
-        return None
-
-    def cooper_optimizer(self, solver: PrimalDual, primal: torch.optim.Optimizer) -> cooper.optim.CooperOptimizer:
-        """Cooper's constrained optimizer of this scheme, around ``primal`` and the solver's dual optimizer."""
-        import cooper
-
-        return self.cooper_class(cooper)(solver.problem.cmp, primal, solver.dual_optimizer())
-
-    @staticmethod
-    def cooper_class(cooper: Any) -> type:
-        return cooper.optim.SimultaneousOptimizer
-
-    def forward(self, solver: PrimalDual, batch: Any, means: torch.Tensor, weight: float) -> torch.Tensor:
-        """One micro-batch's primal Lagrangian; its violations serve the checks, the dual step and the log (lambda steps from the window)."""
-        lagrangian, violations, tables = solver.problem.primal_lagrangian(batch, means)
-        solver.count(means.detach(), weight, violations, tables)
-        return lagrangian
-
-    def step(self, solver: PrimalDual, closure: Callable[[], Any] | None) -> Observation:
-        """The optimizer step: the primal step, then what the scheme does on the dual side."""
-        seen = solver.take()
-        if (dropped := solver.skip(seen)) is not None:
-            return dropped
-        solver.optimizer.primal_step()
-        self.after_primal(solver, seen, closure)
-        return seen
-
-    def after_primal(self, solver: PrimalDual, seen: Observation, closure: Callable[[], Any] | None) -> None:
-        """The dual side after the primal step: a dual step where the step's observation fills the window."""
-        if seen.means is not None and solver.observe_step(seen):
-            solver.dual_step()
-
-
-class Alternating(Simultaneous):
-    """Cooper's dual-then-primal (``AlternatingDualPrimalOptimizer``): lambda steps from the whole batch, then the primal Lagrangian reads it."""
-
-    after_outside_primal = False
-
-    @staticmethod
-    def cooper_class(cooper: Any) -> type:
-        return cooper.optim.AlternatingDualPrimalOptimizer
-
-    def forward(self, solver: PrimalDual, batch: Any, means: torch.Tensor, weight: float) -> torch.Tensor:
-        # the dual step comes here, in the batch's one pass: a method counting dual steps counts this
-        # step's before its primal step (docs/solvers.md: a warm-up switches one primal step earlier)
-        import torch
-
-        state, violations, tables = solver.problem.observe(batch, dual=False, means=means)
-        solver.count(means.detach(), weight, violations, tables)
-        seen = solver.observed()
-        if seen.micro > 1:
-            raise ConfigError(
-                "solver.scheme = 'alternating' steps lambda from the whole batch before its primal step: accumulate no micro-batches (train.accumulate = 1)"
-            )
-        # a non-finite batch is skipped in step(), before lambda reads it
-        if bool(torch.isfinite(seen.means).all()) and solver.observe_step(seen):
-            solver.dual_step()
-        return state.compute_primal_lagrangian().lagrangian
-
-    def after_primal(self, solver: PrimalDual, seen: Observation, closure: Callable[[], Any] | None) -> None:
-        """Nothing: the dual step came before the primal one, in ``forward``."""
-
-
-class AlternatingPrimalDual(Simultaneous):
-    """The primal step, then the dual step from a second pass of the batch, no-grad (Cooper's ``AlternatingPrimalDualOptimizer``)."""
-
-    after_outside_primal = False
-
-    @staticmethod
-    def cooper_class(cooper: Any) -> type:
-        return cooper.optim.AlternatingPrimalDualOptimizer
-
-    def after_primal(self, solver: PrimalDual, seen: Observation, closure: Callable[[], Any] | None) -> None:
-        import torch
-
-        with torch.no_grad():  # lambda follows the updated model: only the means are needed
-            _required(closure, "alternating-primal-dual")()
-        again = solver.take()
-        if again.means is not None and solver.observe_step(again):
-            solver.dual_step()
-
-
-class Extrapolation(Simultaneous):
-    """Cooper's extragradient (``ExtrapolationConstrainedOptimizer``): step to the midpoint, evaluate there, step from the start."""
-
-    passes = 2
-    after_outside_primal = False
-
-    def primal_optimizer(self, params: list, train: PrimalSettings) -> torch.optim.Optimizer:
-        import cooper
-
-        from layerdescent.core.problem import ExtraSGD
-
-        if train.optimizer == "adamw":
-            raise ConfigError(
-                "solver.scheme = 'extrapolation' has no extragradient AdamW: set train.optimizer = 'adam' (or 'sgd') and train.weight_decay as L2"
-            )
-        if train.optimizer == "sgd":
-            return ExtraSGD(params, lr=train.lr, momentum=train.momentum, weight_decay=train.weight_decay)
-        return cooper.optim.ExtraAdam(params, lr=train.lr, weight_decay=train.weight_decay)
-
-    def cooper_optimizer(self, solver: PrimalDual, primal: torch.optim.Optimizer) -> cooper.optim.CooperOptimizer:
-        import cooper
-
-        from layerdescent.core.problem import ExtraSGD
-
-        if not isinstance(primal, cooper.optim.ExtragradientOptimizer):
-            raise ConfigError(
-                f"solver.scheme = 'extrapolation' needs an extragradient primal optimizer (cooper.optim.ExtraAdam or ExtraSGD), "
-                f"got {type(primal).__name__}: set train.optimizer = 'adam' or 'sgd'"
-            )
-        dual = ExtraSGD(solver.problem.dual_groups(), lr=solver.options.dual_lr, maximize=True)  # the options allow SGD alone here
-        return cooper.optim.ExtrapolationConstrainedOptimizer(solver.problem.cmp, primal, dual)
-
-    def step(self, solver: PrimalDual, closure: Callable[[], Any] | None) -> Observation:
-        _required(closure, "extrapolation")
-        seen = solver.take()
-        if (dropped := solver.skip(seen)) is not None:
-            return dropped
-        solver.observe_step(seen)  # a window of one step (the options say so): always a dual gradient
-        solver.optimizer.primal_extrapolation_step()
-        solver.optimizer.dual_extrapolation_step()
-        solver.zero_grad()
-        closure()
-        solver.observe_step(solver.take())
-        solver.optimizer.primal_step()
-        solver.dual_step()
-        return seen
-
-
-SCHEMES: dict[str, type[Simultaneous]] = {
-    "simultaneous": Simultaneous,
-    "alternating": Alternating,
-    "alternating-primal-dual": AlternatingPrimalDual,
-    "extrapolation": Extrapolation,
-}
-
-
-def _required(closure: Callable[[], Any] | None, scheme: str) -> Callable[[], Any]:
-    if closure is None:
-        raise TypeError(
-            f"solver.scheme = {scheme!r} evaluates each batch twice: pass step(closure), a function that calls backward() on the batch again"
-        )
-    return closure
-
-
 class PrimalDual(Solver):
     """Gradient descent on the Lagrangian in the model, projected ascent in the multipliers: the base for dual methods.
 
@@ -289,18 +110,10 @@ class PrimalDual(Solver):
     enforces_constraints = True
 
     def __init__(self, options: PrimalDualOptions, problem: LayerwiseProblem) -> None:
-        import torch
-
         super().__init__(options, problem)
-        if type(self).objective is not Solver.objective:  # a subclass's objective is the CMP's loss, for Cooper's roll() too
-            problem.objective = self.objective
         self.max_multiplier = options.max_multiplier
         self.scheme = SCHEMES[options.scheme]()  # the strings of the config, as types from here on
-        self.dual_window = DualWindow.of(options.dual_every)
-        self._window = torch.zeros(problem.num_layers + 1)  # the sum of the steps' layer means since the last dual step
-        self._count = 0
-        self._window_violations: dict[str, torch.Tensor] | None = None  # a one-step window's violations, computed in its pass
-        self._tables: Tables = {}  # per-group sums and counts since the last dual step
+        self.dual_window = DualWindow.of(options.dual_every, problem.num_layers + 1)
 
     @classmethod
     def gradient_passes(cls, options: PrimalDualOptions) -> int:
@@ -353,93 +166,6 @@ class PrimalDual(Solver):
         if o.dual_optimizer == "nupi":
             return cooper.optim.nuPI(groups, lr=o.dual_lr, Kp=o.nupi_kp, Ki=o.nupi_ki, ema_nu=o.nupi_ema, maximize=True)
         return torch.optim.SGD(groups, lr=o.dual_lr, maximize=True, foreach=False)  # a few entries: the single-tensor step
-
-    # -- one micro-batch: one pass of the CMP ----------------------------------------------------
-
-    def primal_loss(self, means: Any) -> torch.Tensor:
-        return self.problem.primal_lagrangian(means)[0]
-
-    def forward(self, batch: Any, weight: float = 1.0) -> torch.Tensor:
-        import torch
-
-        means = _means(batch)
-        self._start(means, weight)
-        if not torch.is_grad_enabled():  # a pass that only counts (the dual pass of alternating-primal-dual): no Lagrangian
-            return super().forward(batch, weight)
-        return self.scheme.forward(self, batch, means, weight)
-
-    # -- the step, per scheme --------------------------------------------------------------------
-
-    def step(self, closure: Callable[[], Any] | None = None) -> Observation:
-        """The step of the scheme (``Simultaneous`` and the classes beside it): see docs/solvers.md for each one's order of calls."""
-        return self.scheme.step(self, closure)
-
-    def step_after_primal(self) -> Observation:
-        problem = self.outside_primal_step(self.options)
-        if problem:
-            raise ConfigError(f"dual_step() follows a primal step taken elsewhere, which {problem}: use step() for it")
-        return super().step_after_primal()
-
-    # -- the dual side ---------------------------------------------------------------------------
-
-    def observe_step(self, seen: Observation) -> bool:
-        from layerdescent.core.grouping import add_tables
-
-        if seen.tables:
-            self._tables = add_tables(self._tables, seen.tables)
-        if self.dual_window.steps == 1 and seen.violations and len(seen.violations) == len(self.problem.plain):
-            self.dual_gradient(seen.violations, self._tables)  # a one-step window: the step's own violations, from its pass
-            self._tables = {}
-            return True
-        self._window += seen.means.detach().to(self._window)
-        self._count += 1
-        self._window_violations = seen.violations if self._count == 1 else None
-        return self.dual_window.full(self._count) and self._window_dual_gradient()
-
-    def end_epoch(self) -> bool:
-        return self.dual_window.per_epoch and self._count > 0 and self._window_dual_gradient()
-
-    def _window_dual_gradient(self) -> bool:
-        """Put the window's dual gradient on the multipliers (the caller steps them); True."""
-        # The window holds expectations E[l_k] over its batches; specs are functions of them. A
-        # one-step window's violations are its step's, computed in its pass: they are not computed again.
-        import torch
-
-        violations = self._window_violations if self._count == 1 else None
-        if violations is None or len(violations) < len(self.problem.plain):  # none known, or a non-finite step's
-            with torch.no_grad():
-                violations = self.problem.violations((self._window / self._count).to(self.problem.device))
-        self.dual_gradient(violations, self._tables)
-        self._tables = {}
-        self._window.zero_()
-        self._count = 0
-        self._window_violations = None
-        return True
-
-    def dual_gradient(self, violations: dict[str, torch.Tensor], tables: Tables) -> None:
-        """Put the gradient of the dual Lagrangian on every multiplier: each plain constraint's violation, and each grouped one's per group seen.
-
-        ``violations`` are the window's (one entry per constraint name, detached); ``tables`` its
-        per-group sums and counts. The augmented Lagrangian's penalties grow here too. Override to
-        change what the multipliers ascend (``self.dual_parameters()`` names each one's tensor).
-        """
-        self.problem.put_dual_gradient(violations, tables)
-
-    def dual_parameters(self) -> dict[str, torch.nn.Parameter]:
-        """Each constraint's multiplier tensor, by name: what ``dual_gradient`` writes ``.grad`` of and ``dual_step`` steps."""
-        return {spec.name: self.problem.constraint(spec).multiplier.weight for spec in self.problem.specs}
-
-    def state_dict(self) -> dict[str, Any]:
-        state: dict[str, Any] = {"window": self._window.clone(), "count": self._count}
-        if self._tables:  # only runs with constraints held per level or per sample have them
-            state["group_window"] = {name: [sums.clone(), counts.clone()] for name, (sums, counts) in self._tables.items()}
-        return state
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self._window = state["window"].clone()
-        self._count = int(state["count"])
-        self._window_violations = None
-        self._tables = {name: (sums.clone(), counts.clone()) for name, (sums, counts) in state.get("group_window", {}).items()}
 
 
 @hookimpl

@@ -31,8 +31,9 @@ import torch
 from layerdescent.core.constraints import ConstraintSpec
 from layerdescent.core.divergence import multiplier_problem
 from layerdescent.core.grouping import LayerBatch
-from layerdescent.core.problem import LayerwiseProblem
-from layerdescent.core.solver import Observation, Solver
+from layerdescent.core.observation import Observation
+from layerdescent.core.problem import LayerwiseProblem, layer_means
+from layerdescent.core.solver import Solver
 from layerdescent.errors import ConfigError
 from layerdescent.options import build_solver_options
 from layerdescent.registry import Registry, get_registry
@@ -62,11 +63,11 @@ class LayerwiseUpdate:
         if (
             problem.groupings
             and solver_cls.enforces_constraints
+            and self.solver.dual_window is None
             and solver_cls.observe_groups is Solver.observe_groups
-            and solver_cls.observe_step is Solver.observe_step
         ):
             raise ConfigError(
-                f"solver {solver_cls.name!r} does not update multipliers held per level or per sample (it does not override Solver.observe_groups); drop levels and per_sample"
+                f"solver {solver_cls.name!r} does not update multipliers held per level or per sample (it has no dual window and does not override Solver.observe_groups); drop levels and per_sample"
             )
         self.solver.attach(optimizer)
         self.problem: LayerwiseProblem = problem  # the constraints' Cooper problem (multipliers, labels, groupings)
@@ -91,13 +92,13 @@ class LayerwiseUpdate:
 
         ``rows`` and ``levels`` say where each row came from, for constraints held per sample or per level.
         """
-        return self.solver.primal_loss(self._batch(losses, rows, levels, enforced_only=True))
+        return self.problem.primal_loss(self._batch(losses, rows, levels, enforced_only=True))
 
     def forward(
         self, losses: torch.Tensor, weight: float = 1.0, rows: torch.Tensor | None = None, levels: torch.Tensor | None = None
     ) -> torch.Tensor | None:
         """Count one micro-batch's losses toward this step (``weight``: its share) and return its primal loss, for a loop that runs ``backward`` itself (a Hugging Face ``Trainer``, a loss scaler); under ``torch.no_grad()`` it only counts and returns None."""
-        return self.solver.forward(self._batch(losses, rows, levels), weight)
+        return self.problem.forward(self._batch(losses, rows, levels), weight)
 
     def backward(
         self, losses: torch.Tensor, weight: float = 1.0, rows: torch.Tensor | None = None, levels: torch.Tensor | None = None
@@ -110,15 +111,15 @@ class LayerwiseUpdate:
         loss = self.forward(losses, weight, rows, levels)
         if loss is not None and loss.requires_grad:
             (loss if weight == 1.0 else loss * weight).backward()  # times 1 changes no gradient: one node less
-        return losses.detach().mean(dim=0) if losses.dim() == 2 and len(losses) else losses.detach()
+        return layer_means(losses.detach())
 
-    def observe(self, means: torch.Tensor, weight: float = 1.0) -> None:
+    def count(self, means: torch.Tensor, weight: float = 1.0) -> None:
         """Count L+1 layer means (detached) with ``weight`` toward this step, without a loss (a pass whose gradient is taken elsewhere)."""
-        self.solver.count(means.detach(), weight)
+        self.problem.count(means.detach(), weight)
 
-    def observed(self) -> Observation:
+    def observation(self) -> Observation:
         """This step's layer means and violations so far, over every rank, without stepping (step() checks them itself)."""
-        return self.solver.observed()
+        return self.solver.observation()
 
     def discard(self) -> None:
         """Drop this step: its counted losses and the model's gradients (a step a loop's own code refused, e.g. one fp16's scaler skipped)."""

@@ -22,7 +22,7 @@ from layerdescent.errors import ConfigError, DataError, PluginError
 from layerdescent.registry import Registry, get_registry
 from layerdescent.run.config import RunConfig, TrainConfig, check_depth
 from layerdescent.run.data import Rows
-from layerdescent.run.guard import build_task, calling
+from layerdescent.run.guard import build_task, calling, describe
 
 # Below this many parameters train.threads = 0 trains on one thread: on 2 CPUs lista's 50k-parameter model took
 # 5.5 ms an erm step on one thread and 7.1 ms on two, a 3.1M-parameter one 78 ms on one and 63 ms on two
@@ -90,20 +90,21 @@ class Session:
     schedule: CosineSchedule | None = None
     task: Any = None  # the task the model is for (its layer_losses, collate)
     config: RunConfig | None = None  # the run it was built for (batches() reads its seed, batch size and band)
+    who: str = "the task"  # how errors name the task and its plugin
+    band: tuple[float, ...] = (0.0,)  # the training perturbation levels (train.train_gamma)
 
     @property
     def problem(self) -> LayerwiseProblem:
         """The constraints' Cooper problem (multipliers, labels)."""
         return self.update.problem
 
-    def read_shard(
-        self, task: Any, shard: torch.Tensor, full: bool, level: int, band: tuple[float, ...], precision: str, who: str
-    ) -> tuple[torch.Tensor, LayerBatch | None]:
+    def read_shard(self, shard: torch.Tensor, level: int, full: bool) -> tuple[torch.Tensor, LayerBatch | None]:
         """This rank's layer means on its shard of a micro-batch (differentiable; the last layer's alone where a last-layer-only read sufficed), and the rows' LayerBatch where per-level or per-sample constraints need it.
 
         ``level`` indexes the training band; -1 takes the shard at every level of it. Under
         ``precision = "bf16"`` the forward pass runs in autocast and the losses leave it in float32.
         """
+        task, who, band, precision = self.task, self.who, self.band, self.config.train.precision
         width = len(self.labels)
         grouped = bool(self.update.problem.groupings)
         last_only = not (full or self.update.solver.trains_every_layer or grouped or level < 0)
@@ -146,33 +147,25 @@ class Session:
                 rows = LayerBatch(torch.zeros(0, width, device=self.device), shard, torch.zeros(0, dtype=torch.long))
         return means, rows
 
-    def backward(
-        self,
-        task: Any,
-        group: Sequence[torch.Tensor],
-        levels: Sequence[int],
-        full: bool,
-        band: tuple[float, ...],
-        train: TrainConfig,
-        who: str,
-    ) -> None:
+    def backward(self, group: Sequence[torch.Tensor], levels: Sequence[int], full: bool = True) -> None:
         """Backpropagate the primal loss of a step's micro-batches (this rank's shard of each) through the update, then average the gradients over ranks and clip them.
 
-        ``levels`` gives each micro-batch's level in ``band`` (-1: every level); ``full`` as ``read_shard``.
+        ``levels`` gives each micro-batch's level in the band (-1: every level); ``full`` as ``read_shard``.
         """
+        train, who = self.config.train, self.who
         total = sum(len(idx) for idx in group)
         world = self.world
         for idx, level in zip(group, levels):
             shard = idx.tensor_split(world.size)[world.rank] if world.size > 1 else idx
-            means, batch = self.read_shard(task, shard, full, level, band, train.precision, who)
+            means, batch = self.read_shard(shard, level, full)
             # this rank's share of the step, times the ranks: the update averages means and gradients over ranks, as under DDP
             weight = len(shard) / total * world.size
             # a plugin that changed its parameters in place after the forward pass fails here, named
-            with calling(who, "the backward pass through layer_losses"):
-                if batch is None:
-                    self.update.backward(means, weight)  # a rank whose shard is empty adds no gradient
-                else:  # per-level or per-sample constraints read each row's losses, index and level
-                    self.update.backward(batch.losses, weight, rows=batch.rows, levels=batch.levels)
+            # per-level or per-sample constraints read each row's losses, index and level; the others the layer means
+            loss = self.problem.forward(means if batch is None else batch, weight)
+            if loss is not None and loss.requires_grad:  # a rank whose shard is empty adds no gradient
+                with calling(who, "the backward pass through layer_losses"):
+                    (loss if weight == 1.0 else loss * weight).backward()  # times 1 changes no gradient: one node less
         if not torch.is_grad_enabled():  # a pass that only counts (a dual pass under no_grad)
             return
         if world.size > 1:  # their losses were weighted as DDP's are
@@ -240,4 +233,5 @@ def build_session(config: RunConfig, task: Any = None, registry: Registry | None
         **vars(solver.options),
     ).to(device)
     schedule = CosineSchedule(primal, train.epochs * epoch_steps(len(rows["train"]), train)[1]) if train.lr_schedule == "cosine" else None
-    return Session(rows, model, update, [f"l{k}" for k in range(task.num_layers + 1)], world, device, schedule, task, config)
+    labels = [f"l{k}" for k in range(task.num_layers + 1)]
+    return Session(rows, model, update, labels, world, device, schedule, task, config, describe(registry, config.task.name), train.band)

@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from layerdescent.core.divergence import diverged
-from layerdescent.core.solver import Observation
+from layerdescent.core.observation import Observation
 from layerdescent.core.update import LayerwiseUpdate
 from layerdescent.distributed import World
 from layerdescent.errors import DivergenceError
@@ -90,7 +90,6 @@ class Trainer:
         self.who = describe(self.registry, config.task.name)
         self.task = build_task(self.registry, config.task.name, config.task.options)
         check_depth(config, self.task.num_layers, self.registry)
-        self.band = config.train.band  # the training perturbation levels
         self.checkpoint_path, self.best_path = self.run_dir / "checkpoint.pt", self.run_dir / "best.pt"
 
     def setup(self) -> Session:
@@ -337,10 +336,10 @@ class Trainer:
         """
         update, train = session.update, self.config.train
         levels = list(levels) if levels is not None else [0] * len(group)
-        update.zero_grad()
-        session.backward(self.task, group, levels, full, self.band, train, self.who)
+        session.model.zero_grad()
+        session.backward(group, levels, full)
         # a scheme that evaluates the batch again (extragradient, or a dual pass after the primal step) re-runs the same micro-batches
-        seen = update.step(closure=lambda: session.backward(self.task, group, levels, True, self.band, train, self.who))
+        seen = update.step(closure=lambda: session.backward(group, levels))
         if seen.skipped and train.on_nonfinite != "skip":
             raise diverged(f"step {step}: {seen.skipped}", self.checkpoint_path.exists())
         if seen.stop:
