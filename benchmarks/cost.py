@@ -324,7 +324,8 @@ def measure(setup: Setup, rounds: int, steps: int, clock=time.perf_counter) -> d
                 loop = HandWrittenLoop(run)
                 steppers[name] = lambda idx, n, loop=loop: loop.step(idx)
             elif name == COOPER_ROLL:
-                steppers[name] = CooperRoll(run).step
+                roll = CooperRoll(run)
+                steppers[name], tables[name] = roll.step, multiplier_memory(roll.update)
             else:
                 session = run.setup()
                 rows = len(session.rows["train"])

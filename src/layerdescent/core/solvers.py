@@ -1,4 +1,4 @@
-"""Solvers: how a run turns layer losses into updates, each a registered plugin that owns its whole step, driven through Cooper.
+"""Solvers: how a run turns layer losses into updates, each a registered plugin that chooses its step, driven through Cooper.
 
 - ``erm``: minimize the last layer's loss; constraints are measured and logged, never enforced.
 - ``penalty``: minimize fixed weights times the layer losses (deep supervision).
@@ -9,10 +9,10 @@
 
 A solver declares its ``[solver]`` keys as a frozen dataclass ``Options`` (checked like every
 config table) and what the trainer and the report need as class attributes, so neither ever reads
-a solver's name. It builds its Cooper problem (the formulation), the model's optimizer (the
-scheme's), and takes each step: one pass per micro-batch, whose violations serve the primal
-Lagrangian, the non-finite check, the dual step and the log line. Third-party solvers register
-through the ``register_solvers`` hook.
+a solver's name. It builds its Cooper problem (the formulation), the model's optimizer and the
+multipliers' (the scheme's), and chooses its scheme and dual window; the step itself is the one
+``core/solver.py`` takes for every solver. Third-party solvers register through the
+``register_solvers`` hook.
 """
 
 from __future__ import annotations
