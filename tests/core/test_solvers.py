@@ -377,10 +377,10 @@ def test_a_step_with_a_non_finite_loss_is_not_taken_and_says_which_value(solver)
     seen = update.step()
     assert seen.skipped == "non-finite loss, l3 = nan" and seen.stop is None
     assert all(torch.equal(a, b) for a, b in zip(before, params)) and all(p.grad is None for p in params)
-    assert update.window_steps == 0 and torch.equal(update.multipliers()["descent"], torch.zeros(3))
+    assert update.line_steps == 0 and torch.equal(update.multipliers()["descent"], torch.zeros(3))
     update.zero_grad()
     update.backward(_losses(layers, head, x, y))
-    assert update.step().skipped is None and update.window_steps == 1  # the next step is taken as usual
+    assert update.step().skipped is None and update.line_steps == 1  # the next step is taken as usual
 
 
 def test_a_last_layer_read_alone_is_checked_on_that_layer_and_logged_as_it():

@@ -152,7 +152,7 @@ class LayerwiseProblem:
             for spec in self.specs
         ]
 
-    def dual_gradient(self, state: cooper.CMPState) -> None:
+    def put_dual_gradient(self, state: cooper.CMPState) -> None:
         """Put the gradient of Cooper's dual Lagrangian on each multiplier, replacing any there: the strict violation it observed."""
         # Both formulations' dual Lagrangian is lambda . g.detach() (Cooper's compute_dual_weighted_violation),
         # so its gradient in lambda is g itself; written directly it skips an autograd pass that cost

@@ -474,7 +474,7 @@ class Solver:
                 self._multipliers[spec.name].grad = violations[spec.name].clone()
         else:  # the augmented Lagrangian's penalty updater reads Cooper's constraint states
             state = problem.dual_state(violations)
-            problem.dual_gradient(state)
+            problem.put_dual_gradient(state)
             problem.grow_penalties(state)
         if problem.groupings:
             problem.grouped_dual_gradient(tables)

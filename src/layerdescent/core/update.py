@@ -73,7 +73,7 @@ class LayerwiseUpdate:
         self.problem: LayerwiseProblem = problem  # the constraints' Cooper problem (multipliers, labels, groupings)
         self.optimizer = self.solver.optimizer  # the solver's Cooper optimizer (the model's optimizer is its primal_optimizers[0])
         self.labels: dict[str, list[str]] = problem.labels  # each constraint's entry labels (l1<=l0, ...)
-        self._window = LogWindow(problem)
+        self._line = LogLine(problem)
         # the tensors the dual optimizer steps in place, checked after each step against the solver's bound (none: finiteness alone)
         self._multipliers = problem.multiplier_weights() if self.solver.enforces_constraints else []
         self._bound = self.solver.max_multiplier if self.solver.max_multiplier is not None else sys.float_info.max
@@ -159,9 +159,9 @@ class LayerwiseUpdate:
             return self.problem.violations(means)
 
     @property
-    def window_steps(self) -> int:
+    def line_steps(self) -> int:
         """Steps counted in the log line ``record()`` will return."""
-        return self._window.steps
+        return self._line.steps
 
     def record(self) -> dict[str, Any]:
         """The log line since the last call: layer losses, share of feasible steps, violations, and for constrained solvers multipliers, relaxations and penalties.
@@ -171,7 +171,7 @@ class LayerwiseUpdate:
         A per-sample constraint reports each entry's mean over the rows, and ``binding_rows``, the
         share of rows with a positive multiplier.
         """
-        out: dict[str, Any] = self._window.record() if self._window.steps else {}
+        out: dict[str, Any] = self._line.record() if self._line.steps else {}
         if self.solver.enforces_constraints:
             out["lambda"] = {k: _per_entry(v).tolist() for k, v in self.multipliers().items()}
             out["relaxation"] = {k: _per_entry(v).tolist() for k, v in self.relaxations().items()}
@@ -240,7 +240,7 @@ class LayerwiseUpdate:
         if seen.tables and bool(torch.isfinite(seen.means).all()):  # from the step's tables, summed over ranks
             with torch.no_grad():
                 grouped = {name: _per_entry(v, nan_safe=True) for name, v in self.problem.group_violations(seen.tables).items()}
-        self._window.add(seen.means, seen.violations, grouped)
+        self._line.add(seen.means, seen.violations, grouped)
         return seen
 
 
@@ -256,7 +256,7 @@ def _seen_mean(total: Any, seen: Any) -> list[float | None]:
     return [value if count else None for value, count in zip((total / seen.clamp(min=1)).tolist(), seen.tolist())]
 
 
-class LogWindow:
+class LogLine:
     """What one log line reports, over the steps since the last line: each step is kept as it came and folded in batches, off the step's path."""
 
     FOLD = 64  # steps kept before they are folded into the sums (bounds memory where no line is ever asked for)
@@ -311,13 +311,13 @@ class LogWindow:
         self._kept = []
 
     def record(self) -> dict[str, Any]:
-        """The window's layer losses, share of feasible steps and violations, after which it starts again."""
+        """The line's layer losses, share of feasible steps and violations, after which it starts again."""
         self._fold()
         full = max(self.full, 1)
         record: dict[str, Any] = {
             "loss": _seen_mean(self.loss, self.counts),  # null for a layer no step read (the last layer read alone)
             "feasible": self.feasible / full,
-            # an entry no step of the window observed (a level not drawn) logs null; the others their mean over the steps that saw them
+            # an entry no step of the line observed (a level not drawn) logs null; the others their mean over the steps that saw them
             "violation": {k: _seen_mean(v, self.seen[k]) for k, v in self.violation.items()},
         }
         self.reset()
