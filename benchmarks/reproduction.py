@@ -67,6 +67,7 @@ class Bench(NamedTuple):
     command: str = ""  # what made the runs, where it is not `layerdescent bench CONFIG` (a re-evaluation)
     superseded_by: str = ""  # the bench that replaced it; "" for a current one
     flags: str = ""  # what followed `layerdescent bench CONFIG --out RESULTS` for the main runs: the settings tuning adopted
+    workers: int | None = None  # runs trained at once, where no report of the bench remembers it
 
 
 BENCHES = {
@@ -172,6 +173,12 @@ class Pair(NamedTuple):
 
 def _falls(layer_loss: list[float]) -> tuple[int, int]:
     return sum(b < a for a, b in zip(layer_loss, layer_loss[1:])), len(layer_loss) - 1
+
+
+# Benches summarized by --summaries but judged by no claim (benchmarks/solvers.py tables this one)
+SUMMARIZED = {
+    "every primal-dual formulation and scheme on lista": Bench("results/lista_solvers", "lista_solvers.toml", "mse", False, workers=1)
+}
 
 
 def spec_for(root: Path, bench: Bench) -> BenchSpec:
@@ -592,6 +599,14 @@ def _why(pairs: list[Pair], claim: str) -> str:
     return "judged on the bench's constrained variants against the strongest baseline"
 
 
+def kept_plots(root: Path) -> set[Path]:
+    """The plots the committed record keeps (.gitignore): those the README, REPORT.md or a docs page links."""
+    pages = [root.parent / "README.md", root / "REPORT.md", *sorted((root.parent / "docs").glob("*.md"))]
+    return {
+        (page.parent / png).resolve() for page in pages if page.exists() for png in re.findall(r"\]\(([^)\s]+\.png)\)", page.read_text())
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("benchmarks/REPORT.md"))
@@ -600,16 +615,25 @@ def main() -> None:
     parser.add_argument("--summaries", action="store_true", help="regenerate every bench's summary.md and plots instead")
     args = parser.parse_args()
     if args.summaries:
-        for bench in BENCHES.values():
+        kept = kept_plots(args.root)
+        for bench in [*BENCHES.values(), *SUMMARIZED.values()]:
             folder = args.root / bench.results
             if any(folder.rglob("results.json")):
                 command = bench.command or " ".join(
                     filter(None, [f"layerdescent bench benchmarks/{bench.config} --out benchmarks/{bench.results}", bench.flags])
                 )
                 note = f"Runs made by `{command}`; this summary by `python benchmarks/reproduction.py --summaries` (the judging keys of benchmarks/{bench.config})."
-                print(
-                    f"wrote {write_report(folder, title=f'Bench {Path(bench.results).name}', note=note, spec=spec_for(args.root, bench))}"
+                # the page shows the plots the record keeps; it names the others, drawn beside it
+                shown = {path.name for path in kept if path.parent == folder.resolve()}
+                summary = write_report(
+                    folder,
+                    title=f"Bench {Path(bench.results).name}",
+                    note=note,
+                    spec=spec_for(args.root, bench),
+                    workers=bench.workers,
+                    shown=shown,
                 )
+                print(f"wrote {summary}")
         return
     current, earlier, sections, rows = [], [], [], {}
     for name, bench in BENCHES.items():

@@ -1,4 +1,4 @@
-"""The committed record stays small (plots only where the docs link them, each small; logs compressed; results under 50 MB) and current (the step path)."""
+"""The committed record stays small (plots only where the docs link them, each small; logs compressed; results under 50 MB), whole (a page shows only committed plots) and current (the step path)."""
 
 from __future__ import annotations
 
@@ -59,3 +59,13 @@ def test_the_committed_step_path_is_the_path_the_code_takes_and_stays_within_eig
         f"benchmarks/results/lista/step_path.md is stale (the code walks {line!r}): python benchmarks/step_path.py --all --show"
     )
     assert int(re.search(r"(\d+) returns", line).group(1)) <= 8  # issue 49: a simultaneous primal-dual step reads in one pass
+
+
+def test_every_plot_a_committed_page_shows_is_committed():
+    committed = set(tracked("benchmarks/results/**.png"))
+    for page in tracked("README.md", "benchmarks/**.md", "docs/**.md"):
+        for target in re.findall(r"\]\(([^)\s]+\.png)\)", (ROOT / page).read_text()):
+            shown = ((ROOT / page).parent / target).resolve().relative_to(ROOT).as_posix()
+            assert shown in committed, (
+                f"{page} shows {target}, which is not committed: python benchmarks/reproduction.py --summaries names it instead"
+            )

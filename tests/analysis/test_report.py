@@ -96,6 +96,15 @@ def test_write_report_writes_tables_and_all_plots(bench, tmp_path):
         assert f"]({name})" in text
 
 
+def test_a_report_shows_the_plots_it_is_told_to_and_names_the_others_it_drew(bench, tmp_path):
+    summary = write_report(bench, out=tmp_path / "report", shown={"traces.png"})
+    text = summary.read_text()
+    assert "![traces](traces.png)" in text and "](loss_vs_layer.png)" not in text
+    named = text.rstrip().splitlines()[-1]  # the plots close the page
+    assert named.startswith("Also drawn beside this page, not shown here: `loss_vs_layer.png`") and "`traces.png`" not in named
+    assert (tmp_path / "report" / "loss_vs_layer.png").stat().st_size > 0  # drawn all the same
+
+
 def test_write_report_defaults_to_the_root_directory(bench):
     assert write_report(bench) == bench / "summary.md"
 

@@ -16,6 +16,7 @@ pre-registered primary endpoints ``layerdescent.analysis.endpoints``.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Collection
 from pathlib import Path
 
 from layerdescent.analysis.endpoints import BenchSpec, parse_spec, spec_table
@@ -91,12 +92,19 @@ def _config(run_dir: Path) -> dict:
 
 
 def write_report(
-    root: Path, out: Path | None = None, title: str | None = None, note: str = "", workers: int | None = None, spec=None
+    root: Path,
+    out: Path | None = None,
+    title: str | None = None,
+    note: str = "",
+    workers: int | None = None,
+    spec=None,
+    shown: Collection[str] | None = None,
 ) -> Path:
     """Summarize every run under root into out/summary.md plus plots; return the summary's path.
 
     ``workers`` says how many runs trained at once, which the Cost section reports (None: unknown);
-    ``spec`` (``endpoints.BenchSpec``) names the bench's baselines, primary endpoints and tuning budgets.
+    ``spec`` (``endpoints.BenchSpec``) names the bench's baselines, primary endpoints and tuning budgets;
+    ``shown`` the plots summary.md shows (None: every one; it names the others, drawn beside it all the same).
     """
 
     root = Path(root)
@@ -118,7 +126,7 @@ def write_report(
         title = title or f"layerdescent report: {root.name}"
         tally: list[dict] = []
         status = plan_status(root, results, spec)
-        pub.write("summary.md", markdown(groups, results, title, images, note, workers, domains, spec, tally, status))
+        pub.write("summary.md", markdown(groups, results, title, images, note, workers, domains, spec, tally, status, shown))
         if spec.endpoints() or spec.searches:  # the declared plan, judged whole, and the tuning it ran: one page per bench
             views = {"test": (results, groups), **domains}
             pub.write("endpoints.md", endpoints_page(results, spec, views, tally, title, status, read_adopted(root)))

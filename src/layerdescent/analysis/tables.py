@@ -6,6 +6,7 @@ Over 400 lines: one function a table of summary.md; issue 47 moves the judging t
 from __future__ import annotations
 
 import math
+from collections.abc import Collection
 from pathlib import Path
 
 from layerdescent.analysis.endpoints import FAMILY_ALPHA, BenchSpec, decides_the_claim, judge, judge_cells, primary_cells, untuned
@@ -432,11 +433,13 @@ def markdown(
     spec=None,
     tally: list[dict] | None = None,
     status=None,
+    shown: Collection[str] | None = None,
 ) -> str:
     """The summary; ``domains`` maps each evaluation domain to its results view and their groups, ``spec`` the bench's judging keys.
 
     ``tally``, where given, receives every exploratory paired difference the tables show (for :func:`endpoints_page`);
-    ``status`` (``registration.PlanStatus``) says whether the runs were made under the plan they are judged by.
+    ``status`` (``registration.PlanStatus``) says whether the runs were made under the plan they are judged by;
+    ``shown`` names the plots the page shows (None: all), the others it names only.
     """
 
     spec = spec or BenchSpec()
@@ -497,7 +500,9 @@ def markdown(
     body += ["## Cost", "", "Each run's median step time. " + _cost_note(workers), ""]
     body += markdown_table(["label", "solver", "median step (ms)", f"× {_baseline_name()}"], rows)
     body += tuning_section(groups, spec) + provenance_section(results)
-    body += ["## Plots", ""] + [f"![{Path(i).stem}]({i})" for i in images]
+    body += ["## Plots", ""] + [f"![{Path(i).stem}]({i})" for i in images if shown is None or i in shown]
+    if unshown := [f"`{i}`" for i in images if shown is not None and i not in shown]:
+        body += [""] * (body[-1] != "") + [f"Also drawn beside this page, not shown here: {', '.join(unshown)}."]
     views = {"test": (results, groups), **(domains or {})}
     head = [f"# {title}", "", *([note, ""] if note else []), *_overview(groups, results)]
     if metrics:
