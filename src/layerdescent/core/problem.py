@@ -201,6 +201,12 @@ class LayerwiseProblem:
             )
         return lagrangian
 
+    def backward(self, batch: torch.Tensor | LayerBatch, weight: float = 1.0) -> None:
+        """Count one micro-batch toward the step and backpropagate ``weight`` x its primal loss (a pass under ``torch.no_grad()`` only counts)."""
+        loss = self.forward(batch, weight)
+        if loss is not None and loss.requires_grad:
+            (loss if weight == 1.0 else loss * weight).backward()  # times 1 changes no gradient: one node less
+
     def primal_loss(self, batch: torch.Tensor | LayerBatch) -> torch.Tensor:
         """One micro-batch's primal loss at the current multipliers (the objective where the constraints are not enforced); counts nothing."""
         if not self.enforced:

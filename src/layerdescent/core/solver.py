@@ -428,8 +428,7 @@ class Solver:
         seen = self.take()
         if (dropped := self.skip(seen)) is not None:
             return dropped
-        if seen.means is not None and self.count_step(seen):
-            self.dual_step()
+        self.scheme.after_primal(self, seen, None)  # a scheme that allows it steps lambda from this step's pass
         return seen
 
     # -- the dual side ---------------------------------------------------------------------------

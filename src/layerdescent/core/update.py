@@ -108,9 +108,7 @@ class LayerwiseUpdate:
         ``rows`` (each row's index in the training split) and ``levels`` (its level's index in the
         band) feed the constraints held per sample or per level.
         """
-        loss = self.forward(losses, weight, rows, levels)
-        if loss is not None and loss.requires_grad:
-            (loss if weight == 1.0 else loss * weight).backward()  # times 1 changes no gradient: one node less
+        self.problem.backward(self._batch(losses, rows, levels), weight)
         return layer_means(losses.detach())
 
     def count(self, means: torch.Tensor, weight: float = 1.0) -> None:

@@ -160,12 +160,10 @@ class Session:
             means, batch = self.read_shard(shard, level, full)
             # this rank's share of the step, times the ranks: the update averages means and gradients over ranks, as under DDP
             weight = len(shard) / total * world.size
-            # per-level or per-sample constraints read each row's losses, index and level; the others the layer means
-            loss = self.problem.forward(means if batch is None else batch, weight)
-            if loss is not None and loss.requires_grad:  # a rank whose shard is empty adds no gradient
-                # a plugin that changed its parameters in place after the forward pass fails here, named
-                with calling(who, "the backward pass through layer_losses"):
-                    (loss if weight == 1.0 else loss * weight).backward()  # times 1 changes no gradient: one node less
+            # a plugin that changed its parameters in place after the forward pass fails here, named
+            with calling(who, "the backward pass through layer_losses"):
+                # per-level or per-sample constraints read each row's losses, index and level; the others the layer means
+                self.problem.backward(means if batch is None else batch, weight)  # a rank whose shard is empty adds no gradient
         if not torch.is_grad_enabled():  # a pass that only counts (a dual pass under no_grad)
             return
         if world.size > 1:  # their losses were weighted as DDP's are
