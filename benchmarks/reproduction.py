@@ -37,8 +37,9 @@ import subprocess
 from pathlib import Path
 from typing import NamedTuple
 
-from layerdescent.analysis.endpoints import BenchSpec, decides_the_claim, parse_spec, primary_cells, split_views, versus_strongest
+from layerdescent.analysis.endpoints import BenchSpec, decides_the_claim, parse_spec
 from layerdescent.analysis.groups import baseline_group
+from layerdescent.analysis.judging import primary_cells, split_views, versus_strongest
 from layerdescent.analysis.report import (
     collect,
     comparisons,

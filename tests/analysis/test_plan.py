@@ -8,7 +8,8 @@ import pytest
 import tomli_w
 from helpers import REPO, three_solvers, write_run
 
-from layerdescent.analysis.endpoints import BenchSpec, Choice, Endpoint, judge, parse_spec, read_spec
+from layerdescent.analysis.endpoints import BenchSpec, Choice, Endpoint, parse_spec, read_spec
+from layerdescent.analysis.judging import judge
 from layerdescent.analysis.registration import LEDGER, changes
 from layerdescent.analysis.report import collect, write_report
 from layerdescent.analysis.stats import holm, paired_difference

@@ -40,26 +40,14 @@ loss rises), not tested. Every other paired difference is exploratory.
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from layerdescent.analysis.groups import (
-    KEPT_EPOCH,
-    baseline_group,
-    domain_mean_results,
-    domain_results,
-    kept_epoch_results,
-    mean_domains,
-    summarize,
-)
-from layerdescent.analysis.stats import holm, paired_difference
 from layerdescent.analysis.tuning import Search, parse_search, search_table
 from layerdescent.errors import ConfigError
 from layerdescent.registry import get_registry
 from layerdescent.run.config_file import read_toml
-from layerdescent.run.provenance import differ
-
-FAMILY_ALPHA = 0.05  # the family-wise error rate Holm's adjustment controls
 
 
 @dataclass(frozen=True)
@@ -76,25 +64,55 @@ class Primary:
 
 @dataclass(frozen=True)
 class Endpoint:
-    """One endpoint a plan declares by name: a variant's metric at one gamma on one split, against a baseline, in a family.
+    """One endpoint a plan declares by name: a variant's metric at one gamma (or over a γ range) on one split, against a baseline, in a family.
 
-    ``against`` is "strongest" (the named baselines' best mean there; better only where better than
-    each) or one variant's label. ``statistic`` "rising" describes instead of testing: the
-    transitions at which the mean (over seeds) per-layer test loss rises.
+    ``against`` is "strongest" (the named baselines' best mean there; the verdict must hold against
+    each) or one variant's label. ``test`` is "superiority" (two-sided: better, worse or no
+    difference), "non-inferiority" or "equivalence" within ``margin`` (a number in the metric's
+    units, or "2%" of the baseline's mean). ``aggregate`` "mean" or "area" makes a list of gammas one
+    endpoint: the mean over them, or the area under the curve by the trapezoid rule between the
+    first and the last. ``statistic`` "rising" counts each seed's rising transitions of the
+    per-layer loss: described (the mean loss's rises) unless ``test = "superiority"`` tests the
+    counts against the baseline's (the exact sign-flip test).
     """
 
     name: str
     variant: str
     metric: str = ""
     higher_is_better: bool = False
-    gamma: float = 0.0
+    gamma: float | tuple[float, ...] = 0.0
     on: str = "test"
     against: str = "strongest"
     family: str = "primary"
     statistic: str = "difference"
+    test: str = ""  # "" is the statistic's default: superiority for a difference, described for rising
+    margin: float | str | None = None
+    aggregate: str = ""  # "mean" or "area" over the gammas of a list; "" for one gamma
+
+    @property
+    def kind(self) -> str:
+        """The test the endpoint declares, its statistic's default where it names none."""
+        return self.test or ("described" if self.statistic == "rising" else "superiority")
+
+    @property
+    def tested(self) -> bool:
+        """Whether the endpoint is a test in its family (every difference, and a rising count that declares a test)."""
+        return self.kind != "described"
+
+    @property
+    def at(self) -> str:
+        """Where on the γ axis it reads, as a page says it: "0.5", "mean over γ 0.5, 1, 2", "area over γ 0.5–2"."""
+        if not self.aggregate:
+            return f"{self.gamma:g}"
+        if self.aggregate == "mean":
+            return "mean over γ " + ", ".join(f"{g:g}" for g in self.gamma)
+        return f"area over γ {self.gamma[0]:g}–{self.gamma[-1]:g}"
 
 
 STATISTICS = ("difference", "rising")
+TESTS = {"difference": ("superiority", "non-inferiority", "equivalence"), "rising": ("described", "superiority")}
+AGGREGATES = ("mean", "area")
+MAX_GAMMAS = 1000  # gammas in one endpoint's list: far above any evaluated grid, and a pasted array is refused before it is judged
 
 
 @dataclass(frozen=True)
@@ -142,7 +160,7 @@ class BenchSpec:
         """The family "primary" as one Primary (its metric, gammas, splits and variants, as plots and REPORT.md read it); None where none is declared."""
         if self.primary is not None:
             return self.primary
-        tested = [e for e in self.plan if e.family == "primary" and e.statistic == "difference"]
+        tested = [e for e in self.plan if e.family == "primary" and e.statistic == "difference" and not e.aggregate]
         if not tested:
             return None
         return Primary(
@@ -248,28 +266,95 @@ def _plan(table) -> tuple[Endpoint, ...]:
         missing = [k for k in needed if k not in e]
         if missing:
             raise ConfigError(f"{where} lacks {missing[0]!r} (a {statistic} endpoint needs {', '.join(needed)})")
-        for key in ("variant", "metric", "on", "against", "family"):
+        for key in ("variant", "metric", "on", "against", "family", "test", "aggregate"):
             if key in e and (not isinstance(e[key], str) or not e[key]):
                 raise ConfigError(f"{where}.{key} must be a non-empty string, got {e[key]!r}")
         if "higher_is_better" in e and not isinstance(e["higher_is_better"], bool):
             raise ConfigError(f"{where}.higher_is_better must be true or false")
-        gamma = e["gamma"]
-        if not isinstance(gamma, (int, float)) or isinstance(gamma, bool) or not gamma >= 0:
-            raise ConfigError(f"{where}.gamma must be one perturbation level >= 0, e.g. gamma = 0.5, got {gamma!r}")
-        endpoints.append(Endpoint(name=name, **{**e, "gamma": float(gamma)}))
+        if e.get("against") == e["variant"]:
+            raise ConfigError(f'{where}.against names the endpoint\'s own variant {e["variant"]!r}: name a baseline, or "strongest"')
+        test = e.get("test", TESTS[statistic][0])
+        if test not in TESTS[statistic]:
+            raise ConfigError(f"{where}.test must be one of {', '.join(TESTS[statistic])} for a {statistic} endpoint, got {test!r}")
+        _check_margin(where, test, e.get("margin"))
+        gamma = _gamma(where, e["gamma"], e.get("aggregate"), statistic)
+        endpoints.append(Endpoint(name=name, **{**e, "gamma": gamma}))
     return tuple(endpoints)
 
 
+def _level(value) -> bool:
+    """Whether a TOML value is one perturbation level: a finite number >= 0."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value >= 0
+
+
+def _gamma(where: str, gamma, aggregate, statistic: str) -> float | tuple[float, ...]:
+    """An endpoint's gamma: one level, or with ``aggregate`` the sorted distinct levels it aggregates over; ConfigError, one line."""
+    if aggregate is None:
+        if not _level(gamma):
+            raise ConfigError(f"{where}.gamma must be one perturbation level >= 0, e.g. gamma = 0.5, got {gamma!r}")
+        return float(gamma)
+    if aggregate not in AGGREGATES:
+        raise ConfigError(f"{where}.aggregate must be one of {', '.join(AGGREGATES)}, got {aggregate!r}")
+    if statistic != "difference":
+        raise ConfigError(f"{where}.aggregate: a {statistic} endpoint reads one gamma; aggregate a difference endpoint over a γ range")
+    if not isinstance(gamma, list) or not 2 <= len(gamma) <= MAX_GAMMAS or not all(_level(g) for g in gamma):
+        raise ConfigError(
+            f"{where}.gamma: aggregate {aggregate!r} needs a list of 2 to {MAX_GAMMAS} perturbation levels >= 0, "
+            "e.g. gamma = [0.5, 1.0, 2.0]"
+        )
+    levels = tuple(sorted({float(g) for g in gamma}))
+    if len(levels) != len(gamma):
+        raise ConfigError(f"{where}.gamma lists a level twice")
+    return levels
+
+
+def _check_margin(where: str, test: str, margin) -> None:
+    """A margin is declared exactly where the test needs one: a number > 0 in the metric's units, or "N%" of the baseline's mean."""
+    if test not in ("non-inferiority", "equivalence"):
+        if margin is not None:
+            raise ConfigError(f'{where}.margin belongs to a non-inferiority or equivalence test; add test = "non-inferiority"')
+        return
+    example = "margin = 0.005 (the metric's units) or margin = \"2%\" (of the baseline's mean)"
+    if margin is None:
+        raise ConfigError(f"{where}: a {test} test needs the margin it is judged within, declared before the runs: {example}")
+    if isinstance(margin, str):
+        number = margin.removesuffix("%")
+        try:
+            ok = margin.endswith("%") and 0 < float(number) < 100
+        except ValueError:
+            ok = False
+    else:
+        ok = isinstance(margin, (int, float)) and not isinstance(margin, bool) and math.isfinite(margin) and margin > 0
+    if not ok:
+        raise ConfigError(f"{where}.margin must be > 0: {example}, got {margin!r}")
+
+
+def margin_for(e: Endpoint, baseline_mean: float) -> float:
+    """The endpoint's margin in the metric's units, a relative one taken of the baseline's mean (its magnitude)."""
+    if isinstance(e.margin, str):
+        return float(e.margin.removesuffix("%")) / 100 * abs(baseline_mean)
+    return float(e.margin or 0.0)
+
+
 def _expanded(name: str, e: dict) -> list[tuple[str, dict]]:
-    """An endpoint table whose ``variant`` or ``gamma`` is a list, as one endpoint per (variant, gamma): "NAME VARIANT γ G"."""
+    """An endpoint table whose ``variant`` or ``gamma`` is a list, as one endpoint per (variant, gamma): "NAME VARIANT γ G".
+
+    A list of gammas with ``aggregate`` stays one endpoint, over them.
+    """
     variants, gammas = e.get("variant"), e.get("gamma")
+    if "aggregate" in e:
+        gammas = None
     if not isinstance(variants, list) and not isinstance(gammas, list):
         return [(name, e)]
     for key, values in (("variant", variants), ("gamma", gammas)):
         if isinstance(values, list) and not values:
             raise ConfigError(f"bench.plan.{name}.{key} is an empty list: name one or more")
+        if isinstance(values, list) and len(values) > MAX_GAMMAS:
+            raise ConfigError(f"bench.plan.{name}.{key} lists {len(values):,} values; at most {MAX_GAMMAS:,} (split the endpoint)")
+    if isinstance(gammas, list) and not all(_level(g) for g in gammas):
+        raise ConfigError(f"bench.plan.{name}.gamma must be perturbation levels >= 0, e.g. gamma = [0.5, 1.0], got {gammas!r}")
     variants = variants if isinstance(variants, list) else [variants]
-    gammas = gammas if isinstance(gammas, list) else [gammas]
+    gammas = gammas if isinstance(gammas, list) else [e.get("gamma")]
     return [
         (
             " ".join([name, *([str(v)] if len(variants) > 1 else []), *([f"γ {g:g}"] if len(gammas) > 1 else [])]),
@@ -285,7 +370,7 @@ def _choices(table, plan: tuple[Endpoint, ...]) -> tuple[Choice, ...]:
     example = '[bench.choice.depth] candidates = { "8" = "depth-rule-8", "12" = "depth-rule-12" }, otherwise = "12"'
     if not isinstance(table, dict) or not table or not all(isinstance(v, dict) for v in table.values()):
         raise ConfigError(f"bench.choice must hold one table per choice, e.g. {example}")
-    names = {e.name for e in plan if e.statistic == "difference"}
+    names = {e.name for e in plan if e.kind == "superiority"}
     choices = []
     for name, c in table.items():
         where = f"bench.choice.{name}"
@@ -352,7 +437,8 @@ def _endpoint_table(e: Endpoint) -> dict:
     """An endpoint as its plan table: the optional keys left out at their defaults, so a plan that spells one out hashes alike."""
     required = ("variant", "gamma") if e.statistic == "rising" else ("variant", "metric", "higher_is_better", "gamma")
     defaults = {f.name: f.default for f in dataclasses.fields(Endpoint)}
-    return {k: v for k, v in dataclasses.asdict(e).items() if k != "name" and (k in required or v != defaults[k])}
+    table = {k: v for k, v in dataclasses.asdict(e).items() if k != "name" and (k in required or v != defaults[k])}
+    return {**table, "gamma": list(e.gamma)} if e.aggregate else table
 
 
 def read_spec(path: str | Path) -> BenchSpec:
@@ -362,171 +448,3 @@ def read_spec(path: str | Path) -> BenchSpec:
     if not isinstance(bench, dict):
         raise ConfigError(f"{path} has no [bench] table: --bench names the bench file the runs were made from")
     return parse_spec(bench)
-
-
-def split_views(results: list[dict]) -> dict[str, tuple[list[dict], dict]]:
-    """Per evaluation set (``test`` first, then each domain), its results and their groups."""
-    views = {"test": results, **domain_results(results)}
-    return {name: (view, summarize(view)) for name, view in views.items()}
-
-
-def untuned(spec: BenchSpec, variant: str, baseline_label: str, baseline_solver: str) -> bool:
-    """Whether ``variant`` had tuning runs its baseline did not (erm, with no settings of its own, is never short of them)."""
-
-    options = getattr(get_registry().solvers.get(baseline_solver), "Options", None)
-    tunable = bool(options and dataclasses.is_dataclass(options) and dataclasses.fields(options))
-    return tunable and spec.tuning.get(variant, 0) > spec.tuning.get(baseline_label, 0)
-
-
-def judge_cells(
-    results: list[dict],
-    spec: BenchSpec,
-    variants: tuple[str, ...],
-    metric: str,
-    higher_is_better: bool,
-    gammas: tuple[float, ...],
-    splits: tuple[str, ...],
-    views: dict | None = None,
-) -> list[dict]:
-    """Each (variant, split, gamma) against the strongest named baseline there, as one family (see :func:`judge`)."""
-    endpoints = [
-        Endpoint(f"{v} on {s} at γ {g:g}", v, metric, higher_is_better, float(g), s) for v in variants for s in splits for g in gammas
-    ]
-    return judge(results, spec, endpoints, views)
-
-
-def judge(results: list[dict], spec: BenchSpec, endpoints, views: dict | None = None) -> list[dict]:
-    """Every endpoint judged, in order: Holm within each family, Bonferroni intervals (1 − α/m) over it; "rising" ones described.
-
-    An endpoint whose variant, split or gamma the runs lack is still counted in its family (m) and
-    marked missing, so an unfinished bench never looks like a smaller family.
-    """
-    views = dict(views if views is not None else split_views(results))
-    for e in endpoints:  # a mean over domains ("mean(carphone, bikes)"), or the kept epoch's validation, is a view of its own
-        if e.on not in views and (domains := mean_domains(e.on)):
-            view = domain_mean_results(results, domains)
-            views[e.on] = (view, summarize(view))
-        elif e.on == KEPT_EPOCH and e.on not in views:
-            view = kept_epoch_results(results)
-            views[e.on] = (view, summarize(view))
-    cells = [_cell(views.get(e.on), spec, e) for e in endpoints]
-    for family in dict.fromkeys(e.family for e in endpoints if e.statistic == "difference"):
-        members = [c for c, e in zip(cells, endpoints) if e.family == family and e.statistic == "difference"]
-        m = len(members)
-        adjusted = holm([c["difference"]["p"] if c.get("difference") else None for c in members])
-        for cell, p in zip(members, adjusted):
-            cell["p_holm"], cell["m"] = p, m
-            if not cell.get("difference"):
-                cell["verdict"] = "missing"
-                continue
-            d = cell["difference"]
-            better = p is not None and p <= FAMILY_ALPHA
-            if d["n"] < 2:  # one pair has no spread to judge by: no test, so no verdict either way
-                cell["verdict"] = "undecided: one seed"
-            else:
-                cell["verdict"] = ("better" if d["mean"] > 0 else "worse") if better else "no difference"
-            cell["simultaneous"] = paired_difference(cell["a"], cell["b"], level=1 - FAMILY_ALPHA / m)
-    return cells
-
-
-def _cell(view, spec: BenchSpec, e: Endpoint) -> dict:
-    """One endpoint's cell, signed so a difference > 0 favours the variant; without its runs, the bare cell (missing)."""
-    cell = {"name": e.name, "family": e.family, "statistic": e.statistic, "variant": e.variant, "split": e.on, "gamma": e.gamma}
-    if view is None or e.variant not in view[1] or not view[0]:
-        return {**cell, "metric": e.metric}
-    if e.statistic == "rising":
-        return {**cell, **rising(view[1], e.variant, e.gamma)}
-    against = None if e.against == "strongest" else (e.against,)
-    return {**cell, **versus_strongest(*view, spec, e.variant, e.gamma, e.metric, 1.0 if e.higher_is_better else -1.0, e.on, against)}
-
-
-def rising_transitions(layer_loss: list[float]) -> list[int]:
-    """The layers k at which the loss rises from layer k - 1 (layer 0 the input's); equal is no rise."""
-    return [k for k in range(1, len(layer_loss)) if layer_loss[k] > layer_loss[k - 1]]
-
-
-def rising(groups: dict, label: str, gamma: float) -> dict:
-    """The transitions l_{k-1} -> l_k at which ``label``'s mean (over seeds) per-layer test loss at ``gamma`` rises."""
-    record = groups[label]["gammas"].get(gamma)
-    if record is None:
-        return {}
-    loss = record["layer_loss"]["mean"]
-    return {"rises": rising_transitions(loss), "layer_loss": loss, "seeds": groups[label]["seeds"]}
-
-
-def versus_strongest(
-    results: list[dict],
-    groups: dict,
-    spec: BenchSpec,
-    variant: str,
-    gamma: float,
-    metric: str,
-    sign: float,
-    split: str = "test",
-    against: tuple[str, ...] | None = None,
-) -> dict:
-    """``variant`` against the named baseline with the best mean at ``gamma`` in its context, over the seeds both have.
-
-    The baselines are the groups of ``spec.baselines``' solvers nearest the variant, or the labels
-    ``against``. The values are signed by ``sign`` (-1 where lower is better) so that a difference
-    > 0 favours the variant. "Better" must hold against every baseline, not the strongest alone (an
-    intersection-union test: the difference's p is the largest of the baselines' p, and it is
-    distinct only when every baseline's interval is above 0), so that "holds" means "beats erm and
-    deep supervision"; ``decided_by`` names the baseline whose comparison gave the p.
-    ``cross_code`` says whether the two sides were made by different code, ``untuned`` whether the
-    variant had tuning runs the strongest baseline did not.
-    """
-
-    cell = {"variant": variant, "split": split, "gamma": gamma, "metric": metric}
-    value = {(r["label"], r["seed"], float(g["gamma"])): g["metrics"].get(metric) for r in results for g in r["gammas"]}
-    candidates = {}
-    labels = against if against is not None else [baseline_group(groups, variant, solver) for solver in spec.baselines]
-    for label in labels:
-        stats = groups[label]["gammas"].get(gamma, {}).get("metrics", {}).get(metric) if label in groups else None
-        if stats is not None:
-            candidates[label] = sign * stats["mean"]
-    own = groups[variant]["gammas"].get(gamma, {}).get("metrics", {}).get(metric)
-    if not candidates or own is None:
-        return cell
-    versus = {}
-    for label in candidates:
-        seeds = [
-            s
-            for s in sorted(set(groups[variant]["seeds"]) & set(groups[label]["seeds"]))
-            if value.get((variant, s, gamma)) is not None and value.get((label, s, gamma)) is not None
-        ]
-        a, b = [sign * value[variant, s, gamma] for s in seeds], [sign * value[label, s, gamma] for s in seeds]
-        versus[label] = (seeds, a, b, paired_difference(a, b) if seeds else None)
-    strongest = decided_by = max(candidates, key=candidates.get)
-    seeds, a, b, difference = versus[strongest]
-    if difference is not None and difference["mean"] > 0:
-        others = [d for _, _, _, d in versus.values()]
-        better_than_all = all(d is not None and d["distinct"] and d["mean"] > 0 for d in others)
-        worst_p = None if any(d is None or d["p"] is None or d["mean"] <= 0 for d in others) else max(d["p"] for d in others)
-        if worst_p is not None:
-            decided_by = max(versus, key=lambda label: versus[label][3]["p"])
-        difference = {**difference, "distinct": better_than_all, "p": worst_p}
-    made = {label: [] for label in (variant, strongest)}
-    for r in results:
-        if r["label"] in made and r["seed"] in seeds and "made_by" in r:
-            made[r["label"]].append(r["made_by"])
-    return {
-        **cell,
-        "baseline": strongest,
-        "baseline_solver": groups[strongest]["solver"],
-        "baselines": list(candidates),
-        "decided_by": decided_by,
-        "seeds": seeds,
-        "a": a,
-        "b": b,
-        "difference": difference,
-        "versus": {label: d for label, (_, _, _, d) in versus.items()},
-        "cross_code": differ(made[variant] + made[strongest]),
-        "untuned": untuned(spec, variant, strongest, groups[strongest]["solver"]),
-    }
-
-
-def primary_cells(results: list[dict], spec: BenchSpec, views: dict | None = None) -> list[dict]:
-    """The claim's families of the declared endpoints ("primary", "primary V2", ...), judged (empty for a bench that declares none)."""
-    cells = judge(results, spec, spec.endpoints(), views)
-    return [c for c in cells if decides_the_claim(c["family"]) and c["statistic"] == "difference"]

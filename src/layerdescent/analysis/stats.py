@@ -8,6 +8,8 @@ holm([0.01, 0.04, 0.03])                                         # -> [0.03, 0.0
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 from scipy import stats
 
@@ -56,3 +58,96 @@ def holm(pvalues: list[float | None]) -> list[float | None]:
 def excluding_zero_by_chance(cells: int, level: float = 0.95) -> float:
     """How many of ``cells`` independent null differences a ``level`` interval is expected to call distinct."""
     return cells * (1 - level)
+
+
+def one_sided_p(a, b, margin: float) -> float | None:
+    """The paired t test's one-sided p of "mean(a - b) > -margin" (non-inferiority within ``margin``); None where the pairs have no spread."""
+    d = np.asarray(a, dtype=float) - np.asarray(b, dtype=float)
+    scale = _spread(a, b)
+    return None if scale is None else float(stats.t.sf((float(d.mean()) + margin) / scale, len(d) - 1))
+
+
+def equivalence_p(a, b, margin: float) -> float | None:
+    """Two one-sided tests' p of "-margin < mean(a - b) < margin": the larger of the two; None where the pairs have no spread."""
+    lower, upper = one_sided_p(a, b, margin), one_sided_p(b, a, margin)
+    return None if lower is None else max(lower, upper)
+
+
+def _spread(a, b) -> float | None:
+    """The standard error of mean(a - b), or None where :func:`paired_difference` finds no spread to judge by."""
+    a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
+    d = a - b
+    if len(d) < 2 or np.ptp(d) <= 1e-6 * float(np.abs(np.concatenate([a, b])).max()):
+        return None
+    return float(d.std(ddof=1) / np.sqrt(len(d)))
+
+
+EXACT_SEEDS = 16  # up to this many pairs the sign-flip test enumerates every sign; beyond, a seeded sample of them
+
+
+def _signs(n: int) -> np.ndarray:
+    """Every vector of n signs (n <= EXACT_SEEDS), else 2^EXACT_SEEDS drawn with a fixed seed so the record stays byte-stable."""
+    if n <= EXACT_SEEDS:
+        return 1 - 2 * ((np.arange(2**n)[:, None] >> np.arange(n)) & 1)
+    return np.random.default_rng(0).choice([-1, 1], size=(2**EXACT_SEEDS, n))
+
+
+def sign_flip_p(d, shift: float = 0.0, signs: np.ndarray | None = None) -> float:
+    """The exact two-sided sign-flip (randomization) test's p of "mean(d) = shift" for paired differences ``d``."""
+    x = np.asarray(d, dtype=float) - shift
+    signs = _signs(len(x)) if signs is None else signs
+    observed = abs(x.sum())
+    # flipped sums that tie with the observed one count as extreme (up to rounding of the sum)
+    return float(np.mean(np.abs(signs @ x) >= observed - 1e-9 * max(1.0, np.abs(x).sum())))
+
+
+def sign_flip(a, b, level: float = 0.95) -> dict:
+    """Mean of a - b over paired seeds, the sign-flip test's p, and the interval that inverts it at ``level`` (±inf where no shift is refused).
+
+    For small counts (rising transitions per seed) a t test is no test: pairs that all differ by the
+    same count have no spread. The randomization test takes them as they are; with n pairs its
+    smallest p is 2 / 2^n, so it needs at least 6 seeds to decide at 0.05. The interval is the set
+    of shifts the test does not refuse at 1 - level, found by bisection from the mean outward (from
+    0 first where 0 is refused), so it excludes 0 exactly when p <= 1 - level.
+    """
+    d = np.asarray(a, dtype=float) - np.asarray(b, dtype=float)
+    n, mean = len(d), float(d.mean())
+    if n < 2:
+        return {"mean": mean, "low": None, "high": None, "n": n, "distinct": False, "p": None}
+    alpha, signs = 1 - level, _signs(n)
+    p = sign_flip_p(d, 0.0, signs)
+    refused = lambda shift: sign_flip_p(d, shift, signs) <= alpha
+    span = float(np.ptp(d)) + abs(mean) + 1.0
+    ends = []
+    for direction in (-1.0, 1.0):
+        inner, outer = mean, mean + direction * span  # beyond every d_i the signs are all alike: p is at its smallest
+        if refused(0.0) and direction * (0.0 - mean) > 0:
+            outer = 0.0
+        if not refused(outer):
+            ends.append(direction * math.inf)
+            continue
+        for _ in range(60):
+            middle = (inner + outer) / 2
+            inner, outer = (inner, middle) if refused(middle) else (middle, outer)
+        ends.append(inner)
+    low, high = ends
+    return {"mean": mean, "low": low, "high": high, "n": n, "distinct": low > 0 or high < 0, "p": p}
+
+
+def holm_levels(pvalues: list[float | None], alpha: float) -> list[float]:
+    """The level Holm's step-down tests each p at: α/(m − i) for the i-th rejection, α/(m − r) for every test it stops at (r rejected).
+
+    An interval at 1 − that level (or 1 − 2 · it for a one-sided test) excludes the null exactly
+    where Holm rejects, so a verdict and the interval beside it never disagree.
+    """
+    m = len(pvalues)
+    levels = [0.0] * m
+    order = sorted((p, i) for i, p in enumerate(pvalues) if p is not None)
+    rejected = 0
+    for rank, (p, i) in enumerate(order):
+        if p > alpha / (m - rank):
+            break
+        levels[i] = alpha / (m - rank)
+        rejected += 1
+    stop = alpha / (m - rejected) if rejected < m else alpha
+    return [level if level else stop for level in levels]

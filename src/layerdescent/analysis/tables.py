@@ -9,7 +9,7 @@ import math
 from collections.abc import Collection
 from pathlib import Path
 
-from layerdescent.analysis.endpoints import FAMILY_ALPHA, BenchSpec, decides_the_claim, judge, judge_cells, primary_cells, untuned
+from layerdescent.analysis.endpoints import BenchSpec, decides_the_claim
 from layerdescent.analysis.groups import (
     _all_gammas,
     _baseline_name,
@@ -21,6 +21,7 @@ from layerdescent.analysis.groups import (
     metric_names,
     role,
 )
+from layerdescent.analysis.judging import FAMILY_ALPHA, judge, judge_cells, primary_cells, untuned
 from layerdescent.analysis.stats import excluding_zero_by_chance, paired_difference
 from layerdescent.run.provenance import describe, differ
 
@@ -64,13 +65,16 @@ def format_stat(mean: float, spread: float | None = None, n: int = 1) -> str:
 
 
 def format_difference(d: dict) -> str:
-    """A paired difference as markdown: 'mean [low, high]' to the interval's precision, bold when it excludes 0."""
+    """A paired difference as markdown: 'mean [low, high]' to the interval's precision, bold when it excludes 0 (an unbounded side is ∞)."""
     bold = "**" if d["distinct"] else ""
     if d["low"] is None:
         return f"{d['mean']:+#.3g}" + (f" (alike in all {d['n']} pairs)" if d["n"] > 1 else "")
-    half = (d["high"] - d["low"]) / 2
-    last = _last_digit(half, max(abs(d["low"]), abs(d["high"]))) if half > 0 else _last_digit(abs(d["mean"]) or 1.0)
-    mean, low, high = (_at(v, last, sign=True) for v in (d["mean"], d["low"], d["high"]))
+    finite = [v for v in (d["low"], d["high"]) if math.isfinite(v)]
+    half = (d["high"] - d["low"]) / 2 if len(finite) == 2 else 0.0
+    last = _last_digit(half, max(abs(v) for v in finite)) if half > 0 else _last_digit(abs(d["mean"]) or 1.0)
+    mean, low, high = (
+        _at(v, last, sign=True) if math.isfinite(v) else f"{'+' if v > 0 else '-'}∞" for v in (d["mean"], d["low"], d["high"])
+    )
     return f"{bold}{mean} [{low}, {high}]{bold}"
 
 
@@ -219,24 +223,26 @@ def format_p(p: float | None) -> str:
 
 
 def family_rows(cells: list[dict], adjusted: bool = True) -> list[list[str]]:
-    """Table rows of judged cells: the difference from the strongest baseline, its interval, p (and Holm's p), the verdict, flags."""
+    """Table rows of judged cells: the deciding comparison's difference, its interval at Holm's level, p (and Holm's p), the verdict, flags."""
     rows = []
     for c in cells:
         d = c.get("simultaneous") if adjusted else c.get("difference")
+        where = c.get("at") or f"{c['gamma']:g}"
         if d is None:
-            rows.append([c["variant"], c["split"], f"{c['gamma']:g}", "–", "not run", "–", "–", "missing", ""])
+            rows.append([c["variant"], c["split"], where, "–", "not run", "–", "–", "missing", ""])
             continue
-        shown = format_difference({**d, "distinct": c["verdict"] in ("better", "worse")} if adjusted else d)
-        flags = ", ".join(
-            filter(None, ["different code" if c.get("cross_code") else "", f"{c['baseline']} untuned" if c.get("untuned") else ""])
-        )
+        decided = c.get("decided_by", c["baseline"])
+        shown = format_difference({**d, "distinct": c["verdict"] in DECIDED} if adjusted else d)
+        if c.get("test", "superiority") != "superiority":
+            shown += f", margin {c['margin']:.3g}"
+        flags = ", ".join(filter(None, ["different code" if c.get("cross_code") else "", f"{decided} untuned" if c.get("untuned") else ""]))
         verdict = c["verdict"] if adjusted else "exploratory"
         rows.append(
             [
                 c["variant"],
                 c["split"],
-                f"{c['gamma']:g}",
-                c["baseline"],
+                where,
+                decided if decided == c["baseline"] else f"{decided} (strongest: {c['baseline']})",
                 shown,
                 format_p(c["difference"]["p"]),
                 format_p(c.get("p_holm")) if adjusted else "–",
@@ -247,7 +253,8 @@ def family_rows(cells: list[dict], adjusted: bool = True) -> list[list[str]]:
     return rows
 
 
-FAMILY_HEADER = ["variant", "evaluated on", "γ", "strongest baseline", "Δ (> 0 favours the variant)", "p", "Holm p", "verdict", "flags"]
+DECIDED = ("better", "worse", "non-inferior", "equivalent")  # the verdicts Holm's test rejects its null for: shown in bold
+FAMILY_HEADER = ["variant", "evaluated on", "γ", "compared with", "Δ (> 0 favours the variant)", "p", "Holm p", "verdict", "flags"]
 
 
 def primary_section(results: list[dict], spec, views: dict, tally: list[dict], status=None) -> list[str]:
@@ -278,7 +285,7 @@ def primary_section(results: list[dict], spec, views: dict, tally: list[dict], s
     )
     lines = [heading, ""] + ([status.line(), ""] if changed else [])
     if p is None:  # the declared plan: every family is in endpoints.md, the claim's here
-        endpoints = [e for e in spec.endpoints() if decides_the_claim(e.family) and e.statistic == "difference"]
+        endpoints = [e for e in spec.endpoints() if decides_the_claim(e.family) and e.tested]
         for family in dict.fromkeys(e.family for e in endpoints):
             members = [(c, e) for c, e in zip(cells, endpoints) if e.family == family]
             lines += [
@@ -291,8 +298,8 @@ def primary_section(results: list[dict], spec, views: dict, tally: list[dict], s
         f"{p.metric} ({'higher' if p.higher_is_better else 'lower'} is better) of {', '.join(p.variants)} against the strongest of "
         f"{', '.join(spec.baselines)} at each cell (the baseline with the best mean there; better only where better than each), at γ {', '.join(f'{g:g}' for g in p.gammas)} "
         f"on {', '.join(p.splits)}: a family of {len(cells)}. p is the paired t test's over seeds; Holm p is adjusted over the family, "
-        f"and a cell is better or worse only where it is at most {FAMILY_ALPHA:g}; the interval is Bonferroni's "
-        f"({100 * (1 - FAMILY_ALPHA / max(len(cells), 1)):.3g}%, simultaneous over the family), **bold** where Holm decides.",
+        f"and a cell is better or worse only where it is at most {FAMILY_ALPHA:g}; the interval is the deciding comparison's at the "
+        "level Holm's step-down tested the cell at, so it excludes 0 exactly where Holm decides (**bold**).",
         "",
     ]
     lines += markdown_table(FAMILY_HEADER, family_rows(cells))
@@ -510,15 +517,20 @@ def markdown(
     return "\n".join(head + body) + "\n"
 
 
-PLAN_HEADER = ["endpoint", *(h if h != "strongest baseline" else "against" for h in FAMILY_HEADER), "decided by"]
+PLAN_HEADER = ["endpoint", *(h if h != "compared with" else "against" for h in FAMILY_HEADER)]
 
 
 def plan_rows(cells: list[dict], endpoints) -> list[list[str]]:
-    """Table rows of judged endpoints: the name and metric, the family row, and the baseline whose comparison gave the p."""
+    """Table rows of judged endpoints: the name, what it reads and its test, then the family row."""
     rows = []
-    for c, e, row in zip(cells, endpoints, family_rows(cells)):
-        decided = c.get("decided_by", "–") if c.get("difference") else "–"
-        rows.append([f"{e.name} ({e.metric}, {'higher' if e.higher_is_better else 'lower'} is better)", *row, decided])
+    for e, row in zip(endpoints, family_rows(cells)):
+        reads = (
+            "rising transitions, fewer is better"
+            if e.statistic == "rising"
+            else f"{e.metric}, {'higher' if e.higher_is_better else 'lower'} is better"
+        )
+        test = "" if e.kind == "superiority" else f"; {e.kind}"
+        rows.append([f"{e.name} ({reads}{test})", *row])
     return rows
 
 
@@ -534,8 +546,10 @@ def _exploratory_count(tally: list[dict]) -> str:
 
 def _family_note(m: int) -> str:
     return (
-        f"Holm-adjusted over the family's {m}; intervals Bonferroni's ({100 * (1 - FAMILY_ALPHA / max(m, 1)):.3g}%, simultaneous over it). "
-        f"Against the strongest, better must hold against each named baseline; *decided by* names the comparison whose p the cell carries."
+        f"Holm-adjusted over the family's {m}; each interval is at the level Holm's step-down tested its cell at "
+        f"(1 − {FAMILY_ALPHA:g}/(m − i) for the i-th rejection, the last step's level for the rest; 1 − 2 × that for a margin's "
+        "one-sided test), so a verdict and its interval never disagree. Against the strongest, the verdict must hold against each named "
+        "baseline; *against* names the comparison whose difference, interval and p the row shows."
     )
 
 
@@ -561,14 +575,14 @@ def endpoints_page(results: list[dict], spec, views: dict, tally: list[dict], ti
         _status_line(status),
         "",
     ]
-    tested = [(c, e) for c, e in zip(cells, endpoints) if e.statistic == "difference"]
+    tested = [(c, e) for c, e in zip(cells, endpoints) if e.tested]
     changed = status is not None and status.changed
     for family in dict.fromkeys(e.family for _, e in tested):
         members = [(c, e) for c, e in tested if e.family == family]
         role = "the claim" if decides_the_claim(family) else "secondary"
         lines += [f"## Family {family}: {role}{' (exploratory: the plan changed)' if changed else ''}", "", _family_note(len(members)), ""]
         lines += markdown_table(PLAN_HEADER, plan_rows([c for c, _ in members], [e for _, e in members]))
-    described = [(c, e) for c, e in zip(cells, endpoints) if e.statistic == "rising"]
+    described = [(c, e) for c, e in zip(cells, endpoints) if not e.tested]
     if described:
         lines += [
             "## Described, not tested: transitions where the mean per-layer test loss rises",
