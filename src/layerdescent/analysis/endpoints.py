@@ -25,16 +25,36 @@
     against = "strongest"                   # (default) the best-mean named baseline, better than each; or a variant label
                                             # variant or gamma may be a list: one endpoint each, "L1 VARIANT γ G"
 
+    [bench.plan.parity]                     # in-distribution parity is non-inferiority within a margin fixed before the runs
+    variant = "primal-dual"
+    metric = "accuracy"
+    higher_is_better = true
+    gamma = 0.0
+    test = "non-inferiority"                # or "equivalence" (two one-sided tests); default "superiority"
+    margin = "1%"                           # of the baseline's mean, or a number in the metric's units
+
+    [bench.plan.degradation]                # graceful degradation is one test over a γ range
+    variant = "primal-dual"
+    metric = "accuracy"
+    higher_is_better = true
+    gamma = [0.8, 1.6, 3.2]
+    aggregate = "area"                      # the trapezoid area under the curve from 0.8 to 3.2; or "mean" over the list
+
+    [bench.plan.descent]                    # descent tested: each seed's count of rising transitions against the baseline's
+    variant = "primal-dual"
+    gamma = 0.0
+    statistic = "rising"
+    test = "superiority"                    # without it, a rising endpoint is described (the mean loss's rises), not tested
+
     [bench.choice.depth]                    # a setting chosen by the plan's endpoints, in order of preference:
     candidates = { "8" = "depth-rule-8", "12" = "depth-rule-12" }   # the first whose verdict is "better" wins
     otherwise = "12"                        # where none is
 
-Each primary cell (variant x split x gamma) pairs the variant with the strongest baseline there, the
-one whose mean is best at that cell, over the seeds both have; the family's p-values are
-Holm-adjusted and its intervals are Bonferroni's (1 − 0.05/m), so a cell is "better" or "worse"
-only when its adjusted p is at most 0.05. A plan's other families are secondary, each adjusted
-within itself; an endpoint with ``statistic = "rising"`` is described (where the mean per-layer test
-loss rises), not tested. Every other paired difference is exploratory.
+Each endpoint pairs the variant with its baseline over the seeds both have and is one test in its
+family; Holm's step-down controls each family's error rate at 0.05 (analysis/judging.py). The family
+"primary" (or "primary NAME") decides the bench's claim; every other family is secondary. Every
+other paired difference a report shows is exploratory. `layerdescent plan --reference` prints every
+key of the bench file, generated from the meanings below.
 """
 
 from __future__ import annotations
@@ -44,6 +64,7 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from layerdescent.analysis.groups import KEPT_EPOCH
 from layerdescent.analysis.tuning import Search, parse_search, search_table
 from layerdescent.errors import ConfigError
 from layerdescent.registry import get_registry
@@ -88,6 +109,7 @@ class Endpoint:
     test: str = ""  # "" is the statistic's default: superiority for a difference, described for rising
     margin: float | str | None = None
     aggregate: str = ""  # "mean" or "area" over the gammas of a list; "" for one gamma
+    effect: float | str | None = None  # the smallest effect of interest a superiority test is powered for (the plan command)
 
     @property
     def kind(self) -> str:
@@ -184,6 +206,42 @@ class BenchSpec:
         )
 
 
+# The schema's words: each key a reader accepts, with its meaning (the plan reference is generated from these; a test
+# checks they name exactly the keys each table accepts).
+JUDGING_HELP = {
+    "baselines": 'solvers every constrained variant is paired with (default ["erm"]); none may enforce the constraints',
+    "primary": "the older form of the claim's family: metric, higher_is_better, gammas, variants, splits, adopted",
+    "plan": "the endpoints, one table each by name, in families (not with `primary`)",
+    "tuning": "per variant, the runs spent choosing its setting, or the search the tool runs ([bench.tuning.VARIANT])",
+    "choice": "settings chosen by the plan's own verdicts ([bench.choice.NAME])",
+}
+JUDGING_KEYS = set(JUDGING_HELP)
+ENDPOINT_HELP = {
+    "variant": "the variant judged (a list: one endpoint per variant)",
+    "metric": 'the metric the task reports, read at the gamma (not for `statistic = "rising"`)',
+    "higher_is_better": 'the metric\'s direction (not for `statistic = "rising"`: fewer rises is better)',
+    "gamma": "the perturbation level read (a list: one endpoint per gamma, or one over them with `aggregate`)",
+    "on": '"test" (default), an evaluation domain, "mean(a, b)" over domains, or "validation (kept epoch)"',
+    "against": '"strongest" (default: the named baselines, the verdict holding against each) or one variant\'s label',
+    "family": '"primary" (default) or "primary NAME" decide the claim; any other name is a secondary family; Holm within each',
+    "statistic": '"difference" (default) or "rising": each seed\'s count of rising transitions of the per-layer test loss',
+    "test": '"superiority" (default), "non-inferiority" or "equivalence" within `margin`; for "rising", "described" (default) or "superiority"',
+    "margin": "for non-inferiority and equivalence, fixed before the runs: a number in the metric's units, or \"2%\" of the baseline's mean",
+    "aggregate": '"mean" over the gammas listed, or "area": the trapezoid area under the curve from the first to the last',
+    "effect": "the smallest effect of interest of a superiority test, written as `margin` is: `layerdescent plan FILE --pilot DIR` gives its power",
+}
+PRIMARY_HELP = {
+    "metric": "the metric judged",
+    "higher_is_better": "its direction",
+    "gammas": "the perturbation levels, one cell each",
+    "splits": '"test" (default), evaluation domains, or "mean(a, b)"',
+    "variants": "the pre-registered variants, judged against the strongest baseline at each cell",
+    "adopted": "settings tuned afterwards, shown beside, never instead",
+}
+CHOICE_HELP = {
+    "candidates": "each value mapped to the tested endpoint that chooses it, the preferred first: the first judged better wins",
+    "otherwise": "the value chosen where no candidate's endpoint is better",
+}
 PRIMARY_KEYS = {f.name for f in dataclasses.fields(Primary)}
 ENDPOINT_KEYS = {f.name for f in dataclasses.fields(Endpoint)} - {"name"}
 
@@ -277,6 +335,12 @@ def _plan(table) -> tuple[Endpoint, ...]:
         if test not in TESTS[statistic]:
             raise ConfigError(f"{where}.test must be one of {', '.join(TESTS[statistic])} for a {statistic} endpoint, got {test!r}")
         _check_margin(where, test, e.get("margin"))
+        if "effect" in e and not _size(e["effect"]):
+            raise ConfigError(
+                f"{where}.effect must be > 0: a number in the metric's units, or \"2%\" of the baseline's mean, got {e['effect']!r}"
+            )
+        if "aggregate" in e and e.get("on") == KEPT_EPOCH:
+            raise ConfigError(f"{where}.aggregate: {KEPT_EPOCH!r} is read at the one gamma its runs validate at; drop aggregate")
         gamma = _gamma(where, e["gamma"], e.get("aggregate"), statistic)
         endpoints.append(Endpoint(name=name, **{**e, "gamma": gamma}))
     return tuple(endpoints)
@@ -317,23 +381,26 @@ def _check_margin(where: str, test: str, margin) -> None:
     example = "margin = 0.005 (the metric's units) or margin = \"2%\" (of the baseline's mean)"
     if margin is None:
         raise ConfigError(f"{where}: a {test} test needs the margin it is judged within, declared before the runs: {example}")
-    if isinstance(margin, str):
-        number = margin.removesuffix("%")
-        try:
-            ok = margin.endswith("%") and 0 < float(number) < 100
-        except ValueError:
-            ok = False
-    else:
-        ok = isinstance(margin, (int, float)) and not isinstance(margin, bool) and math.isfinite(margin) and margin > 0
-    if not ok:
+    if not _size(margin):
         raise ConfigError(f"{where}.margin must be > 0: {example}, got {margin!r}")
 
 
-def margin_for(e: Endpoint, baseline_mean: float) -> float:
-    """The endpoint's margin in the metric's units, a relative one taken of the baseline's mean (its magnitude)."""
-    if isinstance(e.margin, str):
-        return float(e.margin.removesuffix("%")) / 100 * abs(baseline_mean)
-    return float(e.margin or 0.0)
+def _size(value) -> bool:
+    """Whether a margin or effect is well formed: a finite number > 0, or "N%" with 0 < N < 100."""
+    if isinstance(value, str):
+        try:
+            return value.endswith("%") and 0 < float(value.removesuffix("%")) < 100
+        except ValueError:
+            return False
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0
+
+
+def margin_for(e: Endpoint, baseline_mean: float, size: float | str | None = None) -> float:
+    """The endpoint's margin (or another ``size`` written as one) in the metric's units, a relative one taken of the baseline's mean."""
+    size = e.margin if size is None else size
+    if isinstance(size, str):
+        return float(size.removesuffix("%")) / 100 * abs(baseline_mean)
+    return float(size or 0.0)
 
 
 def _expanded(name: str, e: dict) -> list[tuple[str, dict]]:

@@ -151,3 +151,25 @@ def holm_levels(pvalues: list[float | None], alpha: float) -> list[float]:
         rejected += 1
     stop = alpha / (m - rejected) if rejected < m else alpha
     return [level if level else stop for level in levels]
+
+
+def paired_power(effect: float, sd: float, n: int, alpha: float, one_sided: bool = False) -> float:
+    """The paired t test's power to find a true mean difference ``effect`` with ``n`` pairs whose differences spread by ``sd``.
+
+    One-sided (non-inferiority, ``effect`` the distance from the margin) at ``alpha``, else two-sided;
+    from the noncentral t distribution, as G*Power and R's power.t.test compute it.
+    """
+    if n < 2:
+        return 0.0
+    if sd <= 0:
+        return 1.0 if effect > 0 else 0.0
+    df, ncp = n - 1, effect * math.sqrt(n) / sd
+    if one_sided:
+        return float(stats.nct.sf(stats.t.ppf(1 - alpha, df), df, ncp))
+    critical = stats.t.ppf(1 - alpha / 2, df)
+    return float(stats.nct.sf(critical, df, ncp) + stats.nct.cdf(-critical, df, ncp))
+
+
+def seeds_for_power(effect: float, sd: float, alpha: float, one_sided: bool = False, power: float = 0.8, most: int = 1000) -> int | None:
+    """The fewest pairs that give ``power`` (None where even ``most`` do not)."""
+    return next((n for n in range(2, most + 1) if paired_power(effect, sd, n, alpha, one_sided) >= power), None)

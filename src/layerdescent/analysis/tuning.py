@@ -41,7 +41,21 @@ from layerdescent.run.files import write_atomic
 
 ADOPTED = "tuning.json"
 TIE = 1e-9  # criterion values this close are a tie, decided by the trials' order
-SEARCH_KEYS = {"trials", "space", "criterion", "gamma", "higher_is_better", "qualify", "seed", "gammas", "name", "labels", "takes", "tie"}
+SEARCH_HELP = {
+    "trials": "a list of settings, each a table of dotted config keys, in order of preference (or `space`)",
+    "space": "a grid: dotted config keys mapped to lists of values, every combination a trial (or `trials`)",
+    "criterion": '"loss" (the last layer\'s validation loss), "best_val_loss" (the kept epoch\'s, during training) or a metric the task reports',
+    "gamma": "the validation perturbation level the criterion is read at",
+    "higher_is_better": "the criterion's direction",
+    "qualify": '"any" (default), or "binds": only a setting whose multipliers bind at the end',
+    "seed": "the tuning runs' seed (default 100)",
+    "gammas": "the tuning runs' validation grid (default [gamma])",
+    "name": "the trials' label stem, tune-NAME,... (default: the variant's)",
+    "labels": "each trial's label after the stem (default: its KEY=VALUE pairs)",
+    "takes": "other variants trained at the adopted settings too",
+    "tie": "criterion values this close are a tie, decided by the trials' order (default 1e-9)",
+}
+SEARCH_KEYS = set(SEARCH_HELP)
 BEST_VAL_LOSS = "best_val_loss"  # the criterion read from training: the kept epoch's last-layer validation loss
 QUALIFY = ("any", "binds")
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from layerdescent.analysis.endpoints import BenchSpec, parse_spec
+from layerdescent.analysis.endpoints import JUDGING_KEYS, BenchSpec, parse_spec
 from layerdescent.analysis.groups import KEPT_EPOCH, mean_domains
 from layerdescent.analysis.tuning import BEST_VAL_LOSS, decision_for, read_adopted
 from layerdescent.bench.executors import (
@@ -94,7 +94,13 @@ def _check_variant_name(name: Any) -> str:
     return name
 
 
-BENCH_KEYS = {"seeds", "variants", "grid", "executor", "baselines", "primary", "plan", "tuning"}
+RUN_HELP = {
+    "seeds": "the seeds every variant runs at (default [0]); a variant may list its own",
+    "variants": "one table of config overrides per variant, by its label: [bench.variants.NAME]",
+    "grid": "dotted config keys mapped to lists of values: every variant crossed with every combination",
+    "executor": 'where the runs train: name = "local" (default), "ray" or "slurm", and that executor\'s options',
+}
+BENCH_KEYS = set(RUN_HELP) | JUDGING_KEYS  # what runs, and what judges them
 
 
 def blame(line: str, variant: str, overrides: list[str], own: set[str]) -> str:
@@ -109,8 +115,14 @@ def blame(line: str, variant: str, overrides: list[str], own: set[str]) -> str:
     return f"{variant}: {line}"
 
 
-def plan(path: str | Path, out: str | Path, overrides: list[str] = (), registry: Registry | None = None) -> list[BenchRun]:
-    """Validate every run of a bench file before any of them trains."""
+def plan(
+    path: str | Path, out: str | Path, overrides: list[str] = (), registry: Registry | None = None, build_tasks: bool = True
+) -> list[BenchRun]:
+    """Validate every run of a bench file before any of them trains; ``build_tasks=False`` checks all but what needs the task built.
+
+    Without the tasks (``bench --status``, ``report --bench``: no assets needed) the depth and the
+    metrics a task reports go unchecked; every key, variant, gamma and domain a plan names still is.
+    """
     data = apply_overrides(read_toml(path), list(overrides))
     bench = data.pop("bench", None)
     if not isinstance(bench, dict):
@@ -154,9 +166,10 @@ def plan(path: str | Path, out: str | Path, overrides: list[str] = (), registry:
             config = config_from_dict(merged, registry)
             # the depth needs the built task; variants mostly share one, so it is built once each
             key = repr(sorted(config.task.options.items())) + config.task.name
-            if key not in tasks:
+            if build_tasks and key not in tasks:
                 tasks[key] = build_task(registry, config.task.name, config.task.options)
-            check_depth(config, tasks[key].num_layers, registry)
+            if build_tasks:
+                check_depth(config, tasks[key].num_layers, registry)
             check_trackers(config.train, registry)
         except ConfigError as exc:
             lines = (blame(line.removeprefix("--set "), f"bench.variants.{name}", overrides, own) for line in str(exc).splitlines())
@@ -219,6 +232,7 @@ def _check_plan(plan, runs: list[BenchRun], tasks: dict) -> None:
             continue
         metric = e.metric if e.statistic == "difference" else None
         _check_reads(runs, tasks, (e.variant, e.against), metric, e.on, f"bench.plan.{e.name}.metric", f"bench.plan.{e.name}.on")
+        _check_gammas(runs, e)
 
 
 def _check_kept_epoch(runs: list[BenchRun], e) -> None:
@@ -243,13 +257,13 @@ def _check_primary(primary, runs: list[BenchRun], tasks: dict) -> None:
 
 
 def _check_reads(runs: list[BenchRun], tasks: dict, variants, metric: str | None, split: str, metric_key: str, split_key: str) -> None:
-    """The runs of ``variants`` report ``metric`` (None: any) and are evaluated on ``split``: test, one of their domains or a mean of them."""
+    """The runs of ``variants`` report ``metric`` (None: any; unchecked without the built ``tasks``) and are evaluated on ``split``: test, one of their domains or a mean of them."""
     for run in runs:
         if run.variant not in variants:
             continue
-        task = tasks[repr(sorted(run.config.task.options.items())) + run.config.task.name]
-        metrics = list(task.metrics().keys())
-        if metric is not None and metric not in metrics:
+        task = tasks.get(repr(sorted(run.config.task.options.items())) + run.config.task.name)
+        metrics = list(task.metrics().keys()) if task is not None else []
+        if metric is not None and task is not None and metric not in metrics:
             raise ConfigError(
                 f"{metric_key}: {metric!r} is not a metric of task {run.config.task.name!r} (it reports: {', '.join(metrics) or 'none'})"
             )
@@ -258,6 +272,19 @@ def _check_reads(runs: list[BenchRun], tasks: dict, variants, metric: str | None
                 raise ConfigError(
                     f"{split_key}: variant {run.variant!r} is not evaluated on {name!r} (test, one of its eval.domains "
                     f'or a mean of them, "mean(a, b)": {", ".join(run.config.eval.domains) or "no domains"})'
+                )
+
+
+def _check_gammas(runs: list[BenchRun], e) -> None:
+    """Each gamma an endpoint reads is one its variant's and its baseline's main runs are evaluated at."""
+    for run in runs:
+        if run.trial_of is None and run.variant in (e.variant, e.against):
+            evaluated = [float(g) for g in run.config.eval.gammas]
+            missing = next((g for g in (e.gamma if e.aggregate else (e.gamma,)) if g not in evaluated), None)
+            if missing is not None:
+                raise ConfigError(
+                    f"bench.plan.{e.name}.gamma: variant {run.variant!r} is not evaluated at γ {missing:g} "
+                    f"(its eval.gammas: {', '.join(f'{g:g}' for g in evaluated)})"
                 )
 
 

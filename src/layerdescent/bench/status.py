@@ -56,7 +56,7 @@ def bench_status(
     path: str | Path, out: str | Path, overrides: list[str] = (), only: list[str] = (), registry: Registry | None = None
 ) -> list[tuple[BenchRun, str, str]]:
     """Every run of the bench (those ``only`` selects) with its :func:`run_state`; trains and writes nothing."""
-    return [(run, *run_state(run, registry)) for run in select(plan(path, out, overrides, registry), list(only))]
+    return [(run, *run_state(run, registry)) for run in select(plan(path, out, overrides, registry, build_tasks=False), list(only))]
 
 
 def time_left(runs: list[tuple[BenchRun, str, str]]) -> tuple[float, int, int] | None:

@@ -11,7 +11,11 @@ from layerdescent.commands import Command
 def run(args: argparse.Namespace) -> int:
     from layerdescent.analysis.endpoints import read_spec
     from layerdescent.analysis.report import write_report
+    from layerdescent.bench.plan import plan
+    from layerdescent.run.config_file import read_toml
 
+    if args.bench and "variants" in (read_toml(args.bench).get("bench") or {}):
+        plan(args.bench, args.run_dir, build_tasks=False)  # the bench file is checked as `bench` checks it, before anything is written
     summary = write_report(Path(args.run_dir), Path(args.out) if args.out else None, spec=read_spec(args.bench) if args.bench else None)
     print(summary.read_text() if args.print else f"summary: {summary}")
     return 0
