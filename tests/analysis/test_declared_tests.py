@@ -226,3 +226,18 @@ def test_a_bad_declared_test_is_one_line(endpoint, message):
     with pytest.raises(ConfigError, match="^" + message.replace(".", r"\.").replace("(", r"\(")) as caught:
         parse_spec({"plan": {"P": endpoint}})
     assert "\n" not in str(caught.value)
+
+
+def test_an_endpoint_reports_rliables_iqm_and_probability_of_improvement_beside_its_test(tmp_path):
+    erm = [[0.5] * 4, [0.52] * 4, [0.51] * 4, [0.49] * 4, [0.6] * 4]
+    pd = [[0.48] * 4, [0.515] * 4, [0.50] * 4, [0.47] * 4, [0.45] * 4]
+    runs(tmp_path / "runs", {"erm": erm, "primal-dual": pd})
+    page = report(tmp_path, {"P": {**PARITY, "test": "superiority", "also": ["iqm", "probability of improvement"]}})
+    a, b = [-x[0] for x in pd], [-x[0] for x in erm]
+    # by hand: the middle half of five values is the middle three; of the 25 pairs, a tie (0.5 and 0.5) counts half
+    iqm_by_hand = np.mean(sorted(a)[1:4]) - np.mean(sorted(b)[1:4])
+    poi_by_hand = np.mean([(x > y) + 0.5 * (x == y) for x in a for y in b])
+    rows = {line.split("|")[3].strip(): line for line in page.splitlines() if line.startswith("| P |")}
+    assert f"{iqm_by_hand:+.3g} [" in rows["iqm"] and f"{poi_by_hand:+.3g} [" in rows["probability of improvement"]
+    again = report(tmp_path, {"P": {**PARITY, "test": "superiority", "also": ["iqm", "probability of improvement"]}})
+    assert again == page  # seeded: the record regenerates byte for byte

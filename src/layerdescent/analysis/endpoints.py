@@ -65,6 +65,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from layerdescent.analysis.groups import KEPT_EPOCH
+from layerdescent.analysis.stats import ESTIMATES
 from layerdescent.analysis.tuning import Search, parse_search, search_table
 from layerdescent.errors import ConfigError
 from layerdescent.registry import get_registry
@@ -110,6 +111,7 @@ class Endpoint:
     margin: float | str | None = None
     aggregate: str = ""  # "mean" or "area" over the gammas of a list; "" for one gamma
     effect: float | str | None = None  # the smallest effect of interest a superiority test is powered for (the plan command)
+    also: tuple[str, ...] = ()  # estimates reported beside the test (stats.ESTIMATES): rliable's IQM, probability of improvement
 
     @property
     def kind(self) -> str:
@@ -228,6 +230,7 @@ ENDPOINT_HELP = {
     "test": '"superiority" (default), "non-inferiority" or "equivalence" within `margin`; for "rising", "described" (default) or "superiority"',
     "margin": "for non-inferiority and equivalence, fixed before the runs: a number in the metric's units, or \"2%\" of the baseline's mean",
     "aggregate": '"mean" over the gammas listed, or "area": the trapezoid area under the curve from the first to the last',
+    "also": 'estimates shown beside the test, not tests: "iqm" (difference of interquartile means) and "probability of improvement", each with a seeded stratified-bootstrap 95% interval',
     "effect": "the smallest effect of interest of a superiority test, written as `margin` is: `layerdescent plan FILE --pilot DIR` gives its power",
 }
 PRIMARY_HELP = {
@@ -335,6 +338,15 @@ def _plan(table) -> tuple[Endpoint, ...]:
         if test not in TESTS[statistic]:
             raise ConfigError(f"{where}.test must be one of {', '.join(TESTS[statistic])} for a {statistic} endpoint, got {test!r}")
         _check_margin(where, test, e.get("margin"))
+        also = e.get("also", [])
+        if (
+            not isinstance(also, list)
+            or any(x not in ESTIMATES for x in also)
+            or (not e.get("statistic", "difference") == "difference" and also)
+        ):
+            raise ConfigError(
+                f"{where}.also must list estimates of a difference endpoint among {', '.join(map(repr, ESTIMATES))}, got {also!r}"
+            )
         if "effect" in e and not _size(e["effect"]):
             raise ConfigError(
                 f"{where}.effect must be > 0: a number in the metric's units, or \"2%\" of the baseline's mean, got {e['effect']!r}"
@@ -342,7 +354,7 @@ def _plan(table) -> tuple[Endpoint, ...]:
         if "aggregate" in e and e.get("on") == KEPT_EPOCH:
             raise ConfigError(f"{where}.aggregate: {KEPT_EPOCH!r} is read at the one gamma its runs validate at; drop aggregate")
         gamma = _gamma(where, e["gamma"], e.get("aggregate"), statistic)
-        endpoints.append(Endpoint(name=name, **{**e, "gamma": gamma}))
+        endpoints.append(Endpoint(name=name, **{**e, "gamma": gamma, "also": tuple(also)}))
     return tuple(endpoints)
 
 
@@ -505,6 +517,7 @@ def _endpoint_table(e: Endpoint) -> dict:
     required = ("variant", "gamma") if e.statistic == "rising" else ("variant", "metric", "higher_is_better", "gamma")
     defaults = {f.name: f.default for f in dataclasses.fields(Endpoint)}
     table = {k: v for k, v in dataclasses.asdict(e).items() if k != "name" and (k in required or v != defaults[k])}
+    table = {**table, "also": list(e.also)} if e.also else table
     return {**table, "gamma": list(e.gamma)} if e.aggregate else table
 
 

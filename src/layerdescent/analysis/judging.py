@@ -26,7 +26,16 @@ from layerdescent.analysis.groups import (
     mean_domains,
     summarize,
 )
-from layerdescent.analysis.stats import equivalence_p, holm, holm_levels, one_sided_p, paired_difference, sign_flip
+from layerdescent.analysis.stats import (
+    ESTIMATES,
+    bootstrap_interval,
+    equivalence_p,
+    holm,
+    holm_levels,
+    one_sided_p,
+    paired_difference,
+    sign_flip,
+)
 from layerdescent.registry import get_registry
 from layerdescent.run.provenance import differ
 
@@ -89,6 +98,7 @@ def judge(results: list[dict], spec: BenchSpec, endpoints, views: dict | None = 
                 continue
             cell["simultaneous"] = _interval(e, cell["a"], cell["b"], level)
             cell["verdict"] = _verdict(e, cell, p)
+            cell["also"] = {name: bootstrap_interval(ESTIMATES[name], cell["a"], cell["b"]) for name in e.also}
     return cells
 
 

@@ -582,6 +582,7 @@ def endpoints_page(results: list[dict], spec, views: dict, tally: list[dict], ti
         role = "the claim" if decides_the_claim(family) else "secondary"
         lines += [f"## Family {family}: {role}{' (exploratory: the plan changed)' if changed else ''}", "", _family_note(len(members)), ""]
         lines += markdown_table(PLAN_HEADER, plan_rows([c for c, _ in members], [e for _, e in members]))
+    lines += _estimates(tested)
     described = [(c, e) for c, e in zip(cells, endpoints) if not e.tested]
     if described:
         lines += [
@@ -609,6 +610,26 @@ def endpoints_page(results: list[dict], spec, views: dict, tally: list[dict], ti
     lines += _decisions(decisions or {})
     lines += ["## Everything else: exploratory", "", _exploratory_count(tally), ""]
     return "\n".join(lines)
+
+
+def _estimates(tested: list[tuple[dict, object]]) -> list[str]:
+    """Markdown: the estimates endpoints report beside their tests (``also``), on the deciding comparison's seeds."""
+    rows = [
+        [e.name, c.get("decided_by", "–"), name, f"{d['value']:+.3g} [{d['low']:+.3g}, {d['high']:+.3g}]"]
+        for c, e in tested
+        for name, d in c.get("also", {}).items()
+    ]
+    if not rows:
+        return []
+    return [
+        "## Also reported beside the tests: estimates, not tests",
+        "",
+        "rliable's estimates on each endpoint's deciding comparison (signed so > 0, or a probability above 0.5, favours the variant), "
+        "with 95% percentile intervals over 2000 stratified bootstrap resamples (each side's seeds resampled on their own, seeded: the "
+        "same on every run). `iqm`: the difference of interquartile means; `probability of improvement`: P(variant > baseline).",
+        "",
+        *markdown_table(["endpoint", "against", "estimate", "value [95% interval]"], rows),
+    ]
 
 
 def _largest_rise(loss: list[float], rises: list[int]) -> str:
