@@ -51,7 +51,7 @@ def test_bench_trains_the_trials_before_the_variants_runs_adopts_the_best_on_val
     assert decide(parse_search("primal-dual", SEARCH), out) == decision
     assert "| primal-dual | 2 |" in (out / "summary.md").read_text()  # the budget a report states is the trials'
     page = (out / "endpoints.md").read_text()
-    assert f"### primal-dual: 2 trials × 1 seed = 2 runs on validation, adopted solver.dual_lr = {float(best)!r}" in page
+    assert f"### primal-dual: 2 trials on validation, adopted solver.dual_lr = {float(best)!r}" in page
     assert f"| tune-primal-dual,dual_lr={best} | {trials[best]['gammas'][0]['layer_loss'][-1]:.6g} | yes |" in page
 
 

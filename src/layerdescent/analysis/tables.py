@@ -612,10 +612,10 @@ def _decisions(decisions: dict) -> list[str]:
         rule = d["rule"]
         adopted = ", ".join(f"{k} = {v!r}" for k, v in (d.get("adopted") or {}).items()) or "nothing (no trial qualified)"
         search = d.get("search", {})
-        seeds = len(search.get("seeds", [search.get("seed")]))
+        seeds = len(search.get("seeds", [search.get("seed")]))  # one seed: trials are runs, and committed pages say so as they did
         trials = len(d.get("trials", []))
         lines += [
-            f"### {variant}: {trials} trials × {seeds} seed{'s' if seeds > 1 else ''} = {trials * seeds} runs on validation, adopted {adopted}",
+            f"### {variant}: {trials} trials{f' × {seeds} seeds = {trials * seeds} runs' if seeds > 1 else ''} on validation, adopted {adopted}",
             "",
             f"Criterion {rule.get('criterion')} at γ {rule.get('gamma'):g} ({'higher' if rule.get('higher_is_better') else 'lower'} is better); "
             f"qualifies: {rule.get('qualify')}; ties {rule.get('tie')}. Recorded in tuning.json, the settings the main runs are planned from.",
