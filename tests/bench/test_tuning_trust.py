@@ -159,3 +159,14 @@ def test_a_mistyped_or_unbounded_search_key_is_one_line(change, message):
     with pytest.raises(ConfigError) as caught:
         parse_search("pd", {**SEARCH, **change})
     assert str(caught.value).startswith(message) and "\n" not in str(caught.value)
+
+
+def test_a_grid_value_outside_the_safe_alphabet_names_a_hashed_folder_and_keeps_its_readable_label(tmp_path, tiny):
+    table = {**tiny, "bench": {"seeds": [0], "variants": {"primal-dual": {}}, "grid": {"constraints.0.name": ["a:b|c", "plain"]}}}
+    path = tmp_path / "bench.toml"
+    path.write_text(tomli_w.dumps(table))
+    runs = plan(path, tmp_path / "out")
+    assert [run.variant for run in runs] == ["primal-dual,name=a:b|c", "primal-dual,name=plain"]
+    folders = [run.run_dir.relative_to(tmp_path / "out").parts for run in runs]
+    assert folders[1] == ("primal-dual,name=plain", "seed-0")  # a safe name is its folder, as before
+    assert folders[0][0].startswith("primal-dual,") and len(folders[0][0]) == len("primal-dual,") + 12 and folders[0][1] == "seed-0"
