@@ -271,7 +271,7 @@ def parse_spec(bench: dict, variants: list[str] | None = None) -> BenchSpec:
     if not isinstance(tuning, dict):
         raise ConfigError('bench.tuning must map variant labels to the number of runs spent choosing their setting, e.g. "primal-dual" = 6')
     searches = {label: parse_search(label, rule) for label, rule in tuning.items() if isinstance(rule, dict)}
-    tuning = {label: len(searches[label].trials) if label in searches else rule for label, rule in tuning.items()}
+    tuning = {label: searches[label].runs if label in searches else rule for label, rule in tuning.items()}  # runs: trials x seeds
     if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in tuning.values()):
         raise ConfigError(
             'bench.tuning must map variant labels to the number of runs spent choosing their setting, e.g. "primal-dual" = 6, '

@@ -36,7 +36,7 @@ from layerdescent.analysis.plots import plot
 from layerdescent.analysis.registration import plan_status
 from layerdescent.analysis.stats import paired_difference  # noqa: F401
 from layerdescent.analysis.tables import endpoints_page, format_difference, format_stat, markdown, paired_cell  # noqa: F401
-from layerdescent.analysis.tuning import read_adopted
+from layerdescent.analysis.tuning import decisions
 from layerdescent.errors import LayerdescentError
 from layerdescent.registry import get_registry
 from layerdescent.results import read_results
@@ -129,5 +129,7 @@ def write_report(
         pub.write("summary.md", markdown(groups, results, title, images, note, workers, domains, spec, tally, status, shown))
         if spec.endpoints() or spec.searches:  # the declared plan, judged whole, and the tuning it ran: one page per bench
             views = {"test": (results, groups), **domains}
-            pub.write("endpoints.md", endpoints_page(results, spec, views, tally, title, status, read_adopted(root)))
+            pub.write(
+                "endpoints.md", endpoints_page(results, spec, views, tally, title, status, decisions(spec.searches, root))
+            )  # recomputed from the trials
     return out / "summary.md"

@@ -639,15 +639,18 @@ def _largest_rise(loss: list[float], rises: list[int]) -> str:
 
 
 def _decisions(decisions: dict) -> list[str]:
-    """Markdown: each search the tool ran (``tuning.json``): its rule, every trial's criterion, what it adopted."""
+    """Markdown: each search the tool ran (decided from its trials, as ``tuning.json`` records): its rule, every trial's criterion, what it adopted."""
     lines = []
     for variant, d in sorted(decisions.items()):
         if not isinstance(d, dict) or not isinstance(d.get("rule"), dict):
             continue
         rule = d["rule"]
         adopted = ", ".join(f"{k} = {v!r}" for k, v in (d.get("adopted") or {}).items()) or "nothing (no trial qualified)"
+        search = d.get("search", {})
+        seeds = len(search.get("seeds", [search.get("seed")]))  # one seed: trials are runs, and committed pages say so as they did
+        trials = len(d.get("trials", []))
         lines += [
-            f"### {variant}: {d.get('budget')} trials on validation, adopted {adopted}",
+            f"### {variant}: {trials} trials{f' × {seeds} seeds = {trials * seeds} runs' if seeds > 1 else ''} on validation, adopted {adopted}",
             "",
             f"Criterion {rule.get('criterion')} at γ {rule.get('gamma'):g} ({'higher' if rule.get('higher_is_better') else 'lower'} is better); "
             f"qualifies: {rule.get('qualify')}; ties {rule.get('tie')}. Recorded in tuning.json, the settings the main runs are planned from.",
@@ -656,7 +659,7 @@ def _decisions(decisions: dict) -> list[str]:
         rows = [
             [
                 t["run"],
-                "failed" if t.get("failed") else "–" if t.get("value") is None else f"{t['value']:.6g}",
+                "failed" if t.get("failed") else "–" if t.get("value") is None else f"{t['value']:.6g}",  # a mean over its seeds
                 "yes" if t.get("qualifies") else "no",
             ]
             for t in d.get("trials", [])

@@ -12,7 +12,7 @@ from typing import Any
 
 from layerdescent.analysis.endpoints import JUDGING_KEYS, BenchSpec, parse_spec
 from layerdescent.analysis.groups import KEPT_EPOCH, mean_domains
-from layerdescent.analysis.tuning import BEST_VAL_LOSS, decision_for, read_adopted
+from layerdescent.analysis.tuning import BEST_VAL_LOSS, checked_decision, read_adopted, safe_name, trials_of
 from layerdescent.bench.executors import (
     executor_table,
 )
@@ -146,15 +146,16 @@ def plan(
         raise ConfigError('bench.grid must map dotted config keys to non-empty lists, e.g. "solver.dual_lr" = [0.1, 1.0]')
     names = {key: _grid_names(key, values) for key, values in grid.items()}
     points = math.prod(len(values) for values in grid.values())
+    spec = parse_spec(bench)  # the tuned variants, whose trials come first
     count = (
         sum(len(v.get("seeds", seeds)) if isinstance(v, dict) and isinstance(v.get("seeds", seeds), list) else 1 for v in variants.values())
         * points
-    )
+    ) + sum(search.runs for search in spec.searches.values())
     if count > MAX_RUNS:
         raise ConfigError(
-            f"the bench has {count:,} runs (variants x grid points x seeds); at most {MAX_RUNS:,}: split it into several bench files"
+            f"the bench has {count:,} runs (variants x grid points x seeds, and tuning trials x seeds); "
+            f"at most {MAX_RUNS:,}: split it into several bench files"
         )
-    spec = parse_spec(bench)  # the tuned variants, whose trials come first
     decided = read_adopted(Path(out))
     runs, where, tasks = [], {}, {}
 
@@ -189,23 +190,25 @@ def plan(
         if search is not None:
             if grid:
                 raise ConfigError(f"bench.tuning.{search.variant}: a variant the tool tunes cannot also be crossed with bench.grid")
-            if decision := decision_for(search, decided):
+            # recomputed from the trials' results, never read from tuning.json alone (which must agree with it)
+            if decision := checked_decision(search, Path(out), decided):
                 adopted = decision.get("adopted")  # None where no trial qualified: the main runs wait, and the bench says why
-            for trial in search.trials if search.variant == variant else ():
-                name = search.trial_name(trial)
+            for name, trial in trials_of(search, Path(out)) if search.variant == variant else ():
                 if name in variants:
                     raise ConfigError(f"bench.tuning.{variant}: its trial {name!r} has the name of a variant; rename the variant")
-                merged = merge(data, {**override, "seed": search.seed, "label": name})
-                merged["eval"] = {**merged.get("eval", {}), "split": "validation", "gammas": list(search.gammas), "domains": []}
-                if search.criterion == BEST_VAL_LOSS:  # read from training's validation, which must run at the rule's gamma
-                    merged["train"] = {**merged.get("train", {}), "validation_gamma": search.gamma}
-                config = build(merged, name, dict(trial), own)
-                if search.criterion == BEST_VAL_LOSS and not config.train.early_stopping:
-                    raise ConfigError(
-                        f"bench.tuning.{variant}: criterion {BEST_VAL_LOSS!r} is the validation loss of the epoch early stopping keeps; "
-                        'set train.early_stopping, or read the criterion at the end ("loss")'
-                    )
-                runs.append(BenchRun(name, search.seed, config, search.run_dir(out, trial), trial_of=variant))
+                for seed, run_dir in zip(search.seeds, search.run_dirs(Path(out), name)):
+                    merged = merge(data, {**override, "seed": seed, "label": name})
+                    merged["eval"] = {**merged.get("eval", {}), "split": "validation", "gammas": list(search.gammas), "domains": []}
+                    if search.criterion == BEST_VAL_LOSS:  # read from training's validation, which must run at the rule's gamma
+                        merged["train"] = {**merged.get("train", {}), "validation_gamma": search.gamma}
+                    config = build(merged, name, dict(trial), own)
+                    if search.criterion == BEST_VAL_LOSS and not config.train.early_stopping:
+                        raise ConfigError(
+                            f"bench.tuning.{variant}: criterion {BEST_VAL_LOSS!r} is the validation loss of the epoch early stopping keeps; "
+                            'set train.early_stopping, or read the criterion at the end ("loss")'
+                        )
+                    _check_criterion(search, config, tasks)
+                    runs.append(BenchRun(name, seed, config, run_dir, trial_of=variant))
         for point in itertools.product(*(range(len(v)) for v in grid.values())):
             name = ",".join([variant, *(f"{key.rsplit('.', 1)[-1]}={names[key][i]}" for key, i in zip(grid, point))])
             if name in where and where[name] != (variant, point):
@@ -216,12 +219,37 @@ def plan(
                 settings = {key: grid[key][i] for key, i in zip(grid, point)} | (adopted or {})
                 config = build(merged, name, settings, own)
                 awaits = search is not None and adopted is None
-                runs.append(BenchRun(name, seed, config, Path(out) / name / f"seed-{seed}", awaits=awaits))
+                folder = safe_name(name, safe_name(variant))  # a grid value may hold any character; the label keeps it readable
+                runs.append(BenchRun(name, seed, config, Path(out) / folder / f"seed-{seed}", awaits=awaits))
+    _check_folders(runs, Path(out))
     spec = parse_spec(bench, [run.variant for run in runs])  # a bad [bench.primary] or baseline fails before anything trains
     if spec.primary:
         _check_primary(spec.primary, runs, tasks)
     _check_plan(spec.plan, runs, tasks)
     return runs
+
+
+def _check_criterion(search, config: RunConfig, tasks: dict) -> None:
+    """A search's criterion is the last layer's loss, the kept epoch's, or a metric its trials' task reports."""
+    if search.criterion in ("loss", BEST_VAL_LOSS):
+        return
+    metrics = list(tasks[repr(sorted(config.task.options.items())) + config.task.name].metrics().keys())
+    if search.criterion not in metrics:
+        raise ConfigError(
+            f"bench.tuning.{search.variant}.criterion: {search.criterion!r} is not a metric of task {config.task.name!r} "
+            f'(it reports: {", ".join(metrics) or "none"}; or "loss", "{BEST_VAL_LOSS}")'
+        )
+
+
+def _check_folders(runs: list[BenchRun], out: Path) -> None:
+    """Each run its own folder, one level under --out: checked before anything is written."""
+    owner: dict[Path, str] = {}
+    for run in runs:
+        folder = run.run_dir.parent
+        if folder.parent != out or folder.name in ("", ".", "..") or run.run_dir.name != f"seed-{run.seed}":
+            raise ConfigError(f"{run.variant!r} would run at {run.run_dir}, outside its own folder under --out {out}; rename it")
+        if owner.setdefault(folder, run.variant) != run.variant:
+            raise ConfigError(f"{owner[folder]!r} and {run.variant!r} would share the folder {folder}; rename one of them")
 
 
 def _check_plan(plan, runs: list[BenchRun], tasks: dict) -> None:

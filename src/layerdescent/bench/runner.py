@@ -90,11 +90,13 @@ def executor_choice(
     return choose_executor(bench if isinstance(bench, dict) else {}, executor, registry, **given)
 
 
-def _check_folder(runs: list[BenchRun], out: Path) -> None:
+def _check_folder(runs: list[BenchRun], out: Path, spec: BenchSpec) -> None:
     """Before anything trains: every run inside --out, no folder of another task's runs, no summary of yours in the way."""
     for run in runs:
         files.refuse_linked_path(out, run.run_dir)  # OUT/VARIANT/seed-N all inside --out
         _check_same_task(run)  # a folder of another task's runs is never mixed in
+    studies = [tuning.study_path(out, search).name for search in spec.searches.values() if search.sampler != "grid"]
+    files.refuse_links(out, (tuning.ADOPTED, *studies))  # the tuning records, rewritten later, never through a link
     publish.refuse_foreign(out)  # the summary and plots come last: a file of yours in their way is found first
 
 
@@ -135,6 +137,8 @@ def _decide(spec: BenchSpec, out: Path) -> None:
     decisions = tuning.read_adopted(out)
     changed = False
     for variant, search in spec.searches.items():
+        if search.sampler != "grid":
+            tuning.record_study(search, out)
         decision = tuning.decide(search, out)
         if decision is not None and decisions.get(variant) != decision:
             decisions[variant], changed = decision, True
@@ -147,10 +151,10 @@ def _refuse_unreachable(runs: list[BenchRun], pending: list, spec: BenchSpec, ou
     scheduled = {run.run_dir for run, _ in pending}
     for variant in dict.fromkeys(run.variant for run in runs if run.awaits):
         search = spec.search_for(variant)
-        for trial in search.trials:
-            run_dir = search.run_dir(out, trial)
-            if run_dir not in scheduled and not (run_dir / "results.json").exists() and rundir.failure(run_dir) is None:
-                _refuse_waiting([run for run in runs if run.variant == variant], spec, out)
+        for name, _ in tuning.trials_of(search, out):
+            for run_dir in search.run_dirs(out, name):
+                if run_dir not in scheduled and not (run_dir / "results.json").exists() and rundir.failure(run_dir) is None:
+                    _refuse_waiting([run for run in runs if run.variant == variant], spec, out)
 
 
 def _refuse_waiting(runs: list[BenchRun], spec: BenchSpec, out: Path) -> None:
@@ -159,7 +163,7 @@ def _refuse_waiting(runs: list[BenchRun], spec: BenchSpec, out: Path) -> None:
     if waiting is None:
         return
     variant, search = waiting.variant, spec.search_for(waiting.variant)
-    if tuning.decision_for(search, tuning.read_adopted(out)):  # decided, and still waiting: nothing was adopted
+    if tuning.decide(search, out) is not None:  # decided, and still waiting: nothing was adopted
         raise ConfigError(
             f"bench.tuning.{search.variant}: no trial qualified ({search.qualify!r}, criterion {search.criterion!r}; "
             f"see {out / tuning.ADOPTED}): widen the search, or train {variant} at settings of its own"
@@ -205,7 +209,7 @@ def run_bench(
     executor_cls = executor_class(executor, registry)  # an unknown name or a missing package stops the bench before it plans
     runs = select(plan(path, out, overrides, registry), list(only))
     spec = bench_spec(path, overrides)
-    _check_folder(runs, Path(out))
+    _check_folder(runs, Path(out), spec)
     pending, done, left = _sorted_out([run for run in runs if not run.awaits], registry, skip_failed)
     if before:
         before(len(pending) + sum(run.awaits for run in runs), len(runs))
@@ -217,13 +221,20 @@ def run_bench(
     failed, workers = _train(executor_cls, executor, Path(out), environment, registry, pending, spec, on_run)
     failures += failed
     _decide(spec, Path(out))  # with the trials of this bench or of an earlier one
-    if any(run.awaits for run in runs) and executor.options.wait:
+    tried = {run.run_dir for run, _ in pending}
+    # what the finished runs unlock trains next: a sampler's next round of trials, then the main runs of a decided search
+    while executor.options.wait:
         runs = select(plan(path, out, overrides, registry), list(only))
-        _refuse_waiting(runs, spec, Path(out))
-        tried = {run.run_dir for run, _ in pending}
-        now = [(run, resume) for run, resume in _sorted_out(runs, registry, skip_failed)[0] if run.run_dir not in tried]
+        now = [(run, resume) for run, resume in _sorted_out([r for r in runs if not r.awaits], registry, skip_failed)[0]]
+        now = [(run, resume) for run, resume in now if run.run_dir not in tried]
+        if not now:
+            _refuse_waiting(runs, spec, Path(out))
+            break
+        _check_folder([run for run, _ in now], Path(out), spec)
         failed, workers = _train(executor_cls, executor, Path(out), environment, registry, now, spec, on_run)
         failures += failed
+        tried |= {run.run_dir for run, _ in now}
+        _decide(spec, Path(out))
     if not executor.options.wait:
         return None
     command = command or " ".join(

@@ -168,7 +168,7 @@ def environment(env: dict[str, str]) -> Iterator[None]:
 
 def log_path(out: Path, run: Any) -> Path:
     """Where a run's output goes when it trains on an executor."""
-    return out / "logs" / run.variant / f"seed-{run.seed}.log"
+    return out / "logs" / run.run_dir.parent.name / f"seed-{run.seed}.log"  # its folder's name: a label may not be one
 
 
 def execute(run: Any, out: str, token: str, threads: int, env: dict[str, str]) -> str:
