@@ -14,7 +14,9 @@ so "holds" means "beats erm and deep supervision" where the bench names both. Th
   the rising-transitions endpoint the bench's claim declares for the variant, where its plan has one);
 - graceful degradation: at the larger gammas (the upper half of the nonzero grid) the paired
   difference from the strongest baseline is distinguishably better somewhere and never distinguishably worse;
-- in-distribution parity: at the smallest gamma the difference from the strongest baseline is not distinguishably worse;
+- in-distribution parity: a non-inferiority (or equivalence) endpoint the bench's claim family declares with a margin
+  registered before the runs, judged by that test; where none is declared, undecided: "not distinguishably worse" at the
+  smallest gamma (the number shown) is absence of evidence, never parity;
 - deeper constrained models gain more: where a bench pairs three or more depths, the gain over the
   strongest baseline at the largest gamma grows with depth and is distinguishable at the deepest.
 
@@ -321,14 +323,14 @@ def _verdict(passed: list[bool]) -> str:
 
 
 def _shown(cell: dict) -> str:
-    """A cell's difference as the report prints it: the simultaneous interval for a primary cell, else the 95% one."""
+    """A cell's difference as the report prints it: the deciding comparison's, at Holm's level for a primary cell, else the 95% one."""
     d = cell.get("simultaneous") or cell.get("difference")
     if d is None:
         return "–"
     if "verdict" in cell:
         d = {**d, "distinct": cell["verdict"] in ("better", "worse")}
     flags = "".join(["‡" if cell.get("cross_code") else "", "§" if cell.get("untuned") else ""])
-    return f"{format_difference(d)} vs {cell['baseline']}{flags}"
+    return f"{format_difference(d)} vs {cell.get('decided_by', cell['baseline'])}{flags}"
 
 
 def _judged(pairs: list[Pair]) -> list[Pair]:
@@ -336,19 +338,32 @@ def _judged(pairs: list[Pair]) -> list[Pair]:
     return [p for p in pairs if p.role in ("primary", "pre-registered")] or [p for p in pairs if p.role == "exploratory"] or pairs
 
 
-def _judge(pairs: list[Pair]) -> dict[str, tuple[str, str]]:
-    """Claim -> (verdict, its number in one line), on the primary pairs where there are any, else on every pair."""
+UNDECIDED = "undecided (no margin registered)"  # parity without a non-inferiority test declared before the runs
+
+
+def _parity(margins: list[dict]) -> str:
+    """Parity's verdict from the claim family's non-inferiority or equivalence cells; undecided where it declares none."""
+    if not margins:
+        return UNDECIDED
+    return _verdict([c.get("verdict") in ("non-inferior", "equivalent") for c in margins])
+
+
+def _judge(pairs: list[Pair], margins: list[dict] = ()) -> dict[str, tuple[str, str]]:
+    """Claim -> (verdict, its number in one line), on the primary pairs where there are any, else on every pair.
+
+    ``margins``: the claim family's non-inferiority and equivalence cells, which alone decide parity.
+    """
     judged = _judged(pairs)
     n = len(judged)
     descends = [p.descent[0] == p.descent[1] for p in judged]
     graceful = [any(_better(p.cells[g]) for g in p.upper) and not any(_worse(p.cells[g]) for g in p.upper) for p in judged]
     parity = [not _worse(p.cells[min(p.cells)]) for p in judged if p.cells]
 
-    def number(claim_gamma, passed: list[bool]) -> str:
+    def number(claim_gamma, passed: list[bool], of: str = "") -> str:
         if n == 1 and judged[0].cells:
             gamma = claim_gamma(judged[0])
             return f"{_shown(judged[0].cells[gamma])} at γ={gamma:g}" if gamma is not None else ""
-        return f"{sum(passed)} of {n} pairs"
+        return f"{of}{sum(passed)} of {n} pairs"
 
     out = {
         CLAIMS[0]: (
@@ -356,7 +371,7 @@ def _judge(pairs: list[Pair]) -> dict[str, tuple[str, str]]:
             f"{sum(descends)} of {n} pairs" if n > 1 else (f"{judged[0].descent[0]}/{judged[0].descent[1]} layers" if n else ""),
         ),
         CLAIMS[1]: (_verdict(graceful), number(lambda p: max(p.upper) if p.upper else None, graceful)),
-        CLAIMS[2]: (_verdict(parity), number(lambda p: min(p.cells), parity)),
+        CLAIMS[2]: (_parity(list(margins)), number(lambda p: min(p.cells), parity, "" if margins else "not distinguishably worse in ")),
     }
     by_depth = sorted((p for p in judged if p.depth is not None), key=lambda p: p.depth)
     if len({p.depth for p in by_depth}) >= 3:
@@ -390,7 +405,8 @@ def _evidence(pairs: list[Pair]) -> dict[str, str]:
         CLAIMS[
             1
         ]: f"at the larger gammas, distinguishably better than the strongest baseline somewhere in {better} of {n} pairs, distinguishably worse somewhere in {worse}",
-        CLAIMS[2]: f"not distinguishably worse than the strongest baseline at the smallest γ in {parity} of {n} pairs",
+        CLAIMS[2]: f"no margin was registered before the runs, so no test decides it; not distinguishably worse than the strongest "
+        f"baseline at the smallest γ in {parity} of {n} pairs, which is absence of evidence, not parity",
     }
 
 
@@ -434,13 +450,13 @@ def _section(name: str, bench: Bench, spec: BenchSpec, judged_views: list, chanc
         f"{primary.metric} of {', '.join(primary.variants)} at γ {', '.join(f'{g:g}' for g in primary.gammas)} on {', '.join(primary.splits)}"
         if spec.primary
         else "; ".join(  # a declared plan: each endpoint of its family "primary" by name ([endpoints.md](...) has them all)
-            f"{e.name} ({e.metric} of {e.variant} at γ {e.gamma:g} on {e.on}{'' if e.against == 'strongest' else ' against ' + e.against})"
+            f"{e.name} ({e.metric} of {e.variant} at γ {e.at} on {e.on}{'' if e.against == 'strongest' else ' against ' + e.against})"
             for e in spec.endpoints()
-            if decides_the_claim(e.family) and e.statistic == "difference"
+            if decides_the_claim(e.family) and e.statistic == "difference" and e.kind == "superiority"
         )
     )
     family = (
-        f"**Primary (pre-registered)**: {cells}, Holm-adjusted over the family, Bonferroni intervals; adopted afterwards by tuning, shown beside: "
+        f"**Primary (pre-registered)**: {cells}, Holm-adjusted over the family, each interval at the level Holm tested its cell at; adopted afterwards by tuning, shown beside: "
         f"{', '.join(primary.adopted) or 'none'}. Every other view and pair is exploratory."
         if primary
         else "**Exploratory**: the bench file pre-registers no primary endpoint (`[bench.primary]`); 95% t intervals, uncorrected."
@@ -522,12 +538,16 @@ def judge_bench(root: Path, name: str, bench: Bench) -> tuple[BenchSpec, list, s
         return None
     results = collect(folder)
     spec = spec_for(root, bench)
-    family = {(c["variant"], c["gamma"]): c for c in primary_cells(results, spec) if c["split"] == "test"}
+    claim = primary_cells(results, spec)
+    family = {(c["variant"], c["gamma"]): c for c in claim if c["split"] == "test" and c["test"] == "superiority"}
+    margins = [c for c in claim if c["test"] in ("non-inferiority", "equivalence")]
     judged_views = []
     for (regime, domain), subset in views(results, bench).items():
         pairs = _pairs(subset, bench, spec, family if not domain else {})
         if pairs:
-            judged_views.append((view_title(regime, domain), pairs, _judge(pairs), figures_for(folder, regime, domain)))
+            judged_views.append(
+                (view_title(regime, domain), pairs, _judge(pairs, margins if not domain else ()), figures_for(folder, regime, domain))
+            )
     return spec, judged_views, chance_count(results, bench, spec, family)
 
 
@@ -574,8 +594,7 @@ def changed_note(revision: str, out: Path, rows: dict[tuple[str, str], tuple[str
     lines = [
         f"## Verdicts changed since {revision}",
         "",
-        f"Against the report as committed at {revision} (`git show {revision}:benchmarks/REPORT.md`), judged then against erm alone, "
-        "on every primal-dual variant, uncorrected.",
+        f"Against the report as committed at {revision} (`git show {revision}:benchmarks/REPORT.md`), each with the rule that moved it.",
         "",
     ]
     changes = []
@@ -588,6 +607,8 @@ def changed_note(revision: str, out: Path, rows: dict[tuple[str, str], tuple[str
 
 def _why(pairs: list[Pair], claim: str) -> str:
     """Which of the new rules decides a claim's verdict in a view, in a few words."""
+    if claim == CLAIMS[2]:
+        return "parity is a non-inferiority test against a margin registered before the runs; none was, and not distinguishably worse is no evidence of parity"
     if any(p.role == "primary" for p in pairs):
         return "decided by the pre-registered family alone, Holm-adjusted, against the strongest baseline"
     if any(p.role == "pre-registered" for p in pairs):
@@ -668,7 +689,8 @@ def main() -> None:
         f"(arXiv 2601.17257), from the committed runs only, current benches on the test split; made by `{command}`, whose",
         "docstring states the rules. Each cell: the verdict, and for one pair its difference from the strongest named baseline",
         '(> 0 favours the constrained variant; **bold** distinguishable, and "better" only where better than every named baseline). Primary rows are decided by the pre-registered family',
-        "(Holm-adjusted, Bonferroni intervals); exploratory rows by uncorrected 95% t intervals. ‡: sides made by different code; §: the baseline got no tuning runs, the variant did.",
+        "(Holm-adjusted, each interval at the level Holm tested its cell at); exploratory rows by uncorrected 95% t intervals. Parity is undecided "
+        "wherever no margin was registered before the runs: not distinguishably worse is not parity. ‡: sides made by different code; §: the baseline got no tuning runs, the variant did.",
         "",
         "| task | family | " + " | ".join(CLAIMS) + " |",
         "|---|---|" + "---|" * len(CLAIMS),
