@@ -27,9 +27,11 @@ from types import TracebackType
 from typing import Any
 
 from layerdescent.errors import ConfigError, LayerdescentError
+from layerdescent.readback import read_json
 from layerdescent.run.files import refuse_links, write_atomic
 
 MANIFEST = ".layerdescent-report.json"
+MAX_MANIFEST_BYTES = 2**20  # a manifest lists a dozen files and their sha256s
 STAGE = ".layerdescent-report-"  # + pid: the private folder a report is made in
 # What a report writes at the top of its folder (report._plot's names); a bench checks them before it trains, and
 # whatever a report writes is checked again when it is moved in.
@@ -77,11 +79,13 @@ def _sha256(path: Path) -> str | None:
 
 
 def _manifest(folder: Path) -> dict[str, Any] | None:
-    """The folder's manifest, or None where it has none (or none that reads)."""
-    try:
-        data = json.loads(_read(folder / MANIFEST) or b"null")
-    except ValueError:
-        return None
+    """The folder's manifest, or None where it has none (or one of another shape); ReadbackError where it is damaged, a link or huge."""
+    data = read_json(
+        folder / MANIFEST,
+        limit=MAX_MANIFEST_BYTES,
+        optional=True,
+        fix="delete it and run again (the files it listed are then kept as yours, not replaced)",
+    )
     return data if isinstance(data, dict) and isinstance(data.get("files"), dict) else None
 
 
