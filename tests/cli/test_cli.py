@@ -570,6 +570,16 @@ def test_compare_out_writes_a_new_file_and_replaces_its_own(two_variants, tmp_pa
     assert _compare_out(two_variants, out)[0] == 0 and out.read_text() == first
 
 
+def test_compare_out_over_its_page_the_user_edited_is_refused_in_one_line(two_variants, tmp_path):
+    out = tmp_path / "compare.md"
+    assert _compare_out(two_variants, out)[0] == 0
+    edited = out.read_text().replace("\n## ", "\nMy reading: primal-dual wins.\n\n## ", 1)
+    out.write_text(edited)  # still headed as layerdescent writes it
+    status, err = _compare_out(two_variants, out)
+    assert status == 2 and err.count("\n") == 1 and "was changed since" in err and "move it away" in err, err
+    assert out.read_text() == edited
+
+
 def _symlink(tmp_path, out):
     victim = tmp_path / "victim.md"
     victim.write_text("mine\n")

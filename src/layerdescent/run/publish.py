@@ -28,7 +28,7 @@ from typing import Any
 
 from layerdescent.errors import ConfigError, LayerdescentError
 from layerdescent.readback import read_json
-from layerdescent.run.files import refuse_links, write_atomic
+from layerdescent.run.files import refuse_links, write_atomic, write_output
 
 MANIFEST = ".layerdescent-report.json"
 MAX_MANIFEST_BYTES = 2**20  # a manifest lists a dozen files and their sha256s
@@ -124,6 +124,24 @@ def refuse_foreign(folder: Path, command: str = "bench") -> None:
             f"{Path(folder) / theirs[0]} was not written by layerdescent (or was changed since), and the {command}'s summary or plots would replace it: "
             f"move it away, or --out another directory (nothing was written)"
         )
+
+
+def write_page(path: Path, text: str) -> None:
+    """Write one page a command was told to write (``compare --out``): over nothing, or over the page layerdescent wrote there, unchanged since (the folder's manifest says), and record it."""
+    path = Path(path)
+    folder, name = path.parent, path.name
+    write_output(path, text, lambda head: not foreign(folder, [name]), lambda: _list(folder, name, text))
+    _list(folder, name, text, written=True)
+
+
+def _list(folder: Path, name: str, text: str, written: bool = False) -> None:
+    """Record page ``name`` in ``folder``'s manifest: before it is written with the sha256 it has now too (a kill between leaves it known as ours), after with the new alone."""
+    refuse_links(folder, (MANIFEST,))
+    recorded = _manifest(folder) or {}
+    files = {n: hashes for n, hashes in owned(folder).items() if os.path.lexists(folder / n)}
+    new = hashlib.sha256(text.encode()).hexdigest()
+    files[name] = [new] if written else [new, *files.get(name, [])]
+    write_atomic(folder / MANIFEST, json.dumps({**recorded, "files": files}, indent=2, sort_keys=True) + "\n")
 
 
 class Publication:
