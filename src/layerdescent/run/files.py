@@ -106,9 +106,7 @@ def write_atomic(path: Path, text: str | bytes) -> None:
         raise
 
 
-def write_output(
-    path: Path, text: str, ours: Callable[[str], bool], before: Callable[[], None] | None = None, what: str = "--out"
-) -> None:
+def write_output(path: Path, text: str, ours: Callable[[str], bool], before: Callable[[], None] | None = None, what: str = "--out") -> None:
     """Write a file a command was told to write (``compare --out``) as a run writes its own: atomically, never through a link, never over a file that ``ours`` does not recognise from its first 4 KiB; ``before`` runs once the checks pass."""
     path = Path(path)
     usable_dir(path.parent, f"{what} {path}: its folder")
