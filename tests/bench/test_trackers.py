@@ -7,11 +7,11 @@ import json
 import os
 import struct
 import subprocess
-import sys
 from pathlib import Path
 from typing import ClassVar
 
 import pytest
+from conftest import LAYERDESCENT
 from helpers import cli, config_file, interrupt_at_step
 
 import layerdescent as ld
@@ -418,7 +418,7 @@ def test_wandb_writes_nothing_in_home_only_in_the_run_directory(tiny, tmp_path):
     env["MPLCONFIGDIR"] = str(tmp_path / "mpl")  # matplotlib's font cache is not W&B's to confine
     config = config_file(tmp_path, tracked(tiny, ["wandb"]))
     done = subprocess.run(
-        [sys.executable, "-m", "layerdescent", "run", str(config), "--out", str(tmp_path / "run")],
+        [*LAYERDESCENT, "run", str(config), "--out", str(tmp_path / "run")],
         env=env,
         capture_output=True,
         text=True,
