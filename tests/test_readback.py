@@ -16,6 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from layerdescent.analysis.plots import read_log
+from layerdescent.bench.executors.base import MARKER, mark_out
 from layerdescent.cli import main
 from layerdescent.errors import LayerdescentError
 from layerdescent.readback import read_json, read_jsonl
@@ -170,6 +171,8 @@ def _read_every_way(folder: Path, data: bytes) -> None:
         (layout.FAILURE, lambda path: rundir.failure(path.parent)),
         ("metrics.jsonl", lambda path: rundir.last_record(path.parent)),
         (layout.EVALUATION_PARTIAL, lambda path: rundir.partial_evaluation(path.parent, KEY, [0.0, 0.5], ["other"], 2)),
+        ("results.json", rundir.json_object),
+        (MARKER, lambda path: mark_out(path.parent)),
     ]
     for name, reader in readers:
         for variant in _variants(data) if name.endswith(".gz") else [data]:
@@ -198,3 +201,31 @@ def test_a_signed_partial_evaluation_keeps_only_records_that_fit(data):
         assert line is None or "\n" not in line
         for kept in [*(done or {}).get("gammas", []), *(r for rs in (done or {}).get("domains", {}).values() for r in rs)]:
             assert kept["gamma"] in (0.0, 0.5) and len(kept["layer_loss"]) == 3
+
+
+# Readers still to be routed through layerdescent.readback (issue 60: tuning.json and the plans ledger, owned elsewhere).
+PENDING = {"analysis/registration.py", "analysis/tuning.py"}
+PARSERS = {("json", "loads"), ("json", "load"), ("gzip", "decompress"), ("gzip", "open"), ("pickle", "load"), ("pickle", "loads")}
+
+
+def test_every_json_or_gzip_read_in_the_package_goes_through_the_bounded_reader():
+    import ast
+
+    package = Path(__file__).resolve().parents[1] / "src" / "layerdescent"
+    found = set()
+    for path in package.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            func = getattr(node, "func", None)
+            if isinstance(node, ast.Call) and isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name):
+                if (func.value.id, func.attr) in PARSERS:
+                    found.add(str(path.relative_to(package)))
+    assert found - PENDING == {"readback.py"}, sorted(found - PENDING - {"readback.py"})
+
+
+def test_a_directory_or_a_pipe_where_a_file_is_read_back_is_one_line(tmp_path):
+    (tmp_path / "results.json").mkdir()
+    with pytest.raises(LayerdescentError, match="it is not a plain file"):
+        read_results(tmp_path / "results.json")
+    os.mkfifo(tmp_path / "metrics.jsonl")  # never waited on
+    with pytest.raises(LayerdescentError, match="it is not a plain file"):
+        read_log(tmp_path / "metrics.jsonl")

@@ -59,11 +59,12 @@ def read_bytes(
             raise ReadbackError(
                 f"{path} is a symbolic link; layerdescent reads only files of its own there: remove the link and run again"
             ) from None
-        raise _fail(path, f"cannot be read ({exc.strerror or exc})", fix) from None
+        raise ReadbackError(f"cannot read {path}: {exc.strerror or exc}; {fix}") from None
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode):  # a directory cannot be read, a pipe would hang, a device never ends
+        os.close(fd)
+        raise ReadbackError(f"cannot read {path}: it is not a plain file (a directory, a pipe, a device): remove it, or {fix}")
     with os.fdopen(fd, "rb") as handle:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):  # a pipe would hang, a device never ends
-            raise _fail(path, "is not a plain file", f"remove it, or {fix}")
         if tail:
             handle.seek(max(0, info.st_size - limit))
         elif info.st_size > limit:
@@ -71,7 +72,7 @@ def read_bytes(
         try:
             data = handle.read(limit + (not tail))  # it may have grown since fstat
         except OSError as exc:
-            raise _fail(path, f"cannot be read ({exc.strerror or exc})", fix) from None
+            raise ReadbackError(f"cannot read {path}: {exc.strerror or exc}; {fix}") from None
     if len(data) > limit and not tail:
         raise _fail(path, f"is more than the {_size(limit)} layerdescent reads back", fix)
     return data
