@@ -63,6 +63,19 @@ def test_readme_run_example_is_at_the_defaults_except_where_it_says_and_trains(t
     assert results["solver"] == "primal-dual" and [g["gamma"] for g in results["gammas"]] == [0.0, 0.5]
 
 
+# Results differ between CPU models: a lista run's test MSE by 0.1-1% after 30 epochs (ARCHITECTURE.md; the
+# README's 0.0239 was 0.023787 on another CPU, 0.5% off). The README's numbers hold within twice the largest
+# drift measured, plus half a unit of their last printed digit; which layers fall and rise is checked exactly.
+CROSS_CPU_DRIFT = 0.01
+SAFETY = 2
+
+
+def _as_printed(measured: float, printed: str) -> bool:
+    """Whether ``printed`` (the README's number) is ``measured`` within the cross-CPU tolerance and its rounding."""
+    digits = len(printed.split(".")[1])
+    return abs(float(printed) - measured) <= SAFETY * CROSS_CPU_DRIFT * measured + 0.5 * 10**-digits
+
+
 def test_readme_run_example_as_written_descends_at_every_layer_on_test_and_the_readme_says_where_noise_breaks_it(tmp_path):
     table = tomllib.loads(BLOCKS["readme-run"].code)
     table["train"]["progress"] = False
@@ -71,9 +84,16 @@ def test_readme_run_example_as_written_descends_at_every_layer_on_test_and_the_r
     assert all(b < a for a, b in zip(clean, clean[1:]))  # test loss falls at every layer
     rises = [k for k in range(1, len(noisy)) if noisy[k] > noisy[k - 1]]
     text = " ".join(README.read_text().split())
-    said = f"falls at every layer, from {clean[0]:.4f} (layer 0, the input's estimate) to {clean[-1]:.4f} after layer 8"
-    assert said in text, said
-    assert rises == [6, 7] and f"to {min(noisy):.4f} by layer 5, then rises at layers 6 and 7 and ends at {noisy[-1]:.4f}" in text
+    said = re.search(r"falls at every layer, from (\d\.\d+) \(layer 0, the input's estimate\) to (\d\.\d+) after layer 8", text)
+    assert said and _as_printed(clean[0], said[1]) and _as_printed(clean[-1], said[2]), (said and said[0], clean[0], clean[-1])
+    noise = re.search(r"to (\d\.\d+) by layer 5, then rises at layers 6 and 7 and ends at (\d\.\d+)", text)
+    assert rises == [6, 7] and min(range(len(noisy)), key=noisy.__getitem__) == 5
+    assert noise and _as_printed(min(noisy), noise[1]) and _as_printed(noisy[-1], noise[2]), (noise and noise[0], min(noisy), noisy[-1])
+
+
+def test_the_readme_numbers_tolerance_takes_another_cpus_digits_and_refuses_a_5_percent_change():
+    assert _as_printed(0.023787, "0.0239") and _as_printed(0.0239, "0.0239")
+    assert not _as_printed(0.0239 * 1.05, "0.0239") and not _as_printed(0.0239 * 0.95, "0.0239")
 
 
 def test_readme_loop_example_trains_under_descent_constraints_exactly_as_written():

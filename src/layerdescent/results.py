@@ -8,12 +8,12 @@
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 from typing import Any
 
 from layerdescent.errors import LayerdescentError
+from layerdescent.readback import read_json
 
 RESULTS_SCHEMA = 1  # the version of results.json a run writes (run.finish.results_table) and this module checks
 
@@ -149,16 +149,7 @@ GAMMA_KEYS = ("gamma", "layer_loss", "descent_rate")
 def read_results(path: Path) -> dict:
     """One results.json, checked for what a summary reads; LayerdescentError naming the file if it is damaged."""
     path = Path(path)
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except UnicodeDecodeError:
-        raise LayerdescentError(f"{path} is not text (a binary or damaged file); re-run or re-evaluate that run") from None
-    except json.JSONDecodeError as exc:
-        raise LayerdescentError(
-            f"{path} is not valid JSON ({exc.msg} at line {exc.lineno}; truncated?); re-run or re-evaluate that run"
-        ) from None
-    except OSError as exc:
-        raise LayerdescentError(f"cannot read {path}: {exc.strerror or exc}") from None
+    data = read_json(path, fix="re-run or re-evaluate that run")  # bounded: a huge or deeply nested file is one line
     if not isinstance(data, dict):
         raise LayerdescentError(f"{path} holds a JSON {type(data).__name__}, not a results object; re-run or re-evaluate that run")
     missing = [k for k in RESULT_KEYS if k not in data]

@@ -147,3 +147,33 @@ def test_a_failed_run_is_reported_as_it_ends_and_the_others_finish_with_a_summar
         v == "diverges" and s == "failed (DivergenceError; the error and its log close the bench's output)" for v, s in told
     )
     assert (out / "erm" / "seed-0" / "results.json").exists() and (out / "summary.md").exists()
+
+
+def test_ctrl_c_while_a_worker_waits_for_work_prints_one_line_and_no_worker_traceback(tmp_path):
+    long = with_(with_(with_(RUN, "train.epochs", 10_000), "task.train_size", 512), "train.checkpoint_every", 5)
+    bench = {**long, "bench": {"seeds": [0], "variants": {"erm": {"solver": {"name": "erm"}}}}}  # one run: the second worker idles
+    out = tmp_path / "out"
+    proc = subprocess.Popen(
+        [*LAYERDESCENT, "bench", str(config_file(tmp_path, bench, "bench.toml")), "--workers", "2", "--out", str(out)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.time() + 240
+        while time.time() < deadline and not (out / "erm" / "seed-0" / "checkpoint.pt").exists() and proc.poll() is None:
+            time.sleep(0.2)
+        workers = [pid for pid in session_members(proc.pid) if pid != proc.pid]
+        assert len(workers) >= 2, "both workers should have started, one training and one waiting"
+        os.killpg(proc.pid, signal.SIGINT)  # as Ctrl-C sends it: to every process of the terminal's group
+        _, err = proc.communicate(timeout=120)
+        assert proc.returncode == 130, err
+        assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
+        assert "layerdescent: interrupted; the same command again continues from the last checkpoint" in err, err
+        assert not any(alive(pid) for pid in workers)
+    finally:
+        for pid in session_members(proc.pid):
+            os.kill(pid, signal.SIGKILL)  # only the processes this test started
+        if proc.poll() is None:
+            proc.kill()

@@ -6,10 +6,12 @@ import importlib.util
 import json
 import os
 import struct
+import subprocess
 from pathlib import Path
 from typing import ClassVar
 
 import pytest
+from conftest import LAYERDESCENT
 from helpers import cli, config_file, interrupt_at_step
 
 import layerdescent as ld
@@ -405,3 +407,32 @@ def test_wandb_online_without_a_login_is_one_line_naming_the_offline_mode(tiny, 
     assert (
         lines[0].startswith("layerdescent: error: train.trackers.wandb: W&B could not start the run: ") and "mode = 'offline'" in lines[0]
     )
+
+
+def test_wandb_writes_nothing_in_home_only_in_the_run_directory(tiny, tmp_path):
+    pytest.importorskip("wandb", reason="the wandb tracker needs pip install 'layerdescent[wandb]'")
+    home = tmp_path / "home"
+    home.mkdir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("WANDB_", "XDG_"))}
+    env.update(HOME=str(home), WANDB_MODE="offline", NETRC=str(home / "netrc"), WANDB_DISABLE_GIT="true", OMP_NUM_THREADS="1")
+    env["MPLCONFIGDIR"] = str(tmp_path / "mpl")  # matplotlib's font cache is not W&B's to confine
+    config = config_file(tmp_path, tracked(tiny, ["wandb"]))
+    done = subprocess.run(
+        [*LAYERDESCENT, "run", str(config), "--out", str(tmp_path / "run")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr
+    assert sorted(str(p.relative_to(home)) for p in home.rglob("*")) == []
+    assert list((tmp_path / "run" / "wandb").glob("offline-run-*/run-*.wandb"))
+
+
+def test_a_file_where_wandb_keeps_its_run_is_one_line(tiny, tmp_path, monkeypatch):
+    offline_wandb(monkeypatch, tmp_path)
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "wandb").write_text("my notes\n")
+    code, lines = cli("run", str(config_file(tmp_path, tracked(tiny, ["wandb"]))), "--out", str(tmp_path / "out"))
+    assert code == 2 and len(lines) == 1 and "out/wandb is a file, where the W&B tracker keeps its run" in lines[0], lines
+    assert (tmp_path / "out" / "wandb").read_text() == "my notes\n"

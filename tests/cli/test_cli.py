@@ -423,16 +423,26 @@ def test_progress_lines_cover_the_evaluation_after_training(tmp_path, capsys):
 
 
 def test_the_interrupt_message_names_the_runs_out_and_the_resume_command(tmp_path, monkeypatch, capsys):
-    from layerdescent.run.trainer import Trainer
+    from helpers import interrupt_at_step
 
-    def interrupted(self, *args, **kwargs):
-        raise KeyboardInterrupt
-
-    monkeypatch.setattr(Trainer, "step", interrupted)
-    path = write(tmp_path, GOOD)
+    interrupt_at_step(monkeypatch, 4)  # after the checkpoint every 2 steps writes
+    path = write(tmp_path, GOOD.replace("progress = false", "progress = false\ncheckpoint_every = 2"))
     assert main(["run", str(path), "--out", str(tmp_path / "my run")]) == 130
     err = capsys.readouterr().err
     assert f"`layerdescent run {path} --out '{tmp_path / 'my run'}' --resume` continues from the last checkpoint" in err, err
+
+
+def test_an_interrupt_before_the_first_checkpoint_says_the_rerun_starts_over(tmp_path, monkeypatch, capsys):
+    from helpers import interrupt_at_step
+
+    interrupt_at_step(monkeypatch, 1)
+    path = write(tmp_path, GOOD)
+    assert main(["run", str(path), "--out", str(tmp_path / "run")]) == 130
+    err = capsys.readouterr().err
+    assert err.endswith(
+        f"layerdescent: interrupted before the first checkpoint; `layerdescent run {path} --out {tmp_path / 'run'} --resume` starts over\n"
+    ), err
+    assert not (tmp_path / "run" / "checkpoint.pt").exists()
 
 
 def test_bench_workers_sharing_a_terminal_print_progress_lines_not_bars_over_each_other(tmp_path):
@@ -570,6 +580,16 @@ def test_compare_out_writes_a_new_file_and_replaces_its_own(two_variants, tmp_pa
     assert _compare_out(two_variants, out)[0] == 0 and out.read_text() == first
 
 
+def test_compare_out_over_its_page_the_user_edited_is_refused_in_one_line(two_variants, tmp_path):
+    out = tmp_path / "compare.md"
+    assert _compare_out(two_variants, out)[0] == 0
+    edited = out.read_text().replace("\n## ", "\nMy reading: primal-dual wins.\n\n## ", 1)
+    out.write_text(edited)  # still headed as layerdescent writes it
+    status, err = _compare_out(two_variants, out)
+    assert status == 2 and err.count("\n") == 1 and "was changed since" in err and "move it away" in err, err
+    assert out.read_text() == edited
+
+
 def _symlink(tmp_path, out):
     victim = tmp_path / "victim.md"
     victim.write_text("mine\n")
@@ -656,3 +676,36 @@ def test_compare_of_a_variant_with_itself_or_across_perturbations_is_one_line_an
 def test_config_defaults_for_an_empty_task_name_is_refused_not_read_as_lista(capsys):
     assert main(["config", "--defaults", "--task", ""]) == 2
     assert "unknown task ''" in capsys.readouterr().err
+
+
+def test_compare_says_which_sign_of_a_difference_favours_a(two_variants, tmp_path):
+    out = tmp_path / "compare.md"
+    assert _compare_out(two_variants, out)[0] == 0
+    text = out.read_text()
+    assert "each cell is primal-dual − erm" in text
+    assert "## mse: primal-dual − erm (lower is better: negative favours primal-dual)" in text
+
+
+def test_compare_knows_the_direction_of_every_bundled_tasks_metric_as_its_torchmetrics_class_does():
+    import types
+
+    from layerdescent.analysis.compare import HIGHER_IS_BETTER
+    from layerdescent.registry import get_registry
+
+    directions = {}
+    for task in get_registry().tasks.values():
+        for is_lm in (False, True):  # the LLM task's metric depends on its readout
+            stand_in = types.SimpleNamespace(num_labels=2, is_lm=is_lm)
+            directions.update({name: metric.higher_is_better for name, metric in task.metrics(stand_in).items()})
+    assert directions == HIGHER_IS_BETTER
+
+
+def test_run_prints_the_test_loss_at_every_layer_and_where_it_rises(tmp_path, capsys):
+    path = write(tmp_path, GOOD)
+    assert main(["run", str(path), "--out", str(tmp_path / "run")]) == 0
+    out = capsys.readouterr().out
+    record = json.loads((tmp_path / "run" / "results.json").read_text())["gammas"][0]
+    losses = record["layer_loss"]
+    rises = [k for k in range(1, len(losses)) if losses[k] > losses[k - 1]]
+    trend = "falls at every layer" if not rises else f"rises at layer{'s' * (len(rises) > 1)} {', '.join(map(str, rises))}"
+    assert f"gamma=0  loss at layers 0..4: {' '.join(f'{v:.4g}' for v in losses)} ({trend})" in out, out

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 
 import pytest
@@ -105,30 +106,41 @@ def test_a_saved_evaluation_of_another_model_is_not_reused(tmp_path):
     assert rundir.partial_evaluation(tmp_path, {"step": 16, "epoch": 2, "eval": {}}, [0.0, 1.0], [], 1) == (None, None)
     (tmp_path / layout.EVALUATION_PARTIAL).write_text("{not json")
     done, line = rundir.partial_evaluation(tmp_path, key, [0.0, 1.0], [], 1)
-    assert done is None and "is damaged (not JSON): the evaluation starts again" in line
+    assert done is None and "is not valid JSON" in line and line.endswith(": the evaluation starts again")
 
 
 def _edit_loss(saved):
     saved["evaluation"]["gammas"][0]["layer_loss"][0] = 0.0  # the checksum no longer matches
 
 
+def _forge_checksum(saved):
+    """Recompute the checksum over the edited records, as anyone can: the records alone are then checked."""
+    saved["sha256"] = hashlib.sha256(json.dumps(saved["evaluation"], sort_keys=True).encode()).hexdigest()
+
+
+def _edit_loss_without_checksum(saved):
+    _edit_loss(saved)
+    del saved["sha256"]
+
+
 def _append_gamma(saved):
     saved["evaluation"]["gammas"].insert(1, {**saved["evaluation"]["gammas"][0], "gamma": 0.9})
-    del saved["sha256"]  # as a file written before the checksum: the records alone are checked
+    _forge_checksum(saved)
 
 
 def _mistype(saved):
     saved["evaluation"]["gammas"][1]["layer_loss"] = "x"
-    del saved["sha256"]
+    _forge_checksum(saved)
 
 
 def _unknown_domain(saved):
     saved["evaluation"]["domains"] = {"elsewhere": saved["evaluation"]["gammas"]}
-    del saved["sha256"]
+    _forge_checksum(saved)
 
 
 TAMPERED = {
-    "loss-edited-to-0": (_edit_loss, "was changed since it was written (its checksum differs): the evaluation starts again", 3),
+    "loss-edited-to-0": (_edit_loss, "was changed since it was written (its checksum differs), so its records are not used", 3),
+    "checksum-removed-and-loss-edited-to-0": (_edit_loss_without_checksum, "has no checksum, so its records are not used", 3),
     "a-record-for-gamma-0.9-appended": (_append_gamma, "gammas[1] is a record for gamma 0.9, where eval.gammas[1] is 0.5", 2),
     "a-mistyped-field": (_mistype, "gammas[1].layer_loss is 'x', not a list of numbers", 2),
     "a-domain-not-asked-for": (_unknown_domain, "domain 'elsewhere' was not asked for (eval.domains)", 1),

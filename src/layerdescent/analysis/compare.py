@@ -13,6 +13,18 @@ from layerdescent.analysis.groups import domain_results
 from layerdescent.analysis.tables import cross_code, made_by_label, paired_cell
 from layerdescent.errors import LayerdescentError
 
+# Which way each bundled task's metric is better (its torchmetrics class's higher_is_better; a test keeps them
+# equal), so that a difference's sign reads as better or worse; a metric not named here is told as higher or lower.
+HIGHER_IS_BETTER = {"mse": False, "snr_db": True, "rmse": False, "psnr": True, "accuracy": True, "macro_f1": True, "perplexity": False}
+
+
+def sign_meaning(metric: str, a: str) -> str:
+    """What the sign of A − B means for ``metric``: which sign favours ``a``, where the metric's direction is known."""
+    higher = HIGHER_IS_BETTER.get(metric)
+    if higher is None:
+        return f"positive: {a} higher; which way is better is the metric's own"
+    return f"{'higher' if higher else 'lower'} is better: {'positive' if higher else 'negative'} favours {a}"
+
 
 def pair_tables(results: list[dict], a: str, b: str) -> list[str]:
     """Markdown: per metric, a row per evaluation set and a column per gamma, each cell A − B over paired seeds."""
@@ -54,7 +66,7 @@ def pair_tables(results: list[dict], a: str, b: str) -> list[str]:
     lines.append("")
     for metric in metrics:
         lines += [
-            f"## {metric}: {a} − {b}",
+            f"## {metric}: {a} − {b} ({sign_meaning(metric, a)})",
             "",
             "| evaluated on | " + " | ".join(f"γ={g:g}" for g in gammas) + " |",
             "|---|" + "---|" * len(gammas),
@@ -71,7 +83,8 @@ def compare_markdown(results: list[dict], a: str, b: str, command: str) -> str:
         [
             f"# {a} − {b}",
             "",
-            f"Made by `{command}`; 95% t intervals over paired seeds, **bold** excludes 0.",
+            f"Made by `{command}`; each cell is {a} − {b} with its 95% t interval over paired seeds, **bold** excludes 0; "
+            f"each table's heading says which sign favours {a}.",
             "",
             *pair_tables(results, a, b),
         ]

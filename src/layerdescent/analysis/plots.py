@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import gzip
 import io
-import json
 import os
 from pathlib import Path
 
@@ -21,30 +19,13 @@ from layerdescent.analysis.groups import (
     role,
 )
 from layerdescent.errors import LayerdescentError
+from layerdescent.readback import read_jsonl
 from layerdescent.registry import get_registry
 
 
 def read_log(path: Path) -> list[dict]:
     """The records of one metrics.jsonl, or of its gzipped copy (``metrics.jsonl.gz``, as a committed bench keeps it); LayerdescentError naming the file and line if one is damaged."""
-    try:
-        raw = gzip.decompress(Path(path).read_bytes()) if str(path).endswith(".gz") else Path(path).read_bytes()
-        lines = raw.decode("utf-8").splitlines()
-    except (UnicodeDecodeError, gzip.BadGzipFile, EOFError):
-        raise LayerdescentError(f"{path} is not text (a binary or damaged file)") from None
-    except OSError as exc:
-        raise LayerdescentError(f"cannot read {path}: {exc.strerror or exc}") from None
-    records = []
-    for number, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise LayerdescentError(f"{path}:{number} is not valid JSON ({exc.msg}); the log is damaged") from None
-        if not isinstance(record, dict):
-            raise LayerdescentError(f"{path}:{number} holds a JSON {type(record).__name__}, not a log record; the log is damaged")
-        records.append(record)
-    return records
+    return read_jsonl(path, fix="the log is damaged: delete it, or run that run again")
 
 
 def run_log(run_dir: Path) -> Path | None:

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from layerdescent.analysis.report import write_report
 from layerdescent.bench.executors import worker_init
+from layerdescent.bench.executors.watchdog import job as pool_job
 from layerdescent.bench.executors.watchdog import stopping_workers
 from layerdescent.errors import ConfigError, LayerdescentError
 from layerdescent.registry import Registry
@@ -57,7 +58,9 @@ def _evaluate_in_pool(
         ProcessPoolExecutor(min(workers, len(todo)), initializer=worker_init, initargs=(os.getpid(),)) as pool,
         stopping_workers(pool),  # an interrupt stops the workers too
     ):
-        jobs = {pool.submit(evaluate_run, run_dir, out / run_dir.relative_to(root), overrides, None, 1): run_dir for run_dir in todo}
+        jobs = {
+            pool.submit(pool_job, evaluate_run, run_dir, out / run_dir.relative_to(root), overrides, None, 1): run_dir for run_dir in todo
+        }
         for job in as_completed(jobs):
             if isinstance(job.exception(), BrokenProcessPool):  # a worker killed (by a signal, or out of memory) takes the pool down
                 left = sum(not (out / run_dir.relative_to(root) / "results.json").exists() for run_dir in todo)

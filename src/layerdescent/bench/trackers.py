@@ -18,6 +18,7 @@ This module imports none of their packages until a tracker opens, so a config ch
 from __future__ import annotations
 
 import atexit
+import contextlib
 import json
 import os
 import re
@@ -26,6 +27,7 @@ import shutil
 import string
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Literal, Union
@@ -34,7 +36,8 @@ from layerdescent.errors import ConfigError
 from layerdescent.hookspecs import hookimpl
 from layerdescent.optional import require
 from layerdescent.options import flat_keys
-from layerdescent.run.files import open_own, refuse_links, write_atomic
+from layerdescent.readback import read_json
+from layerdescent.run.files import refuse_links, write_atomic
 from layerdescent.run.tracking import Tracker
 
 # Set by a bench for its workers, so a bench's runs share one store and one experiment without a config key.
@@ -236,6 +239,35 @@ def _mlflow_key(key: str) -> str:
     return re.sub(r"[^\w\-. :/]", "_", key)
 
 
+# W&B's folders (its settings, caches, staged artifacts and service logs), which default to $HOME;
+# WANDB_DIR is where a run's own files go.
+WANDB_FOLDERS = {
+    "WANDB_DIR": "",
+    "WANDB_CONFIG_DIR": "config",
+    "WANDB_CACHE_DIR": "cache",
+    "WANDB_DATA_DIR": "data",
+    "WANDB_ARTIFACT_DIR": "artifacts",
+}
+
+
+@contextlib.contextmanager
+def _wandb_folders(folder: Path) -> Iterator[None]:
+    """Point each of W&B's folders the user did not set at ``folder`` (RUN_DIR/wandb) while a run starts, so W&B writes nothing in $HOME.
+
+    W&B reads them when a run starts (its service, started with the first run, keeps them); they
+    are put back after, so that a user's own W&B runs in the same process go where they would have.
+    """
+    ours = {
+        name: str(folder.parent if name == "WANDB_DIR" else folder / sub) for name, sub in WANDB_FOLDERS.items() if name not in os.environ
+    }
+    os.environ.update(ours)
+    try:
+        yield
+    finally:
+        for name in ours:
+            os.environ.pop(name, None)
+
+
 # The W&B runs this process opened and has not finished, by id: a run stopped by an error or an
 # interrupt leaves its W&B run open until the process exits, and W&B opens one run per id at a time.
 _WANDB_OPEN: dict[str, Any] = {}
@@ -254,7 +286,12 @@ class _Wandb(Tracker):
         options = self.options
         mode = options.mode or os.environ.get("WANDB_MODE") or "offline"
         refuse_links(self.run_dir, (), folders=("wandb",))  # W&B's files stay inside the run directory
-        (self.run_dir / "wandb").mkdir(exist_ok=True)
+        try:
+            (self.run_dir / "wandb").mkdir(exist_ok=True)
+        except FileExistsError:
+            raise ConfigError(
+                f"{self.run_dir / 'wandb'} is a file, where the W&B tracker keeps its run: move it away, or --out another directory"
+            ) from None
         self.state = self.run_dir / "wandb" / WANDB_STATE
         # A resumed run logs to the W&B run it logged to before; one that starts over (it stopped
         # before its first checkpoint, or trains again) gets a new W&B run.
@@ -269,39 +306,37 @@ class _Wandb(Tracker):
         if mode == "offline":
             os.environ.setdefault("WANDB_ERROR_REPORTING", "false")  # else W&B's service sends its diagnostics over the network
         bench = os.environ.get(BENCH_ENV, "")
-        try:
-            self.run = wandb.init(
-                id=self.run_id,
-                resume="allow" if previous else None,
-                project=options.project or os.environ.get("WANDB_PROJECT") or "layerdescent",
-                entity=options.entity,
-                name=options.run_name or f"{config.name}/seed-{config.seed}",
-                group=bench or None,
-                config=flat_keys(config.as_dict()),
-                dir=str(self.run_dir),
-                mode=mode,
-                reinit="create_new",  # a bench trains its runs one after another in one process
-                settings=wandb.Settings(console="off", silent=True),  # the run's own output and progress bar stay as they are
-            )
-        except wandb.errors.Error as exc:
-            raise ConfigError(
-                f"train.trackers.wandb: W&B could not start the run: {exc} (mode = 'offline' logs to RUN_DIR/wandb for `wandb sync` later)"
-            ) from None
+        with _wandb_folders(self.run_dir / "wandb"):
+            try:
+                self.run = wandb.init(
+                    id=self.run_id,
+                    resume="allow" if previous else None,
+                    project=options.project or os.environ.get("WANDB_PROJECT") or "layerdescent",
+                    entity=options.entity,
+                    name=options.run_name or f"{config.name}/seed-{config.seed}",
+                    group=bench or None,
+                    config=flat_keys(config.as_dict()),
+                    dir=str(self.run_dir),
+                    mode=mode,
+                    reinit="create_new",  # a bench trains its runs one after another in one process
+                    settings=wandb.Settings(console="off", silent=True),  # the run's own output and progress bar stay as they are
+                )
+            except wandb.errors.Error as exc:
+                raise ConfigError(
+                    f"train.trackers.wandb: W&B could not start the run: {exc} (mode = 'offline' logs to RUN_DIR/wandb for `wandb sync` later)"
+                ) from None
         _WANDB_OPEN[self.run_id] = self.run
         self._write_state()
 
     def _read_state(self) -> Union[dict[str, Any], None]:
         """The W&B run id and last step this run's tracker recorded before it stopped, or None when it recorded none."""
-        try:
-            fd = open_own(self.state, os.O_RDONLY)
-        except FileNotFoundError:
+        fix = "remove it to log the rest of the run to a new W&B run"
+        state = read_json(self.state, limit=4096, fix=fix, optional=True)
+        if state is None:
             return None
-        with os.fdopen(fd) as handle:
-            text = handle.read()
         try:
-            state = json.loads(text)
             valid = re.fullmatch(r"[a-z0-9]{1,64}", state["id"]) is not None and isinstance(state["step"], int)
-        except (ValueError, KeyError, TypeError):
+        except (KeyError, TypeError):
             valid = False
         if not valid:
             raise ConfigError(

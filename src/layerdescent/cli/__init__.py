@@ -70,15 +70,26 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt as exc:
         again = getattr(args, "again", None) or ("the same command again" if args.resumable else None)
-        print(
-            f"layerdescent: interrupted; {again} continues from the last checkpoint" if again else "layerdescent: interrupted",
-            file=sys.stderr,
-        )
+        if again and not _checkpointed(getattr(args, "checkpoints", None)):
+            line = f"layerdescent: interrupted before the first checkpoint; {again} starts over"
+        else:
+            line = f"layerdescent: interrupted; {again} continues from the last checkpoint" if again else "layerdescent: interrupted"
+        print(line, file=sys.stderr)
         return 143 if exc.args == ("SIGTERM",) else 130
     finally:
         if in_main:
             for signum, handler in previous.items():
                 signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
+
+
+def _checkpointed(folder: object) -> bool:
+    """Whether the run or bench folder a command trains into holds a checkpoint to continue from (True where it did not say which)."""
+    if folder is None:
+        return True
+    from pathlib import Path
+
+    folder = Path(str(folder))
+    return (folder / "checkpoint.pt").exists() or any(folder.glob("*/seed-*/checkpoint.pt"))
 
 
 def _terminated(signum: int, frame: object) -> None:

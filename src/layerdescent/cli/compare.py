@@ -13,12 +13,12 @@ from layerdescent.hookspecs import hookimpl
 def run(args: argparse.Namespace) -> int:
     from layerdescent.analysis.compare import compare_markdown
     from layerdescent.analysis.report import collect
-    from layerdescent.run.files import write_output
+    from layerdescent.run.publish import write_page
 
     command = "layerdescent compare " + shlex.join([args.runs, args.a, args.b, *(["--out", args.out] if args.out else [])])
     text = compare_markdown(collect(Path(args.runs)), args.a, args.b, command)
     if args.out:
-        write_output(Path(args.out), text, lambda head: head.startswith("# ") and "Made by `layerdescent compare " in head)
+        write_page(Path(args.out), text)
         print(f"wrote {args.out}")
     else:
         print(text)

@@ -17,8 +17,14 @@ def overrides(parser: argparse.ArgumentParser, help: str = "override a config va
 
 
 def _summary_line(gamma_record: dict[str, Any]) -> str:
+    """One gamma's test loss at every layer, whether it falls at each, and the last layer's metrics."""
+    losses = gamma_record["layer_loss"]
+    rises = [k for k in range(1, len(losses)) if losses[k] > losses[k - 1]]
+    trend = "falls at every layer" if not rises else f"rises at layer{'s' * (len(rises) > 1)} {', '.join(map(str, rises))}"
     metrics = " ".join(f"{k}={v:.4g}" for k, v in gamma_record["metrics"].items())
-    return f"gamma={gamma_record['gamma']:g}  last-layer loss={gamma_record['layer_loss'][-1]:.4g}  {metrics}"
+    return (
+        f"gamma={gamma_record['gamma']:g}  loss at layers 0..{len(losses) - 1}: {' '.join(f'{v:.4g}' for v in losses)} ({trend})  {metrics}"
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -34,6 +40,7 @@ def run(args: argparse.Namespace) -> int:
             "--resume`",
         ]
     )
+    args.checkpoints = out  # an interrupt before the first checkpoint is told the rerun starts over
     from layerdescent.run.trainer import train
 
     results = train(config, out, resume=args.resume)

@@ -106,8 +106,8 @@ def write_atomic(path: Path, text: str | bytes) -> None:
         raise
 
 
-def write_output(path: Path, text: str, ours: Callable[[str], bool], what: str = "--out") -> None:
-    """Write a file a command was told to write (``compare --out``) as a run writes its own: atomically, never through a link, never over a file that ``ours`` does not recognise from its first 4 KiB."""
+def write_output(path: Path, text: str, ours: Callable[[str], bool], before: Callable[[], None] | None = None, what: str = "--out") -> None:
+    """Write a file a command was told to write (``compare --out``) as a run writes its own: atomically, never through a link, never over a file that ``ours`` does not recognise from its first 4 KiB; ``before`` runs once the checks pass."""
     path = Path(path)
     usable_dir(path.parent, f"{what} {path}: its folder")
     try:
@@ -126,9 +126,11 @@ def write_output(path: Path, text: str, ours: Callable[[str], bool], what: str =
             head = handle.read(4096).decode("utf-8", errors="replace")
         if not ours(head):
             raise ConfigError(
-                f"{what} {path} is a file layerdescent did not write, which this would replace: move it away, or --out another path (nothing was written)"
+                f"{what} {path} is a file layerdescent did not write (or was changed since), which this would replace: move it away, or --out another path (nothing was written)"
             )
     try:
+        if before is not None:
+            before()
         write_atomic(path, text)
     except OSError as exc:
         raise ConfigError(f"{what} {path} cannot be written: {exc.strerror or exc} (nothing was written)") from None

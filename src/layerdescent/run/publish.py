@@ -27,9 +27,11 @@ from types import TracebackType
 from typing import Any
 
 from layerdescent.errors import ConfigError, LayerdescentError
-from layerdescent.run.files import refuse_links, write_atomic
+from layerdescent.readback import read_json
+from layerdescent.run.files import refuse_links, write_atomic, write_output
 
 MANIFEST = ".layerdescent-report.json"
+MAX_MANIFEST_BYTES = 2**20  # a manifest lists a dozen files and their sha256s
 STAGE = ".layerdescent-report-"  # + pid: the private folder a report is made in
 # What a report writes at the top of its folder (report._plot's names); a bench checks them before it trains, and
 # whatever a report writes is checked again when it is moved in.
@@ -77,11 +79,13 @@ def _sha256(path: Path) -> str | None:
 
 
 def _manifest(folder: Path) -> dict[str, Any] | None:
-    """The folder's manifest, or None where it has none (or none that reads)."""
-    try:
-        data = json.loads(_read(folder / MANIFEST) or b"null")
-    except ValueError:
-        return None
+    """The folder's manifest, or None where it has none (or one of another shape); ReadbackError where it is damaged, a link or huge."""
+    data = read_json(
+        folder / MANIFEST,
+        limit=MAX_MANIFEST_BYTES,
+        optional=True,
+        fix="delete it and run again (the files it listed are then kept as yours, not replaced)",
+    )
     return data if isinstance(data, dict) and isinstance(data.get("files"), dict) else None
 
 
@@ -120,6 +124,24 @@ def refuse_foreign(folder: Path, command: str = "bench") -> None:
             f"{Path(folder) / theirs[0]} was not written by layerdescent (or was changed since), and the {command}'s summary or plots would replace it: "
             f"move it away, or --out another directory (nothing was written)"
         )
+
+
+def write_page(path: Path, text: str) -> None:
+    """Write one page a command was told to write (``compare --out``): over nothing, or over the page layerdescent wrote there, unchanged since (the folder's manifest says), and record it."""
+    path = Path(path)
+    folder, name = path.parent, path.name
+    write_output(path, text, lambda head: not foreign(folder, [name]), lambda: _list(folder, name, text))
+    _list(folder, name, text, written=True)
+
+
+def _list(folder: Path, name: str, text: str, written: bool = False) -> None:
+    """Record page ``name`` in ``folder``'s manifest: before it is written with the sha256 it has now too (a kill between leaves it known as ours), after with the new alone."""
+    refuse_links(folder, (MANIFEST,))
+    recorded = _manifest(folder) or {}
+    files = {n: hashes for n, hashes in owned(folder).items() if os.path.lexists(folder / n)}
+    new = hashlib.sha256(text.encode()).hexdigest()
+    files[name] = [new] if written else [new, *files.get(name, [])]
+    write_atomic(folder / MANIFEST, json.dumps({**recorded, "files": files}, indent=2, sort_keys=True) + "\n")
 
 
 class Publication:

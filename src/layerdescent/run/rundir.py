@@ -19,6 +19,7 @@ from typing import Any
 
 from layerdescent.errors import CheckpointError, ConfigError, LayerdescentError
 from layerdescent.options import flat_keys
+from layerdescent.readback import ReadbackError, parse_json, read_bytes, read_json, read_json_object
 from layerdescent.results import record_problem
 from layerdescent.run.config import config_from_dict
 from layerdescent.run.config_file import read_toml
@@ -44,30 +45,25 @@ def save_failure(run_dir: Path, epoch: int, step: int, exc: BaseException, stage
 
 
 def failure(run_dir: Path) -> dict[str, Any] | None:
-    """The failure ``run_dir``'s run ended with (epoch, step, stage, error), or None."""
-    import json
-
+    """The failure ``run_dir``'s run ended with (epoch, step, stage, error), or None (a damaged record says nothing)."""
     try:
-        record = json.loads((run_dir / FAILURE).read_text())
-    except (OSError, ValueError):
+        record = read_json(run_dir / FAILURE, optional=True)
+    except ReadbackError:
         return None
     return record if isinstance(record, dict) else None
 
 
 def last_record(run_dir: Path, tail: int = 1 << 20) -> dict[str, Any] | None:
     """The last whole record of the run's metrics.jsonl that names a step (from its last ``tail`` bytes), or None."""
-    import json
-
+    path = run_dir / "metrics.jsonl"
     try:
-        with open(run_dir / "metrics.jsonl", "rb") as handle:
-            handle.seek(max(0, handle.seek(0, os.SEEK_END) - tail))
-            lines = handle.read().splitlines()
-    except OSError:
+        lines = (read_bytes(path, limit=tail, tail=True, optional=True) or b"").splitlines()
+    except ReadbackError:
         return None
     for line in reversed(lines):  # the last may be half written
         try:
-            record = json.loads(line)
-        except ValueError:
+            record = parse_json(line, path)
+        except ReadbackError:
             continue
         if isinstance(record, dict) and isinstance(record.get("step"), int):
             return record
@@ -151,14 +147,12 @@ def rewind_log(metrics_file: Path, checkpoint: Path, offset: int) -> None:
 
 def _log_problem(kept: bytes) -> str | None:
     """Why the part of a log a resume keeps is not whole JSON records, one a line (``:LINE ...``), or None."""
-    import json
-
     if kept and not kept.endswith(b"\n"):
         return " does not end a line where the checkpoint says it does"
     for number, line in enumerate(kept.splitlines(), 1):
         try:
-            record = json.loads(line)
-        except ValueError:  # not UTF-8, or not JSON
+            record = parse_json(line, "metrics.jsonl")
+        except ReadbackError:  # not UTF-8, not JSON, or nested past what a log line holds
             return f":{number} is not a JSON record"
         if not isinstance(record, dict) or not isinstance(record.get("event"), str):
             return f":{number} is not a log record"
@@ -171,26 +165,24 @@ def partial_evaluation(
     """The records an interrupted evaluation of the same model under the same eval config saved, checked as strictly as results.json, and a line saying what was dropped.
 
     Each set keeps its records up to the first that does not fit: a type or range the schema
-    refuses, another gamma than ``gammas`` asks for at that place, a set not asked for, or a file
-    changed since it was written (its checksum). Those are evaluated again. None where there is
-    nothing to resume (no file, another model's or another eval config's).
+    refuses, another gamma than ``gammas`` asks for at that place, or a set not asked for. Those are
+    evaluated again. A file without the checksum it was written with (missing, or not its records')
+    is not believed at all: the evaluation starts again. None where there is nothing to resume (no
+    file, another model's or another eval config's).
     """
-    import json
-
     path = run_dir / EVALUATION_PARTIAL
     try:
-        saved = json.loads(path.read_text())
-    except FileNotFoundError:
-        return None, None
-    except (OSError, ValueError):
-        return None, f"{path} is damaged (not JSON): the evaluation starts again"
+        saved = read_json(path, optional=True, fix="the evaluation starts again")
+    except ReadbackError as exc:
+        return None, str(exc)
     if not isinstance(saved, dict) or saved.get("key") != key:
         return None, None
     evaluation = saved.get("evaluation")
     if not isinstance(evaluation, dict):
         return None, f"{path} holds no table of records: the evaluation starts again"
-    if "sha256" in saved and saved["sha256"] != _digest(evaluation):
-        return None, f"{path} was changed since it was written (its checksum differs): the evaluation starts again"
+    if saved.get("sha256") != _digest(evaluation):
+        what = "has no checksum" if "sha256" not in saved else "was changed since it was written (its checksum differs)"
+        return None, f"{path} {what}, so its records are not used: the evaluation starts again"
     dropped: list[str] = []
     kept: dict[str, Any] = {"gammas": _fitting(evaluation.get("gammas"), gammas, layers, "gammas", dropped)}
     recorded = evaluation.get("domains", {})
@@ -260,13 +252,10 @@ def final_model_file(run_dir: Path, config: Any) -> Path:
 
 def json_object(path: Path) -> dict[str, Any]:
     """The JSON object in ``path``, or an empty one where it holds none (a damaged file is then no match for anything)."""
-    import json
-
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        return read_json_object(path, optional=True) or {}
+    except ReadbackError:
         return {}
-    return data if isinstance(data, dict) else {}
 
 
 def conflict(run_dir: Path, config: Any, registry: Any = None) -> str | None:

@@ -39,6 +39,7 @@ from typing import Any, ClassVar, Union
 from layerdescent.errors import ConfigError, LayerdescentError
 from layerdescent.optional import check_installed
 from layerdescent.options import build_options
+from layerdescent.readback import read_bytes
 from layerdescent.registry import closest, get_registry
 from layerdescent.run import files, layout
 
@@ -118,14 +119,19 @@ def mark_out(out: Path) -> str:
     files.refuse_links(out, (MARKER,), folders=("logs", ".submitit"))  # the runs' logs and submitit's jobs stay inside --out
     if not marker.exists():
         files.write_atomic(marker, uuid.uuid4().hex + "\n")
-    return marker.read_text().strip()
+    return _marker(marker, "delete it and run the bench again")
+
+
+def _marker(marker: Path, fix: str) -> str:
+    """The id in ``out``'s marker file, read within bounds (it is 33 bytes)."""
+    return (read_bytes(marker, limit=4096, fix=fix) or b"").decode("utf-8", errors="replace").strip()
 
 
 def _check_visible(out: Path, token: str) -> None:
     marker = out / MARKER
     try:
-        seen = marker.read_text().strip()
-    except OSError:
+        seen = _marker(marker, "")
+    except LayerdescentError:  # missing, or not the file the bench wrote: not the bench's directory either way
         seen = None
     if seen != token:
         raise ConfigError(

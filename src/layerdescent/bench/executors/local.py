@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from layerdescent.bench.executors.base import Executor, RunFailure, environment, failed_status, run_failure
-from layerdescent.bench.executors.watchdog import stopping_workers, worker_init
+from layerdescent.bench.executors.watchdog import job, stopping_workers, worker_init
 
 
 def _train_one(run: Any, resume: bool) -> None:
@@ -62,7 +62,7 @@ class Local(Executor):
                 ProcessPoolExecutor(workers, initializer=worker_init, initargs=(os.getpid(),)) as pool,
                 stopping_workers(pool),  # an interrupt stops the workers too
             ):
-                jobs = {pool.submit(_train_one, run, resume): (run, resume) for run, resume in pending}
-                for job in as_completed(jobs):  # told as each ends
-                    _settle(*jobs[job], job.result, self.out, failures, on_run)
+                jobs = {pool.submit(job, _train_one, run, resume): (run, resume) for run, resume in pending}
+                for done in as_completed(jobs):  # told as each ends
+                    _settle(*jobs[done], done.result, self.out, failures, on_run)
         return failures, workers

@@ -14,6 +14,7 @@ from typing import Any, ClassVar, Literal, Union
 from layerdescent.bench.executors.base import MAX_MEM_GB, MAX_MINUTES, POLL_SECONDS, Executor, ExecutorOptions, check_gpus
 from layerdescent.errors import ConfigError
 from layerdescent.optional import require
+from layerdescent.readback import read_json
 from layerdescent.run import files
 
 ACTIVE_SLURM_STATES = ("PENDING", "RUNNING", "REQUEUED", "CONFIGURING", "COMPLETING", "RESIZING", "SUSPENDED")
@@ -76,10 +77,10 @@ class Slurm(Executor):
 
     def recorded(self) -> dict[str, str]:
         """The job id of every run submitted into this --out, by variant and seed."""
-        try:
-            return json.loads(self.jobs_file.read_text())
-        except (OSError, ValueError):
-            return {}
+        jobs = read_json(
+            self.jobs_file, optional=True, fix="delete it and run the bench again (it then submits the runs it cannot find anew)"
+        )
+        return {str(k): str(v) for k, v in jobs.items() if isinstance(v, (str, int))} if isinstance(jobs, dict) else {}
 
     def adopt(self, run: Any) -> Any | None:
         job_id = self.recorded().get(_key(run))

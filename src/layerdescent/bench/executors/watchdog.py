@@ -9,8 +9,9 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor
+from typing import Any
 
 from layerdescent.run import progress
 
@@ -47,8 +48,38 @@ def stopping_workers(pool: ProcessPoolExecutor) -> Iterator[None]:
         raise
 
 
+# Whether this worker is running a job (see :func:`job`), and whether an interrupt came while it was not.
+_working = False
+_interrupted = False
+
+
+def _on_interrupt(signum: int, frame: Any) -> None:
+    """A worker's SIGINT: a job under way stops as Ctrl-C stops it; a worker waiting for one stays quiet (no traceback) and starts none."""
+    global _interrupted
+    _interrupted = True
+    if _working:
+        raise KeyboardInterrupt
+
+
+def job(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """``fn(*args, **kwargs)`` as a pool worker's job, submitted as ``pool.submit(job, fn, ...)``: an interrupt stops it (see :func:`worker_init`)."""
+    global _working
+    if _interrupted:  # the pool had queued it before the interrupt: it never starts
+        raise KeyboardInterrupt
+    _working = True
+    try:
+        return fn(*args, **kwargs)
+    finally:
+        _working = False
+
+
 def worker_init(parent: int) -> None:
-    """Tie a worker's life to its parent's (a bench's, an evaluation's): a killed parent leaves no run going on."""
+    """Tie a worker's life to its parent's (a bench's, an evaluation's): a killed parent leaves no run going on.
+
+    An idle worker ignores an interrupt (Ctrl-C reaches the whole process group): its parent shuts the
+    pool down, which ends it without the traceback a KeyboardInterrupt in the pool's queue would print.
+    """
+    signal.signal(signal.SIGINT, _on_interrupt)
     if sys.platform.startswith("linux"):
         try:
             libc = ctypes.CDLL(None, use_errno=True)
