@@ -65,7 +65,7 @@ def test_the_primary_family_leads_the_summary_with_holm_adjusted_p_values(tmp_pa
     spec = BenchSpec(("erm", "penalty"), Primary("mse", False, (0.0, 1.0), ("primal-dual",)))
     text = write_report(bench, spec=spec).read_text()
     assert text.index("## Primary endpoints (pre-registered)") < text.index("## Metric at each gamma")
-    assert "a family of 2" in text and "Bonferroni's (97.5%" in text
+    assert "a family of 2" in text and "at the level Holm's step-down tested the cell at" in text
     cells = judge_cells(collect(bench), spec, ("primal-dual",), "mse", False, (0.0, 1.0), ("test",))
     assert [c["p_holm"] for c in cells] == holm([c["difference"]["p"] for c in cells])
     assert cells[1]["baseline"] == "penalty"  # the lower mse at gamma 1 (at gamma 0 all tie)

@@ -6,7 +6,7 @@ import json
 
 import pytest
 import tomli_w
-from helpers import REPO, three_solvers, write_run
+from helpers import REPO, cli, three_solvers, write_run
 
 from layerdescent.analysis.endpoints import BenchSpec, Choice, Endpoint, parse_spec, read_spec
 from layerdescent.analysis.judging import judge
@@ -229,3 +229,33 @@ def test_report_remakes_the_committed_endpoints_from_the_bench_files_plan(tmp_pa
     write_report(REPO / "benchmarks" / "results" / bench, tmp_path, spec=spec)
     made = (tmp_path / "endpoints.md").read_text()
     assert made.splitlines()[1:] == committed.splitlines()[1:]  # the title is the folder's report's own
+
+
+@pytest.mark.parametrize(
+    "ledger, needle",
+    [
+        ("[" * 200_000, "nests"),
+        (json.dumps({"plans": {}, "runs": {"erm/seed-0": ["a"]}}), "records run 'erm/seed-0' under a plan it does not keep"),
+        (json.dumps({"plans": {"0" * 64: {"baselines": ["erm"]}}, "runs": {}}), "keeps a plan that does not hash to its key"),
+        (json.dumps({"plans": [], "runs": {}}), "is not a plan ledger"),
+    ],
+)
+def test_a_damaged_or_forged_plan_ledger_is_one_line_never_a_verdict(tmp_path, ledger, needle):
+    three_solvers(tmp_path / "runs")
+    (tmp_path / "runs" / LEDGER).write_text(ledger)
+    (tmp_path / "bench.toml").write_text(tomli_w.dumps({"bench": {"baselines": ["erm"], "plan": {"P1": PLAN["P1"]}}}))
+    status, lines = cli("report", str(tmp_path / "runs"), "--bench", str(tmp_path / "bench.toml"))
+    assert status == 2 and len(lines) == 1 and needle in lines[0] and LEDGER in lines[0]
+    assert not (tmp_path / "runs" / "summary.md").exists()
+
+
+def test_a_link_where_the_plan_ledger_is_kept_is_refused_not_replaced(tmp_path):
+    from layerdescent.analysis.registration import record
+
+    elsewhere = tmp_path / "elsewhere.json"
+    elsewhere.write_text("{}")
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / LEDGER).symlink_to(elsewhere)
+    with pytest.raises(Exception, match="symbolic link") as caught:
+        record(tmp_path / "out", [("erm/seed-0", False)], parse_spec({"plan": {"P1": PLAN["P1"]}}))
+    assert "\n" not in str(caught.value) and elsewhere.read_text() == "{}" and (tmp_path / "out" / LEDGER).is_symlink()

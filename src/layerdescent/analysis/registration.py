@@ -19,7 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from layerdescent.analysis.endpoints import BenchSpec, spec_table
-from layerdescent.run.files import write_atomic
+from layerdescent.readback import ReadbackError, read_json
+from layerdescent.run.files import refuse_links, write_atomic
 
 LEDGER = ".layerdescent-plans.json"
 
@@ -36,13 +37,25 @@ def plan_hash(table: dict) -> str:
 
 
 def _read(out: Path) -> dict:
-    """The ledger in ``out``; empty where there is none or it does not read (a report then says nothing was recorded)."""
-    try:
-        data = json.loads((out / LEDGER).read_text())
-    except (OSError, ValueError):
+    """The ledger in ``out``, checked: each plan kept under its own sha256, each run naming a kept plan; empty where there is none.
+
+    Read bounded (:mod:`layerdescent.readback`) and never believed: a ledger whose plans do not hash to
+    their keys, or whose runs name a plan it does not keep, is one line, not a verdict on forged records.
+    """
+    fix = "delete it (a report then says no plan was recorded; the next bench run records the current plan)"
+    data = read_json(Path(out) / LEDGER, fix=fix, optional=True)
+    if data is None:
         return {"plans": {}, "runs": {}}
-    ok = isinstance(data, dict) and isinstance(data.get("plans"), dict) and isinstance(data.get("runs"), dict)
-    return data if ok else {"plans": {}, "runs": {}}
+    plans, runs = (data.get(key) if isinstance(data, dict) else None for key in ("plans", "runs"))
+    if not isinstance(plans, dict) or not isinstance(runs, dict):
+        raise ReadbackError(f"{Path(out) / LEDGER} is not a plan ledger (plans and runs tables): {fix}")
+    forged = next((digest for digest, table in plans.items() if not isinstance(table, dict) or plan_hash(table) != digest), None)
+    if forged is not None:
+        raise ReadbackError(f"{Path(out) / LEDGER} keeps a plan that does not hash to its key {str(forged)[:12]}: {fix}")
+    stray = next((run for run, digest in runs.items() if not isinstance(digest, str) or digest not in plans), None)
+    if stray is not None:
+        raise ReadbackError(f"{Path(out) / LEDGER} records run {stray!r} under a plan it does not keep: {fix}")
+    return data
 
 
 def record(out: Path, runs: list[tuple[str, bool]], spec: BenchSpec) -> None:
@@ -57,6 +70,7 @@ def record(out: Path, runs: list[tuple[str, bool]], spec: BenchSpec) -> None:
         ledger["plans"][digest] = table
         ledger["runs"][key] = digest
     Path(out).mkdir(parents=True, exist_ok=True)  # before its first run makes it
+    refuse_links(Path(out), (LEDGER,))
     write_atomic(Path(out) / LEDGER, json.dumps(ledger, indent=1, sort_keys=True) + "\n")
 
 

@@ -29,9 +29,9 @@ def paired_difference(a, b, level: float = 0.95) -> dict:
     # One pair has no spread to judge it by; nor have pairs that all differ alike (a metric counted
     # on a fixed test set, such as accuracy, takes few values), where t's interval would shrink to a
     # point and call any difference certain. "Alike" is up to float32 rounding of the metrics.
-    if n < 2 or np.ptp(d) <= 1e-6 * float(np.abs(np.concatenate([a, b])).max()):
+    scale = float(d.std(ddof=1) / np.sqrt(n)) if n > 1 else 0.0
+    if n < 2 or np.ptp(d) <= 1e-6 * float(np.abs(np.concatenate([a, b])).max()) or not scale > 0:  # a subnormal spread underflows to 0
         return {"mean": mean, "low": None, "high": None, "n": n, "distinct": False, "p": None}
-    scale = float(d.std(ddof=1) / np.sqrt(n))
     half = float(stats.t.ppf((1 + level) / 2, n - 1) * scale)
     low, high = mean - half, mean + half
     p = float(2 * stats.t.sf(abs(mean) / scale, n - 1))
@@ -77,9 +77,10 @@ def _spread(a, b) -> float | None:
     """The standard error of mean(a - b), or None where :func:`paired_difference` finds no spread to judge by."""
     a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
     d = a - b
-    if len(d) < 2 or np.ptp(d) <= 1e-6 * float(np.abs(np.concatenate([a, b])).max()):
+    scale = float(d.std(ddof=1) / np.sqrt(len(d))) if len(d) > 1 else 0.0
+    if len(d) < 2 or np.ptp(d) <= 1e-6 * float(np.abs(np.concatenate([a, b])).max()) or not scale > 0:
         return None
-    return float(d.std(ddof=1) / np.sqrt(len(d)))
+    return scale
 
 
 EXACT_SEEDS = 16  # up to this many pairs the sign-flip test enumerates every sign; beyond, a seeded sample of them

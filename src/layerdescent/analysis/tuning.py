@@ -57,6 +57,7 @@ from typing import Any
 
 from layerdescent.errors import ConfigError
 from layerdescent.optional import check_installed
+from layerdescent.readback import read_json
 from layerdescent.results import read_results
 from layerdescent.run import rundir
 from layerdescent.run.config import check_seed
@@ -556,11 +557,9 @@ def _canonical(decision: dict) -> str:
 
 
 def read_adopted(out: Path) -> dict:
-    """``OUT/tuning.json``: each tuned variant's decision; empty where no search has been decided."""
-    try:
-        data = json.loads((Path(out) / ADOPTED).read_text())
-    except (OSError, ValueError):
-        return {}
+    """``OUT/tuning.json``: each tuned variant's decision; empty where no search has been decided (read bounded; a damaged one is one line)."""
+    fix = "delete it and run the bench again (the decisions are recomputed from the trials' own results)"
+    data = read_json(Path(out) / ADOPTED, fix=fix, optional=True)
     return data if isinstance(data, dict) else {}
 
 

@@ -231,9 +231,10 @@ def plan(
 
 def _check_criterion(search, config: RunConfig, tasks: dict) -> None:
     """A search's criterion is the last layer's loss, the kept epoch's, or a metric its trials' task reports."""
-    if search.criterion in ("loss", BEST_VAL_LOSS):
+    task = tasks.get(repr(sorted(config.task.options.items())) + config.task.name)
+    if search.criterion in ("loss", BEST_VAL_LOSS) or task is None:  # without the built tasks (status, report) metrics go unchecked
         return
-    metrics = list(tasks[repr(sorted(config.task.options.items())) + config.task.name].metrics().keys())
+    metrics = list(task.metrics().keys())
     if search.criterion not in metrics:
         raise ConfigError(
             f"bench.tuning.{search.variant}.criterion: {search.criterion!r} is not a metric of task {config.task.name!r} "
