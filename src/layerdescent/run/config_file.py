@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from layerdescent.errors import ConfigError
+from layerdescent.readback import depth
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -44,21 +45,9 @@ def read_toml(path: str | Path) -> dict[str, Any]:
         raise ConfigError(f"{path} is not valid TOML: {exc}") from None
     except RecursionError:
         table = None
-    if table is None or nesting(table) > MAX_NESTING:  # dotted headers nest without recursing in the parser, but copying them would
+    if table is None or depth(table) > MAX_NESTING:  # dotted headers nest without recursing in the parser, but copying them would
         raise ConfigError(f"{path} nests tables or arrays more than {MAX_NESTING} deep; that is not a run config") from None
     return table
-
-
-def nesting(value: Any) -> int:
-    """How deep tables and arrays lie within each other in ``value`` (a scalar: 0), counted without recursion."""
-    deepest, stack = 0, [(value, 1)]
-    while stack:
-        node, depth = stack.pop()
-        children = node.values() if isinstance(node, dict) else node if isinstance(node, list) else None
-        if children is not None:
-            deepest = max(deepest, depth)
-            stack.extend((child, depth + 1) for child in children)
-    return deepest
 
 
 def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
@@ -72,9 +61,9 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
             value = tomllib.loads(f"v = {raw}")["v"]
         except (tomllib.TOMLDecodeError, RecursionError):
             value = raw
-        if nesting(value) >= MAX_NESTING:
+        if depth(value) >= MAX_NESTING:
             raise ConfigError(
-                f"--set {key.strip()}: its value nests arrays or tables {nesting(value)} deep; a config nests at most {MAX_NESTING} deep"
+                f"--set {key.strip()}: its value nests arrays or tables {depth(value)} deep; a config nests at most {MAX_NESTING} deep"
             )
         set_path(data, key.strip(), value)
     return data
