@@ -75,9 +75,9 @@ def set_path(data: Any, dotted: str, value: Any) -> None:
     if len(parts) > MAX_NESTING:
         raise ConfigError(f"--set {dotted[:60]}...: a key of {len(parts)} parts; a config nests at most {MAX_NESTING} deep")
     node = data
-    for depth, part in enumerate(parts):
-        last = depth == len(parts) - 1
-        where = ".".join(parts[: depth + 1])
+    for level, part in enumerate(parts):
+        last = level == len(parts) - 1
+        where = ".".join(parts[: level + 1])
         if isinstance(node, list):
             if not part.isdigit() or int(part) >= len(node):
                 raise ConfigError(f"--set {dotted}: {where} is not an index of a list of {len(node)}")
@@ -87,7 +87,7 @@ def set_path(data: Any, dotted: str, value: Any) -> None:
             if not last:
                 node.setdefault(part, {})
         else:
-            raise ConfigError(f"--set {dotted}: {'.'.join(parts[:depth])} is not a table")
+            raise ConfigError(f"--set {dotted}: {'.'.join(parts[:level])} is not a table")
         if last:
             node[index] = value
         else:
