@@ -10,12 +10,17 @@ from layerdescent.cli.run import overrides
 from layerdescent.commands import Command
 
 
+def default_out(config: str) -> Path:
+    """Where a bench file's runs go without --out: runs/bench-NAME."""
+    return Path("runs") / f"bench-{Path(config).stem}"
+
+
 def run(args: argparse.Namespace) -> int:
     from layerdescent.bench.runner import executor_choice, run_bench
     from layerdescent.bench.status import STATES, bench_status, time_left
     from layerdescent.run.progress import clock
 
-    out = Path(args.out) if args.out else Path("runs") / f"bench-{Path(args.config).stem}"
+    out = Path(args.out) if args.out else default_out(args.config)
     if args.status:
         runs = bench_status(args.config, out, args.set, args.only)
         for run, state, details in runs:

@@ -13,6 +13,7 @@ def run(args: argparse.Namespace) -> int:
     from layerdescent.analysis.report import collect
     from layerdescent.bench.plan import bench_spec, plan
     from layerdescent.bench.reference import plan_reference
+    from layerdescent.cli.bench import default_out
 
     if args.reference:
         if args.file is not None:
@@ -21,7 +22,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     if args.file is None:
         raise ConfigError("name the bench file whose plan to print: layerdescent plan FILE (or --reference for every key)")
-    runs = plan(args.file, args.out or "", args.set, build_tasks=False)
+    runs = plan(args.file, args.out or default_out(args.file), args.set, build_tasks=False)
     seeds = {}
     for run in runs:
         if run.trial_of is None:
@@ -37,7 +38,7 @@ def arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--pilot", metavar="DIR", help="runs of an earlier bench: the spread of each endpoint's pairs there gives the power of its seeds"
     )
-    parser.add_argument("--out", help="the bench's folder, where its tuning decisions are (default: none)")
+    parser.add_argument("--out", help="the bench's folder, where its tuning decisions are (default: bench's, runs/bench-NAME)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config key, as bench --set does")
 
 
