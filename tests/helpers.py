@@ -219,3 +219,32 @@ def three_solvers(root: Path) -> Path:
         for seed, mse1 in enumerate(values):
             write_run(root, solver, solver, seed, 0.1 + 0.01 * seed, mse1)
     return root
+
+
+GAMMAS = (0.0, 0.5, 1.0, 2.0)
+
+
+def write_gamma_runs(root, values: dict[str, list[list[float]]], layers: dict[str, list[list[float]]] | None = None):
+    """Runs of label -> per seed, the mse at each of GAMMAS; ``layers`` label -> per seed, the per-layer loss at every gamma."""
+    for label, seeds in values.items():
+        for seed, mse in enumerate(seeds):
+            run = root / label / f"seed-{seed}"
+            run.mkdir(parents=True)
+            (run / "config.toml").write_text(f'seed = {seed}\n[task]\nname = "lista"\n[solver]\nname = "{label}"\n')
+            loss = layers[label][seed] if layers else [1.0, 0.8, 0.6]
+            result = {
+                "schema": 1,
+                "label": label,
+                "task": "lista",
+                "solver": label,
+                "seed": seed,
+                "num_layers": len(loss) - 1,
+                "split": "test",
+                "train": {"steps": 20, "epochs": 1, "step_time_median": 0.002},
+                "gammas": [
+                    {"gamma": g, "layer_loss": loss, "descent_rate": [0.9] * (len(loss) - 1), "metrics": {"mse": m}, "samples": 100}
+                    for g, m in zip(GAMMAS, mse)
+                ],
+            }
+            (run / "results.json").write_text(json.dumps(result))
+    return root

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import json
-
 import numpy as np
 import pytest
 import tomli_w
+from helpers import write_gamma_runs as runs
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -16,34 +15,6 @@ from layerdescent.analysis.report import collect
 from layerdescent.analysis.stats import holm, holm_levels, one_sided_p, paired_difference, sign_flip, sign_flip_p
 from layerdescent.cli import main
 from layerdescent.errors import ConfigError
-
-GAMMAS = (0.0, 0.5, 1.0, 2.0)
-
-
-def runs(root, values: dict[str, list[list[float]]], layers: dict[str, list[list[float]]] | None = None):
-    """Runs of label -> per seed, the mse at each of GAMMAS; ``layers`` label -> per seed, the per-layer loss at every gamma."""
-    for label, seeds in values.items():
-        for seed, mse in enumerate(seeds):
-            run = root / label / f"seed-{seed}"
-            run.mkdir(parents=True)
-            (run / "config.toml").write_text(f'seed = {seed}\n[task]\nname = "lista"\n[solver]\nname = "{label}"\n')
-            loss = layers[label][seed] if layers else [1.0, 0.8, 0.6]
-            result = {
-                "schema": 1,
-                "label": label,
-                "task": "lista",
-                "solver": label,
-                "seed": seed,
-                "num_layers": len(loss) - 1,
-                "split": "test",
-                "train": {"steps": 20, "epochs": 1, "step_time_median": 0.002},
-                "gammas": [
-                    {"gamma": g, "layer_loss": loss, "descent_rate": [0.9] * (len(loss) - 1), "metrics": {"mse": m}, "samples": 100}
-                    for g, m in zip(GAMMAS, mse)
-                ],
-            }
-            (run / "results.json").write_text(json.dumps(result))
-    return root
 
 
 def report(tmp_path, plan: dict, baselines=("erm",)) -> str:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import tomli_w
-from helpers import REPO, cli
+from helpers import REPO, cli, write_gamma_runs
 
 from layerdescent.analysis.endpoints import CHOICE_HELP, ENDPOINT_KEYS, JUDGING_KEYS, PRIMARY_HELP, PRIMARY_KEYS, parse_spec
 from layerdescent.analysis.judging import FAMILY_ALPHA
@@ -81,11 +81,9 @@ def test_a_margin_declared_after_the_first_run_is_flagged(tmp_path, tiny, capsys
 
 
 def test_the_plan_command_gives_each_endpoint_the_power_its_seeds_have_from_a_pilot(tmp_path, capsys):
-    from test_declared_tests import runs as write_runs
-
     erm = [[0.5] * 4, [0.52] * 4, [0.51] * 4, [0.49] * 4]
     pd = [[0.48] * 4, [0.515] * 4, [0.50] * 4, [0.47] * 4]
-    write_runs(tmp_path / "pilot", {"erm": erm, "primal-dual": pd})
+    write_gamma_runs(tmp_path / "pilot", {"erm": erm, "primal-dual": pd})
     (tmp_path / "bench.toml").write_text(
         tomli_w.dumps(
             {
