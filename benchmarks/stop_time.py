@@ -29,6 +29,8 @@ layers = 8
 epochs = 200
 batch_size = 64
 threads = 1
+[[constraints]]
+kind = "descent"
 [bench]
 seeds = [0, 1, 2]
 [bench.variants.erm]
@@ -55,9 +57,11 @@ def one_stop(folder: Path, wait: float) -> tuple[float, int, bool]:
             start_new_session=True,  # its own process group, as a terminal's foreground job
         )
         deadline = time.monotonic() + 120
-        while not list((folder / "out").glob("*/seed-*/metrics.jsonl")) and time.monotonic() < deadline:
+        while not list((folder / "out").glob("*/seed-*/metrics.jsonl")) and time.monotonic() < deadline and proc.poll() is None:
             time.sleep(0.2)
         time.sleep(wait)
+        if proc.poll() is not None:
+            raise SystemExit(f"the bench ended before the interrupt (status {proc.returncode}): {err.read_text().strip()[-500:]}")
         start = time.perf_counter()
         os.killpg(proc.pid, signal.SIGINT)
         status = proc.wait(timeout=300)
