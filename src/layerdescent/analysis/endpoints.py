@@ -66,7 +66,7 @@ from pathlib import Path
 
 from layerdescent.analysis.groups import KEPT_EPOCH
 from layerdescent.analysis.stats import ESTIMATES
-from layerdescent.analysis.tuning import Search, parse_search, search_table
+from layerdescent.analysis.tuning import MAX_GAMMAS, Search, parse_search, search_table
 from layerdescent.errors import ConfigError
 from layerdescent.registry import get_registry
 from layerdescent.run.config_file import read_toml
@@ -136,7 +136,6 @@ class Endpoint:
 STATISTICS = ("difference", "rising")
 TESTS = {"difference": ("superiority", "non-inferiority", "equivalence"), "rising": ("described", "superiority")}
 AGGREGATES = ("mean", "area")
-MAX_GAMMAS = 1000  # gammas in one endpoint's list: far above any evaluated grid, and a pasted array is refused before it is judged
 
 
 @dataclass(frozen=True)

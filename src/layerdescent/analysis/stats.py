@@ -21,16 +21,28 @@ def seed_stats(values) -> dict:
     return {"mean": a.mean(axis=0).tolist(), "std": std.tolist(), "n": len(a)}
 
 
-def paired_difference(a, b, level: float = 0.95) -> dict:
-    """Mean of a - b over paired seeds, its t interval at ``level``, the two-sided t test's p, and whether the interval excludes 0."""
+def _spread(a, b) -> float | None:
+    """The standard error of mean(a - b), or None where the pairs have no spread to judge by.
+
+    One pair has none; nor have pairs that all differ alike (a metric counted on a fixed test set,
+    such as accuracy, takes few values), where t's interval would shrink to a point and call any
+    difference certain. "Alike" is up to float32 rounding of the metrics; a subnormal spread
+    underflows to 0 and is none either.
+    """
     a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
     d = a - b
+    scale = float(d.std(ddof=1) / np.sqrt(len(d))) if len(d) > 1 else 0.0
+    if len(d) < 2 or np.ptp(d) <= 1e-6 * float(np.abs(np.concatenate([a, b])).max()) or not scale > 0:
+        return None
+    return scale
+
+
+def paired_difference(a, b, level: float = 0.95) -> dict:
+    """Mean of a - b over paired seeds, its t interval at ``level``, the two-sided t test's p, and whether the interval excludes 0."""
+    d = np.asarray(a, dtype=float) - np.asarray(b, dtype=float)
     n, mean = len(d), float(d.mean())
-    # One pair has no spread to judge it by; nor have pairs that all differ alike (a metric counted
-    # on a fixed test set, such as accuracy, takes few values), where t's interval would shrink to a
-    # point and call any difference certain. "Alike" is up to float32 rounding of the metrics.
-    scale = float(d.std(ddof=1) / np.sqrt(n)) if n > 1 else 0.0
-    if n < 2 or np.ptp(d) <= 1e-6 * float(np.abs(np.concatenate([a, b])).max()) or not scale > 0:  # a subnormal spread underflows to 0
+    scale = _spread(a, b)
+    if scale is None:
         return {"mean": mean, "low": None, "high": None, "n": n, "distinct": False, "p": None}
     half = float(stats.t.ppf((1 + level) / 2, n - 1) * scale)
     low, high = mean - half, mean + half
@@ -71,16 +83,6 @@ def equivalence_p(a, b, margin: float) -> float | None:
     """Two one-sided tests' p of "-margin < mean(a - b) < margin": the larger of the two; None where the pairs have no spread."""
     lower, upper = one_sided_p(a, b, margin), one_sided_p(b, a, margin)
     return None if lower is None else max(lower, upper)
-
-
-def _spread(a, b) -> float | None:
-    """The standard error of mean(a - b), or None where :func:`paired_difference` finds no spread to judge by."""
-    a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
-    d = a - b
-    scale = float(d.std(ddof=1) / np.sqrt(len(d))) if len(d) > 1 else 0.0
-    if len(d) < 2 or np.ptp(d) <= 1e-6 * float(np.abs(np.concatenate([a, b])).max()) or not scale > 0:
-        return None
-    return scale
 
 
 EXACT_SEEDS = 16  # up to this many pairs the sign-flip test enumerates every sign; beyond, a seeded sample of them
