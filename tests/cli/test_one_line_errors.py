@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import gc
 import io
 import json
 import os
@@ -29,6 +30,7 @@ import layerdescent.registry as registry_module
 from layerdescent import LayerOutput, Task, hookimpl
 from layerdescent.cli import main
 from layerdescent.registry import Registry
+from layerdescent.run.guard import calling
 
 # --- config -------------------------------------------------------------------------------------
 
@@ -433,6 +435,18 @@ def test_a_plugin_raising_keyboard_interrupt_at_import_is_a_plugin_failure_not_a
     assert any(line.startswith("ctrl-c") and "failed" in line and "KeyboardInterrupt" in line for line in out.getvalue().splitlines()), (
         out.getvalue()
     )
+
+
+def test_ctrl_c_between_entering_a_plugin_call_and_its_block_leaves_nothing_to_report(monkeypatch):
+    # The signal can land after calling().__enter__ and before the block's cleanup is set up; the guard must
+    # then have nothing left to finalize (a suspended generator's close() printed "collate raised GeneratorExit").
+    unraisable = []
+    monkeypatch.setattr(sys, "unraisablehook", unraisable.append)
+    guard = calling("task 'lista' (plugin 'lista')", "collate")
+    guard.__enter__()
+    del guard
+    gc.collect()
+    assert unraisable == []
 
 
 # --- bench --------------------------------------------------------------------------------------

@@ -10,8 +10,6 @@ it raises is reported with the method that raised it.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 import datasets
@@ -39,20 +37,29 @@ def _out_of_memory(exc: BaseException) -> bool:
     return isinstance(exc, (MemoryError, torch.OutOfMemoryError)) or "can't allocate memory" in str(exc) or "out of memory" in str(exc)
 
 
-@contextmanager
-def calling(who: str, method: str) -> Iterator[None]:
+class calling:  # lower-case: it reads as a function, ``with calling(who, method):``
     """Turn whatever plugin code raises inside the block into one PluginError naming ``who`` and ``method``."""
-    try:
-        yield
-    except (LayerdescentError, KeyboardInterrupt):  # Ctrl-C is the user's: the command stops as interrupted, resumable
-        raise
-    except Exception as exc:  # a plugin's bug, reported by name instead of as a traceback
-        if _out_of_memory(exc):
-            raise PluginError(
-                f"{who}: {method} ran out of memory: the model or data are too large for this machine; lower the task's size options (e.g. task.layers)"
-            ) from None
-        raise PluginError(f"{who}: {method} raised {type(exc).__name__}: {_first_line(exc)}") from None
-    except BaseException as exc:  # sys.exit(), GeneratorExit, a bare BaseException: a plugin cannot end the command silently
+
+    # A class, not a @contextmanager generator: Ctrl-C landing between a generator's __enter__ and the
+    # block would leave it suspended, and its close() at garbage collection would report that as the plugin's GeneratorExit.
+    def __init__(self, who: str, method: str) -> None:
+        self.who, self.method = who, method
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: Any) -> None:
+        # Ctrl-C is the user's: the command stops as interrupted, resumable
+        if exc is None or isinstance(exc, (LayerdescentError, KeyboardInterrupt)):
+            return
+        who, method = self.who, self.method
+        if isinstance(exc, Exception):  # a plugin's bug, reported by name instead of as a traceback
+            if _out_of_memory(exc):
+                raise PluginError(
+                    f"{who}: {method} ran out of memory: the model or data are too large for this machine; lower the task's size options (e.g. task.layers)"
+                ) from None
+            raise PluginError(f"{who}: {method} raised {type(exc).__name__}: {_first_line(exc)}") from None
+        # sys.exit(), GeneratorExit, a bare BaseException: a plugin cannot end the command silently
         raise PluginError(f"{who}: {method} raised {base_exception(exc)}; a plugin must raise an Exception, not end the process") from None
 
 
