@@ -98,13 +98,6 @@ def assert_script_remakes(tmp_path: Path, committed: Path, name: str, *args: str
     assert made[:2] == kept[:2] and made[3:] == kept[3:], f"benchmarks/{name} no longer makes {committed}"
 
 
-def reproduction_report(root) -> str:
-    """The text benchmarks/reproduction.py writes for the results/ folder under ``root``."""
-    out = root / "REPORT.md"
-    run_benchmark_script("reproduction.py", "--root", str(root), "--out", str(out)).check_returncode()
-    return out.read_text()
-
-
 REPO = Path(__file__).parents[1]
 
 

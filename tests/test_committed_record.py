@@ -67,5 +67,5 @@ def test_every_plot_a_committed_page_shows_is_committed():
         for target in re.findall(r"\]\(([^)\s]+\.png)\)", (ROOT / page).read_text()):
             shown = ((ROOT / page).parent / target).resolve().relative_to(ROOT).as_posix()
             assert shown in committed, (
-                f"{page} shows {target}, which is not committed: python benchmarks/reproduction.py --summaries names it instead"
+                f"{page} shows {target}, which is not committed: layerdescent report --claims benchmarks/claims.toml --summaries names it instead"
             )

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import json
 import math
-import re
 from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import fake_results, reproduction_report
+from helpers import fake_results
 
 from layerdescent.analysis.report import collect, format_difference, paired_difference, summarize, write_report
 from layerdescent.cli import main
@@ -237,115 +236,6 @@ def test_a_run_recorded_before_a_task_option_existed_pairs_with_one_that_records
     text = write_report(tmp_path).read_text()
     # paired, and flagged: a run that records an option the other lacks was made by other code
     assert "| primal-dual − erm ‡ |" in text.split("### mse")[1]
-
-
-def verdict_rows(text: str) -> dict[str, list[str]]:
-    """The first table of REPORT.md: row title -> its cells, each cell's verdict alone (the words before its number)."""
-    table = text.split("\n## ")[0]
-    return {
-        line.split("|")[1].strip(): [c.strip().split(":")[0] for c in line.split("|")[2:-1]]
-        for line in table.splitlines()
-        if line.startswith("| ")
-    }
-
-
-def view_rows(section: str) -> dict[str, list[str]]:
-    """A bench section's table of views: view -> the claims' verdicts."""
-    table = section.split("| view |")[1].split("\n\n")[0]
-    return {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:-1]] for line in table.splitlines()[2:]}
-
-
-def test_reproduction_report_judges_each_claim_by_its_rule(tmp_path):
-    # lista: primal-dual descends at every layer, ties erm in distribution and is clearly better at gamma 1.
-    for solver, layers, mse1 in (("erm", [1.0, 1.2, 0.9], 0.40), ("primal-dual", [1.0, 0.8, 0.6], 0.30)):
-        for seed in (0, 1, 2):
-            run = tmp_path / "results" / "lista" / solver / f"seed-{seed}"
-            run.mkdir(parents=True)
-            (run / "config.toml").write_text(f'seed = {seed}\n[task]\nname = "lista"\n[solver]\nname = "{solver}"\n')
-            result = fake_results(solver, solver, seed, 0.1 + 0.01 * seed, mse1 + 0.001 * seed * (1 + (solver == "erm")), 0.002)
-            for g in result["gammas"]:
-                g["layer_loss"] = layers
-            (run / "results.json").write_text(json.dumps(result))
-    text = reproduction_report(tmp_path)
-    rows = verdict_rows(text)
-    # parity: level with erm in distribution, but no margin was registered, so no test decides it
-    undecided = "undecided (no margin registered)"
-    assert rows["lista (unrolled ISTA, synthetic sparse codes)"] == ["exploratory", "holds", "holds", undecided, "not measured"]
-    assert rows["video denoising by depth (DUST on vtest, trained clean)"] == ["not run"] * 5
-    assert "falls at every layer in 1 of 1 pairs (erm's in 0)" in text
-
-
-def regime_bench(tmp_path) -> None:
-    """A text_paper bench of two training regimes and one domain; at 0.8 primal-dual is clearly better at gamma 1 on the test split."""
-    for regime, gain in (("0.2", 0.0), ("0.8", 0.2)):
-        for solver in ("erm", "primal-dual"):
-            for seed in (0, 1, 2):
-                label = f"{solver},train_gamma={regime}"
-                run = tmp_path / "results" / "text_paper" / label / f"seed-{seed}"
-                run.mkdir(parents=True)
-                (run / "config.toml").write_text(
-                    f'seed = {seed}\n[task]\nname = "t"\n[solver]\nname = "{solver}"\n[train]\ntrain_gamma = {regime}\n'
-                )
-                better = gain * (solver == "primal-dual")
-                result = fake_results(label, solver, seed, 0.8 + 0.01 * seed, 0.5 + better + 0.001 * seed * (1 + (solver == "erm")), 0.002)
-                result["domains"] = {"amazon": fake_results(label, solver, seed, 0.8 + 0.01 * seed, 0.5 + 0.001 * seed, 0.002)["gammas"]}
-                for record in (*result["gammas"], *result["domains"]["amazon"]):
-                    record["metrics"] = {"accuracy": record["metrics"]["mse"]}
-                (run / "results.json").write_text(json.dumps(result))
-
-
-def test_reproduction_report_judges_each_training_regime_and_each_domain_on_its_own(tmp_path):
-    regime_bench(tmp_path)
-    text = reproduction_report(tmp_path)
-    name = "text classification in the paper's regimes (MiniLM, best validation epoch)"
-    rows = verdict_rows(text)  # the first table: the test split of each regime
-    assert rows[f"{name} [trained at 0.8]"][2] == "holds"  # graceful degradation: better at gamma 1 in every seed
-    assert rows[f"{name} [trained at 0.2]"][2] == "does not hold"
-    views = view_rows(text.split(f"## {name}")[1])  # the section: every view, domains too
-    assert views["trained at 0.8"][1] == "holds" and views["trained at 0.8, domain amazon"][1] == "does not hold"
-
-
-def test_reproduction_report_names_the_evaluate_command_of_a_re_evaluated_bench_and_judges_it_exploratory(tmp_path):
-    # the bench file registers primal-dual at gamma 0.5 on the Gaussian noise; the re-evaluation is under another noise
-    (tmp_path / "video_paper.toml").write_text(
-        '[bench]\nbaselines = ["erm"]\n[bench.primary]\nmetric = "rmse"\nhigher_is_better = false\ngammas = [0.5]\nvariants = ["primal-dual"]\n'
-    )
-    for solver in ("erm", "primal-dual"):
-        for seed in (0, 1):
-            run = tmp_path / "results" / "video_paper_saltpepper" / solver / f"seed-{seed}"
-            run.mkdir(parents=True)
-            (run / "config.toml").write_text(f'seed = {seed}\n[task]\nname = "v"\n[solver]\nname = "{solver}"\n')
-            result = fake_results(solver, solver, seed, 0.1 + 0.01 * seed, 0.3 + 0.002 * seed * (solver == "erm"), 0.002)
-            for record in result["gammas"]:
-                record["metrics"] = {"rmse": record["metrics"]["mse"]}
-            (run / "results.json").write_text(json.dumps(result))
-    text = reproduction_report(tmp_path)
-    assert verdict_rows(text)["video denoising at the chosen setting, salt-and-pepper noise (the same models)"][0] == "exploratory"
-    section = text.split("## video denoising at the chosen setting, salt-and-pepper noise")[1]
-    assert section.split("\n")[2].startswith(
-        "Runs: `layerdescent evaluate benchmarks/results/video_paper --out benchmarks/results/video_paper_saltpepper --set task.perturbation=salt-pepper"
-    )
-
-
-def test_reproduction_report_shows_each_view_the_paper_figures_of_its_regime_and_domain(tmp_path):
-    regime_bench(tmp_path)
-    folder = tmp_path / "results" / "text_paper"
-    assert "metric_vs_gamma.png" not in reproduction_report(tmp_path)  # no figure drawn yet: none embedded
-    for name in (
-        "metric_vs_gamma.png",
-        "figure1_train_gamma=0.2.png",
-        "figure1_train_gamma=0.8.png",
-        "figure4.png",
-        "figure5_train_gamma=0.8.png",
-    ):
-        (folder / name).write_bytes(b"")
-    section = reproduction_report(tmp_path).split("## text classification in the paper's regimes")[1].split("\n## ")[0]
-    views = {s.split("\n", 1)[0]: s for s in section.split("\n### ")[1:]}
-    shown = {title: re.findall(r"!\[[^\]]*\]\(results/text_paper/([^)]+)\)", body) for title, body in views.items()}
-    assert shown["trained at 0.2"] == ["figure1_train_gamma=0.2.png"]
-    assert shown["trained at 0.8"] == ["figure1_train_gamma=0.8.png", "figure5_train_gamma=0.8.png"]
-    assert shown["trained at 0.2, domain amazon"] == ["figure4.png"]  # every domain's figure, shown once
-    assert shown["trained at 0.8, domain amazon"] == []
 
 
 def no_metric_run(root, label: str, solver: str, seed: int, task: str = "refine") -> None:

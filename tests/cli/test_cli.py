@@ -187,6 +187,7 @@ def test_lista_demo_judges_primal_dual_against_the_stronger_of_erm_and_penalty_i
     rows = [line for line in primary.splitlines() if line.startswith("| primal-dual |")]
     assert len(rows) == 2 and all(row.split("|")[4].strip() in ("erm", "penalty") for row in rows)
     assert all("undecided: one seed" in row for row in rows)  # LISTA_DEMO_SMALL keeps one of the demo's 3 seeds
+    assert "Why no verdict: with one seed each solver trains once" in out and "--set 'bench.seeds=[0, 1, 2]'" in out
     assert (tmp_path / "demo" / "metric_vs_gamma.png").exists()
 
 
@@ -199,6 +200,8 @@ def test_text_demo_says_what_it_does_and_fetches_only_what_its_task_reads(tmp_pa
     assert first.startswith("layerdescent demo --task text-classification:") and "110 steps" in first and "fetching" not in out
     assert "| primal-dual |" in out and (tmp_path / "demo" / "loss_vs_layer.png").exists()
     assert all(f"{label} seed 0: trained" in out for label in ("erm", "penalty", "primal-dual"))
+    # the text demo has one seed: it says why its table decides nothing, and what would
+    assert out.rstrip().splitlines()[-1].startswith("Why no verdict") and "layerdescent demo --task lista decides over 3 seeds" in out
 
 
 def test_an_interrupted_demo_continues_mid_epoch_and_ends_as_an_uninterrupted_one(tmp_path, monkeypatch, capsys):

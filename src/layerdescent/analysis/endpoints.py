@@ -32,6 +32,8 @@
     gamma = 0.0
     test = "non-inferiority"                # or "equivalence" (two one-sided tests); default "superiority"
     margin = "1%"                           # of the baseline's mean, or a number in the metric's units
+    claim = "parity"                        # the paper's claim it decides in the claim table (`layerdescent report --claims`)
+                                            # after_runs = true: declared after the runs, exploratory, in a family of its own
 
     [bench.plan.degradation]                # graceful degradation is one test over a γ range
     variant = "primal-dual"
@@ -112,6 +114,8 @@ class Endpoint:
     aggregate: str = ""  # "mean" or "area" over the gammas of a list; "" for one gamma
     effect: float | str | None = None  # the smallest effect of interest a superiority test is powered for (the plan command)
     also: tuple[str, ...] = ()  # estimates reported beside the test (stats.ESTIMATES): rliable's IQM, probability of improvement
+    claim: str = ""  # the paper's claim it decides in the cross-bench table (CLAIMS); "" for none
+    after_runs: bool = False  # declared after the runs were made: judged and shown, never confirmatory
 
     @property
     def kind(self) -> str:
@@ -136,6 +140,12 @@ class Endpoint:
 STATISTICS = ("difference", "rising")
 TESTS = {"difference": ("superiority", "non-inferiority", "equivalence"), "rising": ("described", "superiority")}
 AGGREGATES = ("mean", "area")
+# The paper's claims an endpoint may decide in `layerdescent report --claims`, each by the test it is.
+CLAIMS = {
+    "descent": "monotone layerwise descent: a rising-transitions endpoint",
+    "degradation": "graceful degradation: a difference endpoint's superiority test (a curve endpoint over a γ range)",
+    "parity": "in-distribution parity: a non-inferiority or equivalence test within a margin",
+}
 
 
 @dataclass(frozen=True)
@@ -195,16 +205,19 @@ class BenchSpec:
         )
 
     def endpoints(self) -> tuple[Endpoint, ...]:
-        """The declared endpoints: the plan's, or ``[bench.primary]``'s cells as the family "primary" (its older form)."""
+        """The declared endpoints: ``[bench.primary]``'s cells as the family "primary" (its older form), then the plan's."""
         p = self.primary
-        if self.plan or p is None:
-            return self.plan
-        return tuple(
-            Endpoint(f"{v} on {s} at γ {g:g}", v, p.metric, p.higher_is_better, g, s)
-            for v in p.variants
-            for s in p.splits
-            for g in p.gammas
+        cells = (
+            ()
+            if p is None
+            else tuple(
+                Endpoint(f"{v} on {s} at γ {g:g}", v, p.metric, p.higher_is_better, g, s)
+                for v in p.variants
+                for s in p.splits
+                for g in p.gammas
+            )
         )
+        return cells + self.plan
 
 
 # The schema's words: each key a reader accepts, with its meaning (the plan reference is generated from these; a test
@@ -231,6 +244,8 @@ ENDPOINT_HELP = {
     "aggregate": '"mean" over the gammas listed, or "area": the trapezoid area under the curve from the first to the last',
     "also": 'estimates shown beside the test, not tests: "iqm" (difference of interquartile means) and "probability of improvement", each with a seeded stratified-bootstrap 95% interval',
     "effect": "the smallest effect of interest of a superiority test, written as `margin` is: `layerdescent plan FILE --pilot DIR` gives its power",
+    "claim": '"descent", "degradation" or "parity": the paper\'s claim it decides in `layerdescent report --claims`, by the test that claim is',
+    "after_runs": "true for an endpoint declared after its runs were made: judged and shown, always exploratory, in a family of its own; the plan record leaves it out",
 }
 PRIMARY_HELP = {
     "metric": "the metric judged",
@@ -284,8 +299,11 @@ def parse_spec(bench: dict, variants: list[str] | None = None) -> BenchSpec:
     if primary is not None:
         primary = _primary(primary)
     plan = _plan(bench["plan"]) if "plan" in bench else ()
-    if primary is not None and plan:
-        raise ConfigError("bench.primary and bench.plan both declare endpoints: [bench.primary] is the older form, keep [bench.plan] alone")
+    if primary is not None and any(not e.after_runs for e in plan):
+        raise ConfigError(
+            "bench.primary and bench.plan both declare endpoints: [bench.primary] is the older form, keep [bench.plan] alone "
+            "(beside it, only endpoints declared after the runs)"
+        )
     choices = _choices(bench["choice"], plan) if "choice" in bench else ()
     spec = BenchSpec(baselines, primary, dict(tuning), plan, searches, choices)
     if variants is not None:
@@ -353,8 +371,34 @@ def _plan(table) -> tuple[Endpoint, ...]:
         if "aggregate" in e and e.get("on") == KEPT_EPOCH:
             raise ConfigError(f"{where}.aggregate: {KEPT_EPOCH!r} is read at the one gamma its runs validate at; drop aggregate")
         gamma = _gamma(where, e["gamma"], e.get("aggregate"), statistic)
+        _check_claim(where, e, statistic, test)
         endpoints.append(Endpoint(name=name, **{**e, "gamma": gamma, "also": tuple(also)}))
     return tuple(endpoints)
+
+
+def _check_claim(where: str, e: dict, statistic: str, test: str) -> None:
+    """A claim is decided by the test it is; an endpoint declared after the runs stays out of the claim's pre-registered family."""
+    claim = e.get("claim")
+    if claim is not None:
+        if claim not in CLAIMS:
+            raise ConfigError(f"{where}.claim must be one of {', '.join(CLAIMS)}, got {claim!r}")
+        fits = {
+            "descent": statistic == "rising",
+            "degradation": statistic == "difference" and test == "superiority",
+            "parity": test in ("non-inferiority", "equivalence"),
+        }
+        if not fits[claim]:
+            raise ConfigError(
+                f"{where}.claim = {claim!r} is decided by {CLAIMS[claim].split(': ')[1]}; this endpoint is a {statistic} {test}"
+            )
+    after = e.get("after_runs", False)
+    if not isinstance(after, bool):
+        raise ConfigError(f"{where}.after_runs must be true or false")
+    if after and decides_the_claim(e.get("family", "primary")):
+        raise ConfigError(
+            f"{where}: an endpoint declared after the runs cannot join the pre-registered family {e.get('family', 'primary')!r}; "
+            'give it one of its own, e.g. family = "claims (after the runs)"'
+        )
 
 
 def _level(value) -> bool:

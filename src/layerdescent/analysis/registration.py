@@ -26,9 +26,13 @@ LEDGER = ".layerdescent-plans.json"
 
 
 def plan_table(spec: BenchSpec, tuning_run: bool = False) -> dict:
-    """What a run is made under: the whole judging table for a main run, the tuning budgets alone for a tuning run."""
+    """What a run is made under: the judging table (less endpoints declared after the runs) for a main run, the tuning budgets alone for a tuning run."""
     table = spec_table(spec)
-    return {"tuning": table["tuning"]} if tuning_run else table
+    if tuning_run:
+        return {"tuning": table["tuning"]}
+    # an endpoint declared after the runs says so itself: the record of what was fixed before them leaves it out
+    plan = {name: e for name, e in table.pop("plan", {}).items() if not e.get("after_runs")}
+    return {**table, "plan": plan} if plan else table
 
 
 def plan_hash(table: dict) -> str:

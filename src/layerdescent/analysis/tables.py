@@ -452,8 +452,9 @@ def markdown(
     spec = spec or BenchSpec()
     gammas = _all_gammas(groups)
     metrics = metric_names(groups)
-    declared = [e for e in spec.endpoints() if e.statistic == "difference"]
-    primary = {(e.variant, ref, e.on, e.gamma, e.metric) for e in declared for ref in groups}  # declared: not exploratory
+    # declared before the runs: not exploratory (one declared after them was chosen with the data in view, and stays counted)
+    declared = [e for e in spec.endpoints() if e.statistic == "difference" and not e.after_runs]
+    primary = {(e.variant, ref, e.on, e.gamma, e.metric) for e in declared for ref in groups}
     tally = [] if tally is None else tally
     options = {"spec": spec, "tally": tally, "primary": primary}
     body = []

@@ -26,6 +26,7 @@ class Demo:
     out: str
     what: str
     workers: int  # runs at once, one thread each (benchmarks/results/demo_time*.md)
+    minutes_a_seed: float  # a quiet 2-CPU machine's minutes for one seed of every solver (benchmarks/results/demo_time*.md)
 
 
 # Keyed by the task's real name; each demo has its own folder, so one never finishes in another's runs.
@@ -40,6 +41,7 @@ DEMOS = {
         "(progress lines say how long is left). "
         "A checkpoint every 40 steps: run the same command again to continue an interrupted demo",
         workers=3,
+        minutes_a_seed=4.4,
     ),
     "lista": Demo(
         HERE.joinpath("demo-lista.toml"),
@@ -47,6 +49,7 @@ DEMOS = {
         "ERM, deep supervision (penalty) and primal-dual each train unrolled ISTA (8 layers) on synthetic sparse codes, "
         "3 seeds, 20 epochs; primal-dual is judged against the stronger of erm and penalty; under a minute on 2 CPUs",
         workers=2,
+        minutes_a_seed=0.3,
     ),
 }
 DEMO_ALIASES = {"text": "text-classification"}
@@ -124,7 +127,21 @@ def run(args: argparse.Namespace) -> int:
     )
     print(summary.read_text())
     print(f"plots and tables: {summary.parent}")
+    seeds = len(apply_overrides(read_toml(demo.config), list(args.set))["bench"]["seeds"])
+    if seeds < 2:
+        print(why_undecided(demo, args.task))
     return 0
+
+
+def why_undecided(demo: Demo, task: str) -> str:
+    """Why a one-seed demo decides nothing, and what would, in plain words."""
+    three = 3 * demo.minutes_a_seed
+    return (
+        "Why no verdict: with one seed each solver trains once, and a paired test needs at least 2 seeds, so the table says "
+        f"'undecided: one seed'. Each seed of this demo takes about {demo.minutes_a_seed:g} minutes on a quiet 2-CPU machine; "
+        f"3 seeds (about {three:.0f} minutes) decide it: layerdescent demo --task {task} --set 'bench.seeds=[0, 1, 2]'"
+        + ("" if task == "lista" else "; layerdescent demo --task lista decides over 3 seeds in under a minute.")
+    )
 
 
 def arguments(parser: argparse.ArgumentParser) -> None:
