@@ -135,11 +135,10 @@ def run(args: argparse.Namespace) -> int:
 
 def why_undecided(demo: Demo, task: str) -> str:
     """Why a one-seed demo decides nothing, and what would, in plain words."""
-    three = 3 * demo.minutes_a_seed
     return (
         "Why no verdict: with one seed each solver trains once, and a paired test needs at least 2 seeds, so the table says "
-        f"'undecided: one seed'. Each seed of this demo takes about {demo.minutes_a_seed:g} minutes on a quiet 2-CPU machine; "
-        f"3 seeds (about {three:.0f} minutes) decide it: layerdescent demo --task {task} --set 'bench.seeds=[0, 1, 2]'"
+        f"'undecided: one seed'. Each seed costs what this one did (about {demo.minutes_a_seed:g} minutes on a quiet 2-CPU machine, "
+        f"benchmarks/results/demo_time.md), so 3 seeds take three times as long: layerdescent demo --task {task} --set 'bench.seeds=[0, 1, 2]'"
         + ("" if task == "lista" else "; layerdescent demo --task lista decides over 3 seeds in under a minute.")
     )
 
