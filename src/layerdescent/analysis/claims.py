@@ -7,8 +7,8 @@ The list file names the benches in the report's order; each bench's claims are t
 plan that declare ``claim`` (:data:`~layerdescent.analysis.endpoints.CLAIMS`): parity a
 non-inferiority or equivalence test within its margin, degradation a superiority test (a curve
 endpoint over a γ range), descent a test of rising transitions. A claim holds where every endpoint
-declared for it is decided for the variant, partly where some are, and does not where none is. An
-endpoint declared after the runs (``after_runs = true``) makes its claim exploratory, and a parity
+declared for it is decided for the variant, partly where some are, does not where none is and one is
+decided against it, and is not shown where no test decides. An endpoint declared after the runs (``after_runs = true``) makes its claim exploratory, and a parity
 claim undecided: a margin chosen after the data is no test of parity.
 """
 
