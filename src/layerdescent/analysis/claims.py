@@ -100,6 +100,11 @@ def spec_of(root: Path, entry: Entry) -> BenchSpec:
     return dataclasses.replace(spec, primary=None, plan=(), searches={}, choices=()) if entry.command else spec
 
 
+def has_runs(folder: Path) -> bool:
+    """Whether ``folder`` holds finished runs (a results.json under it)."""
+    return folder.is_dir() and bool(rundir.result_files(folder))
+
+
 def claim_verdicts(cells: list[dict], endpoints: list[Endpoint]) -> dict[str, str]:
     """Claim -> its cell of the table: the verdict, then one endpoint's difference or how many of the endpoints passed."""
     out = {}
@@ -138,7 +143,7 @@ def _shown(c: dict, e: Endpoint) -> str:
 def judge_entry(root: Path, entry: Entry) -> tuple[str, dict[str, str], list[str]] | None:
     """A bench's row (its kind, each claim's cell) and section; None where it has no runs yet."""
     folder = root / entry.runs
-    if not folder.is_dir() or not rundir.result_files(folder):
+    if not has_runs(folder):
         return None
     results = collect(folder)
     spec = spec_of(root, entry)
@@ -203,10 +208,8 @@ def figures(folder: Path) -> list[str]:
     return paper + [f for f in rest if (folder / f).exists()]
 
 
-def report_text(list_path: Path, command: str) -> str:
-    """REPORT.md for the benches of ``list_path``: the claim table, a section per bench, the earlier benches."""
-    entries, _ = read_list(list_path)
-    root = list_path.parent
+def report_text(root: Path, entries: list[Entry], command: str) -> str:
+    """REPORT.md for the listed benches (their paths relative to ``root``): the claim table, a section per bench, the earlier benches."""
     rows, sections, earlier, again = [], [], [], []
     for entry in (e for e in entries if e.judged):
         if entry.superseded_by:
@@ -259,23 +262,21 @@ def report_text(list_path: Path, command: str) -> str:
     return "\n".join(lines)
 
 
-def kept_plots(list_path: Path, out: Path) -> set[Path]:
-    """The plots the committed record keeps: those the report and the list's pages link."""
-    root = list_path.parent
-    pages = [out, *(Path(p) for pattern in read_list(list_path)[1] for p in sorted(glob.glob(str(root / pattern))))]
+def kept_plots(root: Path, pages: list[str], out: Path) -> set[Path]:
+    """The plots the committed record keeps: those the report and the list's ``pages`` (globs under ``root``) link."""
+    pages = [out, *(Path(p) for pattern in pages for p in sorted(glob.glob(str(root / pattern))))]
     return {
         (page.parent / png).resolve() for page in pages if page.exists() for png in re.findall(r"\]\(([^)\s]+\.png)\)", page.read_text())
     }
 
 
-def write_summaries(list_path: Path, out: Path) -> list[Path]:
-    """Every bench's summary.md (with its endpoints.md and plots) by its bench file's judging keys, each showing the plots the record keeps."""
-    entries, _ = read_list(list_path)
-    root, kept = list_path.parent, kept_plots(list_path, out)
+def write_summaries(list_path: Path, entries: list[Entry], kept: set[Path]) -> list[Path]:
+    """Every bench's summary.md (with its endpoints.md and plots) by its bench file's judging keys, each showing the ``kept`` plots."""
+    root = list_path.parent
     written = []
     for entry in entries:
         folder = root / entry.runs
-        if not folder.is_dir() or not rundir.result_files(folder):
+        if not has_runs(folder):
             continue
         note = (
             f"Runs made by `{run_command(entry, root.name)}`; this summary by `layerdescent report --claims {list_path} --summaries` "
@@ -292,9 +293,10 @@ def write_summaries(list_path: Path, out: Path) -> list[Path]:
 def write_claims(list_path: Path, out: Path | None, summaries: bool = False) -> list[Path]:
     """Write the claim table (``out``, default REPORT.md beside the list) and, with ``summaries``, every bench's summary first."""
     out = out or list_path.parent / "REPORT.md"
-    written = write_summaries(list_path, out) if summaries else []
+    entries, pages = read_list(list_path)
+    written = write_summaries(list_path, entries, kept_plots(list_path.parent, pages, out)) if summaries else []
     command = " ".join(
         ["layerdescent report --claims", str(list_path), *(["--out", str(out)] if out != list_path.parent / "REPORT.md" else [])]
     )
-    write_atomic(out, report_text(list_path, command))
+    write_atomic(out, report_text(list_path.parent, entries, command))
     return [*written, out]
