@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 import tomli_w
@@ -112,6 +114,46 @@ def test_the_plan_command_gives_each_endpoint_the_power_its_seeds_have_from_a_pi
     assert f"6 seeds; power {100 * paired_power(0.01, sd, 6, alpha):.0f}%" in p1
     assert f"80% needs {seeds_for_power(0.01, sd, alpha)} seeds" in p1
     assert f"power {100 * paired_power(0.02, sd, 6, alpha, one_sided=True):.0f}%" in p2 and "non-inferiority within 0.02" in p2
+
+
+def test_the_plan_commands_power_reads_what_the_endpoint_reads_a_mean_over_domains(tmp_path, capsys):
+    # the pilot's power ignored `on`: an endpoint on mean(a, b) was given the test split's spread
+    erm = [[0.5] * 4, [0.52] * 4, [0.51] * 4, [0.49] * 4]
+    pd = [[0.48] * 4, [0.515] * 4, [0.50] * 4, [0.47] * 4]
+    write_gamma_runs(tmp_path / "pilot", {"erm": erm, "primal-dual": pd})
+    shift = {"erm": [0.0, 0.03, -0.02, 0.01], "primal-dual": [0.0, -0.01, 0.02, 0.0]}  # per seed, the domains' mean moves
+    for path in (tmp_path / "pilot").glob("*/seed-*/results.json"):
+        run = json.loads(path.read_text())
+        moved = [{**g, "metrics": {"mse": g["metrics"]["mse"] + 2 * shift[run["label"]][run["seed"]]}} for g in run["gammas"]]
+        run["domains"] = {"denser": moved, "noisier": run["gammas"]}  # their mean: the test's mse + shift
+        path.write_text(json.dumps(run))
+    endpoint = {**P1, "gamma": 0.5, "effect": 0.01, "on": "mean(denser, noisier)"}
+    bench = {
+        "task": {"name": "lista"},
+        "eval": {"gammas": [0.0, 0.5], "domains": ["denser", "noisier"]},
+        "bench": {
+            "seeds": [0, 1, 2, 3, 4, 5],
+            "variants": {"erm": {"solver": {"name": "erm"}}, "primal-dual": {}},
+            "plan": {"P1": endpoint, "big": {**endpoint, "on": "test", "effect": 1.0}},
+        },
+    }
+    (tmp_path / "bench.toml").write_text(tomli_w.dumps(bench))
+    assert main(["plan", str(tmp_path / "bench.toml"), "--pilot", str(tmp_path / "pilot")]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    mean_a_b = np.add([0.5, 0.52, 0.51, 0.49], shift["erm"]) - np.add([0.48, 0.515, 0.50, 0.47], shift["primal-dual"])
+    sd, alpha = float(np.std(mean_a_b, ddof=1)), FAMILY_ALPHA / 2
+    p1 = next(line for line in lines if line.strip().startswith("P1:"))
+    assert f"pilot spread {sd:.3g}" in p1 and f"power {100 * paired_power(0.01, sd, 6, alpha):.0f}%" in p1
+    # a large effect over a small spread: full power, where scipy's lower tail alone gives nan
+    big = next(line for line in lines if line.strip().startswith("big:"))
+    assert "power 100%" in big and "80% needs 2 seeds" in big
+
+
+def test_the_paired_t_tests_power_is_finite_where_scipys_lower_tail_is_not():
+    for ncp in np.linspace(0, 60, 121):
+        power = paired_power(ncp * 0.01 / np.sqrt(10), 0.01, 10, 0.003125)
+        assert 0.0 <= power <= 1.0
+    assert paired_power(0.003, 0.0006, 10, 0.003125) > 0.999
 
 
 def test_the_plan_command_prints_the_reference_and_refuses_a_file_beside_it(capsys):

@@ -48,6 +48,19 @@ def split_views(results: list[dict]) -> dict[str, tuple[list[dict], dict]]:
     return {name: (view, summarize(view)) for name, view in views.items()}
 
 
+def endpoint_views(results: list[dict], endpoints, views: dict | None = None) -> dict[str, tuple[list[dict], dict]]:
+    """``split_views`` (or ``views``) with what else the endpoints read: a mean over domains ("mean(carphone, bikes)"), the kept epoch's validation."""
+    views = dict(views if views is not None else split_views(results))
+    for e in endpoints:
+        if e.on not in views and (domains := mean_domains(e.on)):
+            view = domain_mean_results(results, domains)
+            views[e.on] = (view, summarize(view))
+        elif e.on == KEPT_EPOCH and e.on not in views:
+            view = kept_epoch_results(results)
+            views[e.on] = (view, summarize(view))
+    return views
+
+
 def untuned(spec: BenchSpec, variant: str, baseline_label: str, baseline_solver: str) -> bool:
     """Whether ``variant`` had tuning runs its baseline did not (erm, with no settings of its own, is never short of them)."""
 
@@ -79,14 +92,7 @@ def judge(results: list[dict], spec: BenchSpec, endpoints, views: dict | None = 
     An endpoint whose variant, split or gamma the runs lack is still counted in its family (m) and
     marked missing, so an unfinished bench never looks like a smaller family.
     """
-    views = dict(views if views is not None else split_views(results))
-    for e in endpoints:  # a mean over domains ("mean(carphone, bikes)"), or the kept epoch's validation, is a view of its own
-        if e.on not in views and (domains := mean_domains(e.on)):
-            view = domain_mean_results(results, domains)
-            views[e.on] = (view, summarize(view))
-        elif e.on == KEPT_EPOCH and e.on not in views:
-            view = kept_epoch_results(results)
-            views[e.on] = (view, summarize(view))
+    views = endpoint_views(results, endpoints, views)
     cells = [_cell(views.get(e.on), spec, e) for e in endpoints]
     for family in dict.fromkeys(e.family for e in endpoints if e.tested):
         members = [(c, e) for c, e in zip(cells, endpoints) if e.family == family and e.tested]
@@ -207,7 +213,7 @@ def versus_strongest(
     candidates = {label: sign * mean for label in labels if label in groups and (mean := _mean(groups, label, value, e)) is not None}
     if not candidates or _mean(groups, variant, value, e) is None:
         return cell
-    versus = {label: _compare(e, groups, value, variant, label, sign) for label in candidates}
+    versus = {label: paired_runs(e, groups, value, variant, label, sign) for label in candidates}
     strongest = decided_by = max(candidates, key=candidates.get)
     p = versus[strongest]["difference"]["p"] if versus[strongest]["difference"] else None
     favours = versus[strongest]["difference"] is not None and versus[strongest]["difference"]["mean"] > 0
@@ -251,7 +257,7 @@ def _mean(groups: dict, label: str, value: dict, e: Endpoint) -> float | None:
     return float(np.mean(values)) if values else None
 
 
-def _compare(e: Endpoint, groups: dict, value: dict, variant: str, label: str, sign: float) -> dict:
+def paired_runs(e: Endpoint, groups: dict, value: dict, variant: str, label: str, sign: float) -> dict:
     """One comparison: the paired seeds, the signed values of each side, the margin in the metric's units, and the test's difference and p."""
     seeds = [
         s for s in sorted(set(groups[variant]["seeds"]) & set(groups[label]["seeds"])) if (variant, s) in value and (label, s) in value

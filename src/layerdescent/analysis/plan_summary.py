@@ -15,8 +15,8 @@ from __future__ import annotations
 import numpy as np
 
 from layerdescent.analysis.endpoints import BenchSpec, Endpoint, decides_the_claim, margin_for
-from layerdescent.analysis.groups import baseline_group, summarize
-from layerdescent.analysis.judging import FAMILY_ALPHA, run_value
+from layerdescent.analysis.groups import baseline_group
+from layerdescent.analysis.judging import FAMILY_ALPHA, endpoint_views, paired_runs, run_value
 from layerdescent.analysis.stats import paired_power, seeds_for_power
 
 
@@ -26,7 +26,7 @@ def plan_text(spec: BenchSpec, seeds: dict[str, int], pilot: list[dict] | None =
     lines = [f"Baselines: {', '.join(spec.baselines)}."]
     budgets = ", ".join(f"{label} {runs} runs" for label, runs in spec.tuning.items())
     lines.append(f"Tuning budgets: {budgets}; every other variant 0." if budgets else "Tuning budgets: none declared; no variant is tuned.")
-    groups = summarize(pilot) if pilot else {}
+    views = endpoint_views(pilot, endpoints) if pilot else {}
     for family in dict.fromkeys(e.family for e in endpoints if e.tested):
         members = [e for e in endpoints if e.family == family and e.tested]
         role = "decides the claim" if decides_the_claim(family) else "secondary"
@@ -38,7 +38,7 @@ def plan_text(spec: BenchSpec, seeds: dict[str, int], pilot: list[dict] | None =
             n = seeds.get(e.variant, 0)
             line = f"  {e.name}: {e.variant} against {e.against} on {e.on} at γ {e.at}, {_test(e)}; {n} seeds"
             if pilot is not None:
-                line += "; " + _power(e, groups, pilot, spec, n, FAMILY_ALPHA / len(members))
+                line += "; " + _power(e, views, spec, n, FAMILY_ALPHA / len(members))
             lines.append(line)
     described = [e for e in endpoints if not e.tested]
     if described:
@@ -63,21 +63,23 @@ def _test(e: Endpoint) -> str:
     return f"superiority of {reads}" + (f", smallest effect of interest {e.effect}" if e.effect is not None else "")
 
 
-def _power(e: Endpoint, groups: dict, pilot: list[dict], spec: BenchSpec, n: int, alpha: float) -> str:
-    """The endpoint's power with ``n`` seeds, and the seeds 80% needs, from the spread of the pilot's pairs."""
+def _power(e: Endpoint, views: dict, spec: BenchSpec, n: int, alpha: float) -> str:
+    """The endpoint's power with ``n`` seeds, and the seeds 80% needs, from the spread of the pilot's pairs on what it reads."""
     if e.kind == "superiority" and e.effect is None:
         return "no smallest effect of interest declared (effect), so no power"
+    results, groups = views.get(e.on, ([], {}))
     if e.variant not in groups:
-        return f"the pilot has no runs of {e.variant!r}"
+        return f"the pilot has no runs of {e.variant!r} on {e.on}"
     labels = [e.against] if e.against != "strongest" else [baseline_group(groups, e.variant, solver) for solver in spec.baselines]
-    value = {(r["label"], r["seed"]): v for r in pilot if (v := run_value(e, r)) is not None}
+    value = {(r["label"], r["seed"]): v for r in results if (v := run_value(e, r)) is not None}
+    sign = -1.0 if e.statistic == "rising" or not e.higher_is_better else 1.0
     spreads, means = [], []
     for label in labels:
-        seeds = [s for s in groups[e.variant]["seeds"] if (e.variant, s) in value and (label, s) in value]
-        if len(seeds) < 2:
+        pairs = paired_runs(e, groups, value, e.variant, label, sign) if label in groups else {"seeds": []}
+        if len(pairs["seeds"]) < 2:
             return f"the pilot has fewer than 2 seeds of {e.variant!r} paired with {label!r}"
-        spreads.append(float(np.std([value[e.variant, s] - value[label, s] for s in seeds], ddof=1)))
-        means.append(float(np.mean([value[label, s] for s in seeds])))
+        spreads.append(float(np.std(np.subtract(pairs["a"], pairs["b"]), ddof=1)))
+        means.append(float(np.mean(pairs["b"])))
     sd, one_sided = max(spreads), e.kind == "non-inferiority"
     size = margin_for(e, means[spreads.index(sd)], e.margin if e.kind != "superiority" else e.effect)
     power = paired_power(size, sd, n, alpha, one_sided)

@@ -170,7 +170,8 @@ def paired_power(effect: float, sd: float, n: int, alpha: float, one_sided: bool
     if one_sided:
         return float(stats.nct.sf(stats.t.ppf(1 - alpha, df), df, ncp))
     critical = stats.t.ppf(1 - alpha / 2, df)
-    return float(stats.nct.sf(critical, df, ncp) + stats.nct.cdf(-critical, df, ncp))
+    # P(T <= -c) as P(T >= c) at -ncp: scipy's nct.cdf far in the lower tail returns nan for large ncp (10 at 9 df)
+    return float(stats.nct.sf(critical, df, ncp) + stats.nct.sf(critical, df, -ncp))
 
 
 def seeds_for_power(effect: float, sd: float, alpha: float, one_sided: bool = False, power: float = 0.8, most: int = 1000) -> int | None:
