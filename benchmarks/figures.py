@@ -7,6 +7,7 @@
     python benchmarks/figures.py video_deep --root benchmarks/results/video_deep     # Figure 2 at depth (+ band)
     python benchmarks/figures.py video_paper --root benchmarks/results/video_paper_saltpepper   # the same, salt-and-pepper
     python benchmarks/figures.py video_deep --root benchmarks/results/video_deep_saltpepper     # the same, salt-and-pepper
+    python benchmarks/figures.py lista_map --root benchmarks/results/lista_map       # where per-level descent pays
 
 Each writes PNGs into ``--root`` (or ``--out``) and prints their names. Constrained runs are drawn
 solid, the others dashed, as in the paper; bands and error bars are the std over seeds, and none
@@ -21,6 +22,10 @@ is drawn for one seed.
   ``figure2_band.png``: the forms trained on a band of levels, rows architectures, columns the
   test split and each unseen video.
 - Figure 3: RMSE against depth at the larger gammas, one line per solver.
+- ``lista_map.png`` (benchmarks/lista_map.toml): the map's judged cells as a heat map, band top x test
+  gamma over the band's top, coloured by levels' difference from the stronger baseline in % of its
+  mean (> 0 favours levels; ▲ better, ▼ worse at the family's Holm level); beside it the multipliers
+  at the band's top level per transition, and the per-layer test loss at 4 x the band's top.
 """
 
 from __future__ import annotations
@@ -31,8 +36,10 @@ from pathlib import Path
 
 import numpy as np
 
+from layerdescent.analysis.judging import judge
 from layerdescent.analysis.plots import save_png
 from layerdescent.analysis.report import collect, domain_results, summarize
+from layerdescent.bench.plan import bench_spec
 
 CONSTRAINED = "primal-dual"
 STYLE = {"erm": "--", "penalty": ":"}
@@ -239,9 +246,70 @@ def figure_3(groups: dict, metric: str, out: Path, gammas: int = 2) -> list[str]
     return [_save(fig, out, "figure3.png")]
 
 
+def band_top(group: dict) -> float:
+    """The top level of the band a group trained on."""
+    band = group["config"]["train.train_gamma"]
+    return float(band[-1] if isinstance(band, list) else band)
+
+
+def _multipliers_at(run: dict, level: float) -> list[float]:
+    """One run's multiplier per transition l_k <= l_(k-1) held at ``level`` (the labels' "@level")."""
+    table = run["constraints"]["descent"]
+    return [lam for name, lam in zip(table["labels"], table["lambda"]) if float(name.rsplit("@", 1)[1]) == level]
+
+
+def lista_map(results: list[dict], spec, out: Path) -> list[str]:
+    """The map family's cells as a heat map (band top x multiple of it), the multipliers at the band's top, the per-layer loss at 4x."""
+    plt, groups = _plt(), summarize(results)
+    endpoints = spec.endpoints()
+    cells = [c for c, e in zip(judge(results, spec, endpoints), endpoints) if e.family == "map" and c.get("difference")]
+    tops = sorted({band_top(groups[c["variant"]]) for c in cells})
+    multiples = sorted({round(c["gamma"] / band_top(groups[c["variant"]]), 6) for c in cells})
+    relative = np.full((len(tops), len(multiples)), np.nan)
+    fig, (heat, lam, loss) = plt.subplots(1, 3, figsize=(15, 4.2))
+    for c in cells:
+        top = band_top(groups[c["variant"]])
+        i, j = tops.index(top), multiples.index(round(c["gamma"] / top, 6))
+        relative[i, j] = 100 * c["difference"]["mean"] / abs(float(np.mean(c["b"])))
+        mark = {"better": " ▲", "worse": " ▼"}.get(c["verdict"], "")
+        heat.text(j, i, f"{relative[i, j]:+.1f}%{mark}", ha="center", va="center", fontsize="small")
+    bound = float(np.nanmax(np.abs(relative))) if cells else 1.0
+    image = heat.imshow(relative, cmap="RdBu", vmin=-bound, vmax=bound, aspect="auto")
+    fig.colorbar(image, ax=heat, label="levels − stronger baseline, % of its mean (> 0 favours levels)")
+    heat.set(
+        xticks=range(len(multiples)),
+        xticklabels=[f"{m:g}×" for m in multiples],
+        yticks=range(len(tops)),
+        yticklabels=[f"{t:g}" for t in tops],
+        xlabel="test γ ÷ the band's top",
+        ylabel="band top (trained on [0, top/2, top])",
+        title="last-layer test MSE (Holm over the map)",
+    )
+    for top in tops:
+        levels = [label for label, g in groups.items() if band_top(g) == top and g["solver"] == CONSTRAINED]
+        runs = [r for r in results if r["label"] in levels and "descent" in r.get("constraints", {})]
+        if runs:
+            per_run = np.array([_multipliers_at(r, top) for r in runs])
+            lam.plot(range(1, per_run.shape[1] + 1), per_run.mean(axis=0), marker="o", markersize=3, label=f"band top {top:g}")
+        for label in [label for label, g in groups.items() if band_top(g) == top]:
+            record = groups[label]["gammas"].get(4 * top)
+            if record is not None:
+                mean = np.asarray(record["layer_loss"]["mean"])
+                style = "-" if groups[label]["solver"] == CONSTRAINED else STYLE.get(groups[label]["solver"], "--")
+                loss.plot(range(len(mean)), mean / mean[0], linestyle=style, marker="o", markersize=2, label=label)
+    lam.set(xlabel="transition k (l_k ≤ l_(k−1))", ylabel="λ at the end, mean over seeds", title="multipliers at the band's top level")
+    lam.set_yscale("symlog", linthresh=0.1)
+    loss.set(xlabel="layer", ylabel="test loss ÷ layer 0's", title="per-layer test loss at 4 × the band's top", yscale="log")
+    _integer_ticks(lam)
+    _integer_ticks(loss)
+    return [_save(fig, out, "lista_map.png")]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("bench", choices=("text_paper", "text_deep", "video_paper", "video_deep", "video_depth", "video_depth_noisy"))
+    parser.add_argument(
+        "bench", choices=("text_paper", "text_deep", "video_paper", "video_deep", "video_depth", "video_depth_noisy", "lista_map")
+    )
     parser.add_argument("--root", type=Path, required=True)
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
@@ -250,7 +318,9 @@ def main() -> None:
     results = collect(args.root)
     groups = summarize(results)
     domains = {name: summarize(view) for name, view in domain_results(results).items()}
-    if args.bench.startswith("text"):
+    if args.bench == "lista_map":
+        names = lista_map(results, bench_spec(Path(__file__).parent / "lista_map.toml"), out)
+    elif args.bench.startswith("text"):
         names = figure_1(groups, "accuracy", out) + figure_4(groups, domains, "accuracy", out) + figure_5(groups, results, "accuracy", out)
     elif args.bench in ("video_paper", "video_deep"):
         names = figure_2(one_level(groups), "rmse", out) + [

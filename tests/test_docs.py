@@ -139,7 +139,7 @@ def _same_runs(out: Path, reference: Path) -> None:
     """Each run of ``out`` has the results.json of ``reference``'s, timings aside, and its CSV rows are its metrics log."""
     import json
 
-    from layerdescent.run.tracking import STEP_TIME, scalars
+    from layerdescent.run.tracking import STEP_TIME, result_labels, scalars
 
     for variant in ("erm", "primal-dual"):
         ours, local = (json.loads((root / variant / "seed-0" / "results.json").read_text()) for root in (out, reference))
@@ -152,7 +152,8 @@ def _same_runs(out: Path, reference: Path) -> None:
             for step, name, value in (line.split(",") for line in (run_dir / "values.csv").read_text().splitlines())
         ]
         logged = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-        want = [(record["step"], name, value) for record in logged for name, value in scalars(record).items()]
+        labels = result_labels(ours)
+        want = [(record["step"], name, value) for record in logged for name, value in scalars(record, labels).items()]
         assert want and sorted(row for row in rows if row[1] != STEP_TIME) == sorted(want)  # each once: none lost, none twice
 
 

@@ -37,6 +37,7 @@ _LAZY = {
     "Descent": "layerdescent.core.constraints",
     "DescentTrainer": "layerdescent.integrations.hf",
     "DescentModule": "layerdescent.integrations.lightning",
+    "DescentCallback": "layerdescent.integrations.lightning",
     "evaluate": "layerdescent.run.evaluator",
     "Command": "layerdescent.commands",
     "Executor": "layerdescent.bench.executors",
@@ -74,7 +75,7 @@ if TYPE_CHECKING:  # what static tools see; at run time __getattr__ imports them
     from layerdescent.core.solvers import PrimalDual, PrimalDualOptions
     from layerdescent.core.update import LayerwiseUpdate
     from layerdescent.integrations.hf import DescentTrainer
-    from layerdescent.integrations.lightning import DescentModule
+    from layerdescent.integrations.lightning import DescentCallback, DescentModule
     from layerdescent.prox import soft_threshold
     from layerdescent.registry import Registry, get_registry
     from layerdescent.run.batches import MicroBatch, batches
@@ -111,6 +112,7 @@ __all__ = [
     "ConstraintSpec",
     "DataError",
     "Descent",
+    "DescentCallback",
     "DescentModule",
     "DescentTrainer",
     "DivergenceError",

@@ -28,7 +28,8 @@ def records(run_dir: Path) -> list[dict]:
 
 def expected(run_dir: Path) -> dict[tuple[str, int], float]:
     """Every (name, step) a tracker must hold, with its value in metrics.jsonl."""
-    return {(name, record["step"]): value for record in records(run_dir) for name, value in tracking.scalars(record).items()}
+    labels = tracking.result_labels(json.loads((run_dir / "results.json").read_text()))
+    return {(name, record["step"]): value for record in records(run_dir) for name, value in tracking.scalars(record, labels).items()}
 
 
 def tracked(tiny: dict, names: list[str]) -> dict:
@@ -45,7 +46,7 @@ def test_tensorboard_holds_every_logged_value_of_the_run(tiny, tmp_path):
     events = EventAccumulator(str(run_dir / "tensorboard"), size_guidance={"scalars": 0})
     events.Reload()
     want = expected(run_dir)
-    assert {"train/loss/l0", "train/lambda/descent/0", "train/violation/descent/3", "val/loss/l4", tracking.STEP_TIME} <= set(
+    assert {"train/loss/l0", "train/lambda/descent/l1_le_l0", "train/violation/descent/l4_le_l3", "val/loss/l4", tracking.STEP_TIME} <= set(
         events.Tags()["scalars"]
     )
     got = {(tag, e.step): e.value for tag in events.Tags()["scalars"] for e in events.Scalars(tag)}

@@ -61,7 +61,7 @@ RUNNER = textwrap.dedent(
 
     trainer.add_callback(Record())
     trainer.train(resume_from_checkpoint=None if resume == "fresh" else os.path.join(out, "out", resume))
-    losses = {line["step"]: [line[f"layer_loss/l{k}"] for k in range(4)] for line in trainer.state.log_history if "layer_loss/l0" in line}
+    losses = {line["step"]: [line[f"train/loss/l{k}"] for k in range(4)] for line in trainer.state.log_history if "train/loss/l0" in line}
     with open(os.path.join(out, f"rank{rank}.json"), "w") as handle:
         json.dump({"lambda": history, "layer_loss": losses}, handle)
     %(leave)s

@@ -91,10 +91,10 @@ def test_docs_hf_example_trains_under_descent_constraints_exactly_as_written(tmp
     trainer = namespace["trainer"]
     last = _lines(trainer)[-1]
     assert trainer.state.global_step == 20 and {
-        "lambda/descent/l1<=l0",
-        "lambda/descent/l2<=l1",
-        "violation/descent/l2<=l1",
-        "layer_loss/l2",
+        "train/lambda/descent/l1_le_l0",
+        "train/lambda/descent/l2_le_l1",
+        "train/violation/descent/l2_le_l1",
+        "train/loss/l2",
     } <= set(last)
     assert (tmp_path / "hf-run" / "checkpoint-20" / "layerdescent_update.pt").is_file()
 
@@ -106,10 +106,13 @@ def test_a_violated_constraint_raises_its_multipliers_in_the_trainer_logs(tmp_pa
     lines = _lines(trainer)
     assert len(lines) == 4
     # halving the loss at every layer is out of reach: every entry stays violated and its lambda climbs
-    assert all(line["violation/descent/l1<=l0"] > 0 and line["violation/descent/l2<=l1"] > 0 for line in lines)
-    lambdas = [line["lambda/descent/l2<=l1"] for line in lines]
+    assert all(line["train/violation/descent/l1_le_l0"] > 0 and line["train/violation/descent/l2_le_l1"] > 0 for line in lines)
+    lambdas = [line["train/lambda/descent/l2_le_l1"] for line in lines]
     assert lambdas[0] > 0 and lambdas == sorted(lambdas) and lambdas[-1] > lambdas[0]
-    assert trainer.update.multipliers()["descent"].tolist() == [lines[-1]["lambda/descent/l1<=l0"], lines[-1]["lambda/descent/l2<=l1"]]
+    assert trainer.update.multipliers()["descent"].tolist() == [
+        lines[-1]["train/lambda/descent/l1_le_l0"],
+        lines[-1]["train/lambda/descent/l2_le_l1"],
+    ]
 
 
 @needs_hf
@@ -154,11 +157,11 @@ def test_a_step_the_mixed_precision_scaler_skips_leaves_the_multipliers_where_th
     # fp16 needs a GPU; its scaler's verdict is what the Trainer reads, so every step here is a skipped one
     monkeypatch.setattr(type(trainer.accelerator), "optimizer_step_was_skipped", property(lambda self: True))
     trainer.train()
-    assert all(line["lambda/descent/l2<=l1"] == 0.0 for line in _lines(trainer))
+    assert all(line["train/lambda/descent/l2_le_l1"] == 0.0 for line in _lines(trainer))
     monkeypatch.undo()
     trainer = _trainer(tmp_path, constraints=[ld.Descent(alpha=0.5)], dual_lr=1.0)
     trainer.train()
-    assert _lines(trainer)[-1]["lambda/descent/l2<=l1"] > 0.0
+    assert _lines(trainer)[-1]["train/lambda/descent/l2_le_l1"] > 0.0
 
 
 @needs_hf
@@ -183,8 +186,10 @@ def test_erm_trains_with_its_multipliers_logged_at_zero(tmp_path):
     trainer = _trainer(tmp_path, solver="erm", constraints=[ld.Descent(alpha=0.5)])
     trainer.train()
     lines = _lines(trainer)
-    assert len(lines) == 4 and all(line["lambda/descent/l1<=l0"] == 0 and line["lambda/descent/l2<=l1"] == 0 for line in lines)
-    assert all(line["violation/descent/l1<=l0"] > 0 for line in lines)  # measured, never enforced
+    assert len(lines) == 4 and all(
+        line["train/lambda/descent/l1_le_l0"] == 0 and line["train/lambda/descent/l2_le_l1"] == 0 for line in lines
+    )
+    assert all(line["train/violation/descent/l1_le_l0"] > 0 for line in lines)  # measured, never enforced
 
 
 @needs_hf
@@ -201,8 +206,8 @@ def test_gradient_checkpointing_gives_the_multipliers_and_layer_losses_of_a_plai
         trainers[name].train()
     plain, recomputed = trainers["plain"], trainers["recomputed"]
     assert (calls["plain"], calls["recomputed"]) == (4, 8)  # each step's layer ran again in the backward pass (its inner modules do)
-    keys = [k for k in _lines(plain)[0] if k.startswith(("lambda/", "layer_loss/"))]
-    assert len(keys) == 2 + 3 and _lines(plain)[-1]["lambda/descent/l2<=l1"] > 0
+    keys = [k for k in _lines(plain)[0] if k.startswith(("train/lambda/", "train/loss/"))]
+    assert len(keys) == 2 + 3 and _lines(plain)[-1]["train/lambda/descent/l2_le_l1"] > 0
     for a, b in zip(_lines(plain), _lines(recomputed)):
         assert [b[k] for k in keys] == pytest.approx([a[k] for k in keys], rel=1e-5, abs=1e-7)
 
@@ -221,7 +226,7 @@ def test_a_bf16_readout_steps_the_multipliers_in_float32_close_to_a_float32_one(
             **options,
         )
         runs[dtype].train()
-    key = "lambda/descent/l2<=l1"
+    key = "train/lambda/descent/l2_le_l1"
     exact, rounded = [line[key] for line in _lines(runs[torch.float32])], [line[key] for line in _lines(runs[torch.bfloat16])]
     assert exact[-1] > 0
     # float32 means from bf16 losses: lambda moves by the losses' rounding (8 bits), not by a bf16 step's
@@ -236,7 +241,7 @@ def test_resuming_from_a_checkpoint_continues_with_the_saved_multipliers(tmp_pat
     whole.train()
     resumed = _trainer(tmp_path / "whole", **options)
     resumed.train(resume_from_checkpoint=str(tmp_path / "whole" / "out" / "checkpoint-2"))
-    key = "lambda/descent/l2<=l1"
+    key = "train/lambda/descent/l2_le_l1"
     expected = {line["step"]: line[key] for line in _lines(whole) if line["step"] > 2}
     got = {line["step"]: line[key] for line in _lines(resumed) if line["step"] > 2}
     assert expected[3] > 2 * _lines(whole)[0][key]  # lambda had grown for two steps before the checkpoint
@@ -372,7 +377,7 @@ def test_a_per_sample_constraint_moves_only_the_rows_of_the_batches_the_trainer_
     table = trainer.update.multipliers()["descent"]
     assert table.shape == (32, 2)
     assert int((table > 0).any(dim=1).sum()) == 8  # one optimizer step of 8 rows; halving the loss is out of their reach
-    assert "lambda/descent/l2<=l1" in _lines(trainer)[-1]
+    assert "train/lambda/descent/l2_le_l1" in _lines(trainer)[-1]
 
 
 @needs_hf

@@ -1,4 +1,4 @@
-"""DescentModule: a LightningModule takes LayerwiseUpdate's steps, under DDP as on one process, resumes from Lightning's checkpoints exactly, and runs in bf16."""
+"""DescentModule and DescentCallback: a LightningModule takes LayerwiseUpdate's steps, under DDP as on one process, resumes from Lightning's checkpoints exactly, and runs in bf16; the callback under automatic optimization (accumulation, clipping, schedulers)."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ pytestmark = pytest.mark.skipif(
 MODEL = textwrap.dedent(
     """
     import torch
+    import lightning.pytorch as pl
     import layerdescent as ld
 
 
@@ -51,11 +52,31 @@ MODEL = textwrap.dedent(
 
         def configure_optimizers(self):
             return torch.optim.Adam(self.parameters(), lr=1e-2)
+
+
+    class Plain(pl.LightningModule):
+        # a LightningModule that knows nothing of layerdescent: its step returns its loss and the per-layer losses
+
+        def __init__(self, scheduler=None):
+            super().__init__()
+            self.blocks, self.head = make_blocks()
+            self.scheduler = scheduler
+
+        def training_step(self, batch, batch_idx):
+            table = per_layer(self.blocks, self.head, *batch)
+            return {"loss": table[:, -1].mean(), "layer_losses": table}
+
+        def configure_optimizers(self):
+            optimizer = torch.optim.Adam(self.parameters(), lr=1e-2)
+            if self.scheduler is None:
+                return optimizer
+            return {"optimizer": optimizer, "lr_scheduler": {"scheduler": self.scheduler(optimizer), "interval": "step"}}
     """
 )
 namespace: dict = {}
 exec(compile(MODEL, "model", "exec"), namespace)
 Model, data, make_blocks, per_layer = namespace["Model"], namespace["data"], namespace["make_blocks"], namespace["per_layer"]
+Plain = namespace["Plain"]
 
 RUNNER = MODEL + textwrap.dedent(
     """
@@ -63,18 +84,21 @@ RUNNER = MODEL + textwrap.dedent(
     import lightning.pytorch as pl
 
     torch.set_num_threads(1)
-    out, batch = sys.argv[1], int(sys.argv[2])
+    out, batch, front = sys.argv[1], int(sys.argv[2]), sys.argv[3] if len(sys.argv) > 3 else "module"
     world = int(os.environ.get("WORLD_SIZE", "1"))
-    model = Model()
+    model = Model() if front == "module" else Plain()
+    callback = [ld.DescentCallback([ld.Descent(alpha=0.05)], num_layers=4, dual_lr=0.5)] if front == "callback" else []
     # rank r reads rows r, r + 2, ... in order, so the ranks' shards of step k are one process's batch k
     rank = int(os.environ.get("RANK", "0"))
     sampler = torch.utils.data.distributed.DistributedSampler(data(), num_replicas=world, rank=rank, shuffle=False)
     loader = torch.utils.data.DataLoader(data(), batch_size=batch // world, sampler=sampler)
     trainer = pl.Trainer(max_epochs=2, accelerator="cpu", devices=world, strategy="ddp" if world > 1 else "auto", logger=False,
-                         use_distributed_sampler=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+                         use_distributed_sampler=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                         callbacks=callback)
     trainer.fit(model, loader)
+    update = model.update if front == "module" else callback[0].update
     with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
-        json.dump({"lambda": model.update.multipliers()["descent"].tolist(), "steps": trainer.global_step,
+        json.dump({"lambda": update.multipliers()["descent"].tolist(), "steps": trainer.global_step,
                    "head": model.head.weight.flatten().tolist()}, f)
     """
 )
@@ -109,7 +133,9 @@ def test_descent_module_takes_the_steps_of_layerwise_update():
     assert bool((expected > 0).any())
     torch.testing.assert_close(model.update.multipliers()["descent"], expected)
     torch.testing.assert_close(model.head.weight, head.weight)
-    assert {"lambda/descent/l1<=l0", "violation/descent/l4<=l3", "layer_loss/l4"} <= set(trainer.callback_metrics)
+    assert {"train/lambda/descent/l1_le_l0", "train/violation/descent/l4_le_l3", "train/loss/l4", "train/lagrangian"} <= {
+        key.removesuffix("_step").removesuffix("_epoch") for key in trainer.callback_metrics
+    }
 
 
 def test_ddp_on_two_cpu_processes_follows_one_process(tmp_path):
@@ -181,3 +207,137 @@ def test_docs_lightning_example_runs_as_written():
     exec(compile(docs_block("lightning-example", REPO / "docs" / "own-loop.md"), "docs/own-loop.md:lightning", "exec"), namespace)
     trainer, model = namespace["trainer"], namespace["model"]
     assert trainer.global_step > 0 and bool((model.update.multipliers()["descent"] >= 0).all())
+
+
+def _callback(**options):
+    import layerdescent as ld
+
+    return ld.DescentCallback([ld.Descent(alpha=0.05)], num_layers=4, **{"dual_lr": 0.5, **options})
+
+
+def _plain_loop(epochs: int, accumulate: int = 1, clip: float | None = None, scheduler=None):
+    """LayerwiseUpdate in a loop of one's own: what the callback must reproduce (the multipliers, the weights, the learning rate)."""
+    import layerdescent as ld
+
+    blocks, head = make_blocks()
+    params = [*blocks.parameters(), *head.parameters()]
+    optimizer = torch.optim.Adam(params, lr=1e-2)
+    schedule = scheduler(optimizer) if scheduler else None
+    update = ld.LayerwiseUpdate([ld.Descent(alpha=0.05)], num_layers=4, optimizer=optimizer, dual_lr=0.5)
+    for _ in range(epochs):
+        batches = list(_loader())
+        for start in range(0, len(batches), accumulate):
+            update.zero_grad()
+            for x, y in batches[start : start + accumulate]:
+                update.backward(per_layer(blocks, head, x, y), weight=1 / accumulate)
+            if clip is not None:
+                torch.nn.utils.clip_grad_norm_(params, clip)
+            update.step()
+            if schedule is not None:
+                schedule.step()
+    return update, head, optimizer
+
+
+def test_the_callback_on_an_unmodified_module_takes_the_steps_of_layerwise_update():
+    callback, model = _callback(), Plain()
+    trainer = _trainer(max_epochs=2, callbacks=[callback])
+    trainer.fit(model, _loader())
+    update, head, _ = _plain_loop(2)
+    assert trainer.global_step == 16
+    expected = update.multipliers()["descent"]
+    assert bool((expected > 0).any())
+    torch.testing.assert_close(callback.update.multipliers()["descent"], expected)
+    torch.testing.assert_close(model.head.weight, head.weight)
+    assert "training_step" not in vars(model)  # the module has its own step back
+
+
+def test_the_callback_under_accumulation_clipping_and_a_per_step_scheduler_follows_the_plain_loop():
+    def halving(optimizer):
+        return torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.5)
+
+    callback, model = _callback(), Plain(scheduler=halving)
+    trainer = _trainer(max_epochs=2, callbacks=[callback], accumulate_grad_batches=2, gradient_clip_val=0.05)
+    trainer.fit(model, _loader())
+    update, head, optimizer = _plain_loop(2, accumulate=2, clip=0.05, scheduler=halving)
+    assert trainer.global_step == 8  # 16 batches, 2 a step
+    assert trainer.optimizers[0].param_groups[0]["lr"] == optimizer.param_groups[0]["lr"] == 1e-2 * 0.5**8  # it moved
+    torch.testing.assert_close(callback.update.multipliers()["descent"], update.multipliers()["descent"])
+    torch.testing.assert_close(model.head.weight, head.weight)
+
+
+def test_ddp_on_two_cpu_processes_with_the_callback_follows_one_process(tmp_path):
+    if not torch.distributed.is_available() or not torch.distributed.is_gloo_available():
+        pytest.skip("torch.distributed with gloo is not available")
+    one = run_script(RUNNER, tmp_path / "one", 1, "64", "callback")
+    two = run_script(RUNNER, tmp_path / "two", 2, "64", "callback", torchrun=True)
+    assert one[0]["steps"] == two[0]["steps"] == 8
+    assert two[0]["lambda"] == two[1]["lambda"]
+    torch.testing.assert_close(torch.tensor(two[0]["lambda"]), torch.tensor(one[0]["lambda"]))
+    torch.testing.assert_close(torch.tensor(two[0]["head"]), torch.tensor(one[0]["head"]))
+
+
+def test_the_callbacks_multipliers_resume_exactly_from_a_checkpoint_in_mid_training(tmp_path):
+    whole, whole_model = _callback(), Plain()
+    _trainer(max_epochs=3, callbacks=[whole]).fit(whole_model, _loader())
+    first = _trainer(max_epochs=1, callbacks=[_callback()])
+    first.fit(Plain(), _loader())
+    first.save_checkpoint(tmp_path / "epoch1.ckpt")
+    resumed, resumed_model = _callback(), Plain()
+    with torch.no_grad():  # another start, which the checkpoint must overwrite
+        resumed_model.head.weight.add_(1.0)
+    _trainer(max_epochs=3, callbacks=[resumed]).fit(resumed_model, _loader(), ckpt_path=tmp_path / "epoch1.ckpt")
+    assert torch.equal(resumed.update.multipliers()["descent"], whole.update.multipliers()["descent"])
+    assert torch.equal(resumed_model.head.weight, whole_model.head.weight)
+    # a checkpoint saved without the callback would restart the multipliers at 0: refused in one line
+    plain = _trainer(max_epochs=1)
+    plain.fit(Model(), _loader())
+    plain.save_checkpoint(tmp_path / "module.ckpt")
+    import layerdescent as ld
+
+    with pytest.raises(ld.CheckpointError, match="holds no DescentCallback state"):
+        _trainer(max_epochs=2, callbacks=[_callback()]).fit(Plain(), _loader(), ckpt_path=tmp_path / "module.ckpt")
+
+
+def test_the_callback_refuses_what_it_cannot_do_in_one_line():
+    import layerdescent as ld
+
+    with pytest.raises(
+        ld.ConfigError, match="steps the multipliers after Lightning's own optimizer step, which needs scheme = 'simultaneous'"
+    ):
+        _callback(scheme="alternating-primal-dual")
+    with pytest.raises(ld.ConfigError, match="Model optimizes manually: drop the callback"):
+        _trainer(max_epochs=1, callbacks=[_callback()]).fit(Model(), _loader())
+
+    class Narrow(Plain):
+        def training_step(self, batch, batch_idx):
+            return per_layer(self.blocks, self.head, *batch)[:, :3]
+
+    with pytest.raises(ld.PluginError, match=r"Narrow.training_step returned shape \(32, 3\) of torch.float32; it must return B x 5"):
+        _trainer(max_epochs=1, callbacks=[_callback()]).fit(Narrow(), _loader())
+
+
+def test_a_scheduler_under_descent_module_steps_with_its_steps_and_a_plateau_one_is_refused():
+    import layerdescent as ld
+
+    class Scheduled(Model):
+        def configure_optimizers(self):
+            optimizer = torch.optim.Adam(self.parameters(), lr=1e-2)
+            return {
+                "optimizer": optimizer,
+                "lr_scheduler": {"scheduler": torch.optim.lr_scheduler.StepLR(optimizer, 1, 0.5), "interval": "step"},
+            }
+
+    trainer = _trainer(max_epochs=1)
+    trainer.fit(Scheduled(), _loader())
+    assert trainer.global_step == 8 and trainer.optimizers[0].param_groups[0]["lr"] == 1e-2 * 0.5**8
+
+    class Plateau(Model):
+        def configure_optimizers(self):
+            optimizer = torch.optim.Adam(self.parameters(), lr=1e-2)
+            return {
+                "optimizer": optimizer,
+                "lr_scheduler": {"scheduler": torch.optim.lr_scheduler.ReduceLROnPlateau(optimizer), "monitor": "train/loss/l4"},
+            }
+
+    with pytest.raises(ld.ConfigError, match="returned ReduceLROnPlateau, which reads a monitored metric"):
+        _trainer(max_epochs=1).fit(Plateau(), _loader())

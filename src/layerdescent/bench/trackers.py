@@ -11,7 +11,7 @@ evaluates where a tracker is missing. TensorBoard event files go to ``RUN_DIR/te
 (one experiment named after the bench), ``RUN_DIR/mlruns`` for a single run. W&B logs one W&B run
 per run, its files in ``RUN_DIR/wandb``: offline by default (``wandb sync`` uploads them later),
 online with ``mode = "online"``; a resumed run continues the same W&B run. All three name a value
-the same way (``scalars``): ``train/loss/l3``, ``train/lambda/descent/2``, ``val/accuracy``.
+the same way (``scalars``): ``train/loss/l3``, ``train/lambda/descent/l3_le_l2``, ``val/accuracy``.
 This module imports none of their packages until a tracker opens, so a config check stays light.
 """
 

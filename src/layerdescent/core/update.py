@@ -22,6 +22,7 @@ A constraint held per level or per sample needs to know where each row came from
 from __future__ import annotations
 
 import dataclasses
+import re
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -180,19 +181,14 @@ class LayerwiseUpdate:
         return out
 
     def scalars(self) -> dict[str, float]:
-        """``record()`` as flat named values, for a logger: ``lambda/NAME/LABEL``, ``relaxation/NAME/LABEL``, ``violation/NAME/LABEL``, ``layer_loss/lK``.
+        """``record()`` as the named values every front logs (``line_scalars``): ``train/lambda/NAME/LABEL``, ``train/loss/lK``, ...
 
         An entry no step of the line saw (a level not drawn) is left out.
         """
         line = self.record()
         # a solver that enforces nothing (erm) logs its multipliers too, at zero, so that runs compare column for column
         line.setdefault("lambda", {name: _per_entry(v).tolist() for name, v in self.multipliers().items()})
-        out: dict[str, float] = {}
-        for kind in ("lambda", "relaxation", "violation"):
-            for name, values in line.get(kind, {}).items():
-                out.update({f"{kind}/{name}/{label}": v for label, v in zip(self.labels[name], values) if v is not None})
-        out.update({f"layer_loss/l{k}": v for k, v in enumerate(line.get("loss", [])) if v is not None})
-        return out
+        return line_scalars(line, self.labels)
 
     def state_dict(self, primal: bool = True) -> dict[str, Any]:
         """Optimizer, multiplier and solver state, for checkpoints; ``primal=False`` leaves out the model's optimizer, for a loop whose own checkpoints hold it (Lightning's)."""
@@ -240,6 +236,29 @@ class LayerwiseUpdate:
                 grouped = {name: _per_entry(v, nan_safe=True) for name, v in self.problem.group_violations(seen.tables).items()}
         self._line.add(seen.means, seen.violations, grouped)
         return seen
+
+
+def metric_label(label: str) -> str:
+    """A constraint entry's label in the characters every tracker takes (MLflow's: letters, digits, ``_ - . /``): ``l2<=l1@0.5`` -> ``l2_le_l1_at_0.5``."""
+    return re.sub(r"[^A-Za-z0-9_./-]", "_", label.replace("<=", "_le_").replace("@", "_at_"))
+
+
+def line_scalars(line: dict[str, Any], labels: dict[str, list[str]]) -> dict[str, float]:
+    """A training log line (``LayerwiseUpdate.record()``, a metrics.jsonl ``train`` record) as named values: the one vocabulary of every front.
+
+    ``train/loss/lK`` (layer K's mean loss), ``train/feasible``, ``train/lambda/NAME/LABEL``,
+    ``train/violation/NAME/LABEL``, ``train/relaxation/NAME/LABEL``, ``train/penalty/NAME`` and
+    ``train/binding_rows/NAME``; ``labels`` is each constraint's entry labels (``LayerwiseUpdate.labels``,
+    results.json's ``constraints.NAME.labels``). A null (an entry no step saw) is left out.
+    """
+    out: dict[str, Any] = {f"train/loss/l{k}": v for k, v in enumerate(line.get("loss", []))}
+    out["train/feasible"] = line.get("feasible")
+    for kind in ("lambda", "violation", "relaxation"):
+        for name, values in line.get(kind, {}).items():
+            out.update({f"train/{kind}/{name}/{metric_label(label)}": v for label, v in zip(labels[name], values)})
+    for kind in ("penalty", "binding_rows"):
+        out.update({f"train/{kind}/{name}": v for name, v in line.get(kind, {}).items()})
+    return {key: float(v) for key, v in out.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
 
 
 def _per_entry(value: torch.Tensor, nan_safe: bool = False) -> torch.Tensor:

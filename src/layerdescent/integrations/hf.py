@@ -6,7 +6,7 @@
         readout=lambda hidden, inputs: cross_entropy(model.classifier(hidden[:, 0]), inputs["labels"], reduction="none"),
         dual_lr=0.5,
     )
-    trainer.train()   # lambda/descent/l1<=l0, violation/descent/l1<=l0, ... in trainer.state.log_history
+    trainer.train()   # train/lambda/descent/l1_le_l0, train/violation/descent/l1_le_l0, ... in trainer.state.log_history
 
 Constraints held per sample or per level read each row's index and level from two dataset columns,
 ``rows_column`` (default ``"row_index"``: 0..len(train_dataset)-1) and ``levels_column`` (default
@@ -222,7 +222,8 @@ class DescentTrainer(transformers.Trainer):
     def log(self, logs: dict[str, float], *args: Any, **kwargs: Any) -> None:
         """The Trainer's log, with the multipliers and violations on every training line."""
         if "loss" in logs and self.update is not None:  # a training line; evaluation's keys are eval_*
-            logs = {**logs, **self.update.scalars()}  # means over the steps since the last line
+            # means over the steps since the last line; the Trainer's loss is the Lagrangian, named as every front names it
+            logs = {**logs, **self.update.scalars(), "train/lagrangian": logs["loss"]}
         super().log(logs, *args, **kwargs)
 
     def _save_optimizer_and_scheduler(self, output_dir: str) -> None:

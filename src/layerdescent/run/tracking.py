@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 from typing import Any, ClassVar
 
+from layerdescent.core.update import line_scalars
 from layerdescent.errors import ConfigError
 from layerdescent.optional import check_installed
 from layerdescent.options import NoOptions, build_dataclass
@@ -74,26 +75,31 @@ def check_trackers(train: Any, registry: Any = None) -> None:
         check_installed(cls.requires, f"train.trackers: {name!r}")
 
 
-def scalars(record: dict[str, Any]) -> dict[str, float]:
-    """The named values a tracker logs for one ``metrics.jsonl`` record (none for a skipped step)."""
-    out: dict[str, float] = {}
+def scalars(record: dict[str, Any], labels: dict[str, list[str]]) -> dict[str, float]:
+    """The named values a tracker logs for one ``metrics.jsonl`` record, in the vocabulary every front shares (``line_scalars``).
+
+    ``labels`` is each constraint's entry labels (the update's, or results.json's ``constraints.NAME.labels``).
+    """
     if record.get("event") == "train":
-        out.update({f"train/loss/l{k}": v for k, v in enumerate(record["loss"])})
-        out["train/feasible"] = record["feasible"]
-        for part in ("violation", "lambda", "relaxation"):
-            for name, values in record.get(part, {}).items():
-                out.update({f"train/{part}/{name}/{i}": v for i, v in enumerate(values)})
-    elif record.get("event") == "epoch":
+        return line_scalars(record, labels)
+    out: dict[str, Any] = {}
+    if record.get("event") == "epoch":
         out.update({f"val/loss/l{k}": v for k, v in enumerate(record["val_loss"])})
         out.update({f"val/{name}": v for name, v in (record.get("val_metrics") or {}).items()})
     return {key: float(value) for key, value in out.items() if isinstance(value, (int, float)) and not isinstance(value, bool)}
 
 
+def result_labels(results: dict[str, Any]) -> dict[str, list[str]]:
+    """Each constraint's entry labels, as a finished run's results.json records them."""
+    return {name: table["labels"] for name, table in results.get("constraints", {}).items()}
+
+
 class Trackers:
     """The trackers of one run: each gets every record the run logs, and its results at the end."""
 
-    def __init__(self, trackers: list[Tracker], start_step: int = 0) -> None:
+    def __init__(self, trackers: list[Tracker], start_step: int = 0, labels: dict[str, list[str]] | None = None) -> None:
         self.trackers = trackers
+        self.labels = labels or {}  # each constraint's entry labels, which name its values
         # step time as wall time between training log lines, so validation never counts as training
         self._since, self._since_step = time.perf_counter(), start_step
 
@@ -101,7 +107,7 @@ class Trackers:
         """Send one metrics.jsonl record to every tracker."""
         if not self.trackers:
             return
-        values, step, now = scalars(record), int(record.get("step", 0)), time.perf_counter()
+        values, step, now = scalars(record, self.labels), int(record.get("step", 0)), time.perf_counter()
         if record.get("event") == "train" and step > self._since_step:
             values[STEP_TIME] = (now - self._since) / (step - self._since_step)
         if record.get("event") in ("train", "epoch"):
@@ -116,9 +122,12 @@ class Trackers:
             tracker.close(results, Path(run_dir))
 
 
-def open_trackers(config: Any, run_dir: str | Path, start_step: int = 0, registry: Any = None) -> Trackers:
-    """The trackers ``config.train.trackers`` names, from ``registry``, logging from ``start_step`` (only rank 0 logs)."""
+def open_trackers(
+    config: Any, run_dir: str | Path, start_step: int = 0, registry: Any = None, labels: dict[str, list[str]] | None = None
+) -> Trackers:
+    """The trackers ``config.train.trackers`` names, from ``registry``, logging from ``start_step`` (only rank 0 logs); ``labels`` names each constraint's values."""
     if int(os.environ.get("RANK", "0")) != 0:
         return Trackers([])
     registry = registry or get_registry()
-    return Trackers([registry.tracker(name)(config, Path(run_dir), start_step) for name in config.train.trackers], start_step)
+    trackers = [registry.tracker(name)(config, Path(run_dir), start_step) for name in config.train.trackers]
+    return Trackers(trackers, start_step, labels)

@@ -151,7 +151,7 @@ class Trainer:
                 rundir.rewind_log(metrics_file, self.checkpoint_path, state["metrics_offset"])
         # Line-buffered so that `tail -f metrics.jsonl` follows a run; only rank 0 writes.
         loop.log = files.open_log(metrics_file) if world.is_main else open(os.devnull, "w")
-        self._trackers = open_trackers(config, self.run_dir, loop.position.step, self.registry)
+        self._trackers = open_trackers(config, self.run_dir, loop.position.step, self.registry, session.update.labels)
         # a bar on a terminal, a timed line every 30 s when stderr is a pipe (a demo or bench log)
         loop.name, loop.shown = f"{config.name} seed {config.seed}", train.progress and world.is_main
         after = evaluation_in_steps(
