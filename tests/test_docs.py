@@ -256,8 +256,8 @@ DOC_BLOCKS = [b for page in PAGES if page.parent != ROOT for b in blocks(page) i
 
 @pytest.mark.parametrize("block", DOC_BLOCKS, ids=lambda b: b.where)
 def test_every_docs_code_block_runs_or_is_checked(block, tmp_path):
-    """Python runs as written; TOML is validated as a config, bench or pyproject; JSON parses; shell commands parse; text is a diagram."""
-    assert block.lang in ("python", "toml", "json", "bash", "text"), (
+    """Python runs as written; TOML is validated as a config, bench or pyproject; JSON and YAML parse; shell commands parse; text is a diagram."""
+    assert block.lang in ("python", "toml", "json", "yaml", "bash", "text"), (
         f"{block.where}: a fence needs one of these languages, not {block.lang!r}"
     )
     if block.lang == "python":
@@ -269,12 +269,16 @@ def test_every_docs_code_block_runs_or_is_checked(block, tmp_path):
         import json
 
         json.loads(block.code)
+    elif block.lang == "yaml":  # a LightningCLI config: tests/integrations/test_lightning.py trains it
+        import yaml
+
+        assert isinstance(yaml.safe_load(block.code), dict), f"{block.where}: a YAML block is a mapping"
     elif block.lang == "bash":
         check_shell(block)
 
 
 def test_the_docs_have_code_blocks_of_every_checked_language():
-    assert {b.lang for b in DOC_BLOCKS} == {"python", "toml", "json", "bash", "text"}
+    assert {b.lang for b in DOC_BLOCKS} == {"python", "toml", "json", "yaml", "bash", "text"}
 
 
 def test_docs_annotated_config_differs_from_the_defaults_only_where_it_says_so():
@@ -297,6 +301,19 @@ def test_the_api_reference_documents_every_public_name():
         module = ld._LAZY.get(name) or next(m for m in eager if hasattr(importlib.import_module(m), name))
         assert f"{module}.{name}" in documented or module in documented, f"{name} ({module}) is not in docs/reference/api.md"
         assert getattr(importlib.import_module(module), name) is getattr(ld, name)
+
+
+def test_the_plain_api_page_is_what_the_code_generates():
+    pytest.importorskip("lightning", reason="the page lists DescentModule and DescentCallback (pip install 'layerdescent[lightning]')")
+    pytest.importorskip("transformers", reason="the page lists DescentTrainer (pip install 'layerdescent[hf]')")
+    from layerdescent.cli.api import api_page
+
+    page = api_page()
+    assert (DOCS / "reference" / "api-plain.md").read_text() == page, (
+        "docs/reference/api-plain.md is stale: run `layerdescent api > docs/reference/api-plain.md`"
+    )
+    assert {m for m in re.findall(r"^## `(\w+)`$", page, re.M)} == set(ld.__all__) - {"__version__"}
+    assert "- `multipliers() -> dict[str, torch.Tensor]`: Current lambda of each constraint." in page  # a method, in one line
 
 
 def test_module_map_names_every_module_of_the_package():

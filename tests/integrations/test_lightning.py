@@ -341,3 +341,45 @@ def test_a_scheduler_under_descent_module_steps_with_its_steps_and_a_plateau_one
 
     with pytest.raises(ld.ConfigError, match="returned ReduceLROnPlateau, which reads a monitored metric"):
         _trainer(max_epochs=1).fit(Plateau(), _loader())
+
+
+def test_docs_callback_example_trains_with_its_scheduler_and_accumulation():
+    namespace: dict = {}
+    exec(compile(docs_block("lightning-callback-example", REPO / "docs" / "own-loop.md"), "docs/own-loop.md:callback", "exec"), namespace)
+    trainer, descent = namespace["trainer"], namespace["descent"]
+    assert trainer.global_step == 12  # 8 batches an epoch, 2 a step, 3 epochs
+    assert trainer.optimizers[0].param_groups[0]["lr"] == 1e-2 * 0.5  # StepLR halved it at step 10
+    assert bool((descent.update.multipliers()["descent"] >= 0).all())
+    assert "train/lambda/descent/l1_le_l0_step" in trainer.progress_bar_metrics  # progress_bar=True
+
+
+def test_docs_lightning_cli_config_trains_the_callback_from_yaml(tmp_path, monkeypatch):
+    pytest.importorskip("jsonargparse", reason="LightningCLI needs jsonargparse (pip install 'layerdescent[lightning]')")
+    from lightning.pytorch.cli import LightningCLI
+
+    page = REPO / "docs" / "own-loop.md"
+    (tmp_path / "model.py").write_text(docs_block("lightning-cli-model", page))
+    (tmp_path / "config.yaml").write_text(docs_block("lightning-cli-config", page, "yaml"))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    cli = LightningCLI(args=["fit", "--config", "config.yaml"], save_config_callback=None)
+    descent = next(c for c in cli.trainer.callbacks if type(c).__name__ == "DescentCallback")
+    assert cli.trainer.global_step == 16 and descent.update.solver.options.dual_lr == 0.5
+    assert bool((descent.update.multipliers()["descent"] > 0).any())
+
+
+def test_docs_cooper_lightning_example_steps_the_multipliers_once_a_step():
+    namespace: dict = {}
+    exec(compile(docs_block("cooper-lightning-example", REPO / "docs" / "own-loop.md"), "docs/own-loop.md:cooper", "exec"), namespace)
+    trainer, model = namespace["trainer"], namespace["model"]
+    lam = model.cmp.descent.multiplier.weight
+    assert trainer.global_step == 24 and bool((lam >= 0).all()) and bool((lam > 0).any())
+
+
+def test_the_callback_logs_its_settings_as_hyperparameters(tmp_path):
+    from lightning.pytorch.loggers import CSVLogger
+
+    trainer = _trainer(max_epochs=1, callbacks=[_callback()], logger=CSVLogger(tmp_path))
+    trainer.fit(Plain(), _loader())
+    saved = (tmp_path / "lightning_logs" / "version_0" / "hparams.yaml").read_text()
+    assert "layerdescent:" in saved and "dual_lr: 0.5" in saved and "kind: descent" in saved and "alpha: 0.05" in saved

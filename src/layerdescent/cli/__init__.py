@@ -12,12 +12,12 @@ from collections.abc import Sequence
 # Only light modules at the top: `--help`, `--version`, `list` and `plugins` must not import torch
 # (the commands that train import it where they need it).
 from layerdescent import __version__
-from layerdescent.cli import assets, bench, config, demo, evaluate, listing, plan, plugins, report, run
+from layerdescent.cli import api, assets, bench, config, demo, evaluate, listing, plan, plugins, report, run
 from layerdescent.commands import Command
 from layerdescent.errors import LayerdescentError
 from layerdescent.registry import get_registry
 
-BUILTIN = tuple(module.COMMAND for module in (listing, plugins, config, run, bench, plan, evaluate, report, assets, demo))
+BUILTIN = tuple(module.COMMAND for module in (listing, plugins, config, run, bench, plan, evaluate, report, assets, demo, api))
 logger = logging.getLogger("layerdescent")
 
 
