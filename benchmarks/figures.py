@@ -45,6 +45,12 @@ CONSTRAINED = "primal-dual"
 STYLE = {"erm": "--", "penalty": ":"}
 
 
+def matplotlib_colors():
+    import matplotlib.colors
+
+    return matplotlib.colors
+
+
 def _plt():
     import matplotlib
 
@@ -272,10 +278,13 @@ def lista_map(results: list[dict], spec, out: Path) -> list[str]:
         i, j = tops.index(top), multiples.index(round(c["gamma"] / top, 6))
         relative[i, j] = 100 * c["difference"]["mean"] / abs(float(np.mean(c["b"])))
         mark = {"better": " ▲", "worse": " ▼"}.get(c["verdict"], "")
-        heat.text(j, i, f"{relative[i, j]:+.1f}%{mark}", ha="center", va="center", fontsize="small")
+        color = "white" if abs(relative[i, j]) > 50 else "black"
+        heat.text(j, i, f"{relative[i, j]:+.1f}%{mark}", ha="center", va="center", fontsize="small", color=color)
     bound = float(np.nanmax(np.abs(relative))) if cells else 1.0
-    image = heat.imshow(relative, cmap="RdBu", vmin=-bound, vmax=bound, aspect="auto")
-    fig.colorbar(image, ax=heat, label="levels − stronger baseline, % of its mean (> 0 favours levels)")
+    # symmetric-log colours: a few percent stay visible beside a several-fold break
+    norm = matplotlib_colors().SymLogNorm(linthresh=5.0, vmin=-bound, vmax=bound)
+    image = heat.imshow(relative, cmap="RdBu", norm=norm, aspect="auto")
+    fig.colorbar(image, ax=heat, label="Δ, % of the stronger baseline (> 0: levels better)")
     heat.set(
         xticks=range(len(multiples)),
         xticklabels=[f"{m:g}×" for m in multiples],
@@ -285,18 +294,21 @@ def lista_map(results: list[dict], spec, out: Path) -> list[str]:
         ylabel="band top (trained on [0, top/2, top])",
         title="last-layer test MSE (Holm over the map)",
     )
-    for top in tops:
+    for n, top in enumerate(tops):
+        color = ("black", "tab:orange", "tab:purple")[n % 3]  # one colour a band (kept apart by the PNG palette), one line style an arm
         levels = [label for label, g in groups.items() if band_top(g) == top and g["solver"] == CONSTRAINED]
         runs = [r for r in results if r["label"] in levels and "descent" in r.get("constraints", {})]
         if runs:
             per_run = np.array([_multipliers_at(r, top) for r in runs])
-            lam.plot(range(1, per_run.shape[1] + 1), per_run.mean(axis=0), marker="o", markersize=3, label=f"band top {top:g}")
+            config = groups[levels[0]]["config"]
+            tuned = f"α {config.get('constraints.0.alpha', '?')}, dual_lr {config.get('solver.dual_lr', '?'):g}"
+            lam.plot(range(1, per_run.shape[1] + 1), per_run.mean(axis=0), marker="o", markersize=3, color=color, label=f"band top {top:g} ({tuned})")
         for label in [label for label, g in groups.items() if band_top(g) == top]:
             record = groups[label]["gammas"].get(4 * top)
             if record is not None:
                 mean = np.asarray(record["layer_loss"]["mean"])
                 style = "-" if groups[label]["solver"] == CONSTRAINED else STYLE.get(groups[label]["solver"], "--")
-                loss.plot(range(len(mean)), mean / mean[0], linestyle=style, marker="o", markersize=2, label=label)
+                loss.plot(range(len(mean)), mean / mean[0], linestyle=style, marker="o", markersize=2, color=color, label=label)
     lam.set(xlabel="transition k (l_k ≤ l_(k−1))", ylabel="λ at the end, mean over seeds", title="multipliers at the band's top level")
     lam.set_yscale("symlog", linthresh=0.1)
     loss.set(xlabel="layer", ylabel="test loss ÷ layer 0's", title="per-layer test loss at 4 × the band's top", yscale="log")

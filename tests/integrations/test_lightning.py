@@ -177,10 +177,11 @@ def test_a_checkpoint_without_the_multipliers_is_refused_in_one_line(tmp_path):
 
 
 def test_bf16_mixed_precision_on_cpu_trains_with_float32_multipliers():
-    model = Model()
+    model, callback = Model(), _callback()
     _trainer(max_epochs=1, precision="bf16-mixed").fit(model, _loader())
-    lam = model.update.multipliers()["descent"]
-    assert lam.dtype == torch.float32 and bool(torch.isfinite(lam).all()) and bool((lam > 0).any())
+    _trainer(max_epochs=1, precision="bf16-mixed", callbacks=[callback]).fit(Plain(), _loader())  # the callback too
+    for lam in (model.update.multipliers()["descent"], callback.update.multipliers()["descent"]):
+        assert lam.dtype == torch.float32 and bool(torch.isfinite(lam).all()) and bool((lam > 0).any())
 
 
 def test_two_pass_schemes_take_the_closure_through_lightning():
