@@ -610,3 +610,51 @@ def test_a_dual_method_may_bring_its_own_dual_optimizer_over_the_problems_groups
     update.backward(torch.cat([head(torch.ones(4, 1)).abs() * k for k in (1.0, 2.0, 3.0)], dim=1))  # both transitions rise
     update.step()
     assert update.multipliers()["descent"].tolist() == pytest.approx([0.5, 0.5])  # Adam's first step is lr, whatever the gradient's size
+
+
+def test_nupi_takes_the_first_three_updates_its_recursion_gives():
+    # xi_t = nu xi_(t-1) + (1 - nu) e_t, xi_-1 = e_0; lambda_(t+1) = lambda_t + lr (Ki e_t + Kp (xi_t - xi_(t-1)))
+    import cooper
+
+    from layerdescent.core.solvers import nupi
+
+    lr, kp, ki, nu = 0.1, 2.0, 1.0, 0.5
+    errors = [torch.tensor([1.0, -2.0]), torch.tensor([3.0, 0.5]), torch.tensor([-1.0, 4.0])]
+    lam, xi_before, expected = torch.zeros(2), errors[0], []
+    for e in errors:
+        xi = nu * xi_before + (1 - nu) * e
+        lam = lam + lr * (ki * e + kp * (xi - xi_before))
+        xi_before = xi
+        expected.append(lam.clone())
+
+    def updates(build):
+        weight = torch.nn.Parameter(torch.zeros(2))
+        optimizer, out = build([weight]), []
+        for e in errors:
+            weight.grad = e.clone()
+            optimizer.step()
+            out.append(weight.detach().clone())
+        return out
+
+    ours = updates(lambda params: nupi([{"params": params}], lr=lr, kp=kp, ki=ki, ema=nu))
+    for got, want in zip(ours, expected):
+        torch.testing.assert_close(got, want)
+    torch.testing.assert_close(ours[0], lr * ki * errors[0])  # the first step is SGD's
+    # Cooper's own default is wrong from the second update on (cooper-org/cooper issue 107): the test can fail
+    theirs = updates(lambda params: cooper.optim.nuPI(params, lr=lr, Kp=kp, Ki=ki, ema_nu=nu, maximize=True))
+    assert torch.equal(theirs[0], ours[0]) and not torch.allclose(theirs[1], ours[1])
+
+
+def test_the_augmented_lagrangian_refuses_a_zero_penalty_in_one_line(tiny, tmp_path, capsys):
+    # Cooper's augmented Lagrangian divides by the penalty on an inequality (cooper-org/cooper issue 106)
+    import tomli_w
+
+    from layerdescent.cli import main
+
+    tiny["solver"] = {"name": "primal-dual", "formulation": "augmented-lagrangian", "penalty_coefficient": 0.0}
+    path = tmp_path / "run.toml"
+    path.write_text(tomli_w.dumps(tiny))
+    assert main(["run", str(path), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["layerdescent: error: solver.penalty_coefficient must be > 0, got 0.0"]
+    assert not (tmp_path / "out").exists()

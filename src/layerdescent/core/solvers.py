@@ -159,13 +159,40 @@ class PrimalDual(Solver):
 
     def dual_optimizer(self) -> torch.optim.Optimizer:
         """The multipliers' optimizer the options name: SGD ascent (Cooper projects lambda >= 0 after it), or Cooper's nuPI."""
-        import cooper
         import torch
 
         o, groups = self.options, self.problem.dual_groups()
         if o.dual_optimizer == "nupi":
-            return cooper.optim.nuPI(groups, lr=o.dual_lr, Kp=o.nupi_kp, Ki=o.nupi_ki, ema_nu=o.nupi_ema, maximize=True)
+            return nupi(groups, lr=o.dual_lr, kp=o.nupi_kp, ki=o.nupi_ki, ema=o.nupi_ema)
         return torch.optim.SGD(groups, lr=o.dual_lr, maximize=True, foreach=False)  # a few entries: the single-tensor step
+
+
+def nupi(groups: list, lr: float, kp: float, ki: float, ema: float) -> torch.optim.Optimizer:
+    """Cooper's nuPI ascent whose second update is right: its first step is SGD's, and it then holds xi_0 = e_0.
+
+    Cooper 1.0's default initialization (``nuPIInitType.SGD``, xi_-1 = e_0) stores xi = 0 after the
+    first step instead of xi_0 = e_0, so the second update's proportional term is Kp (1 - nu) e_1
+    where it should be Kp (1 - nu) (e_1 - e_0) (cooper-org/cooper issue 107). The first error is set
+    here, after the first step, for dense gradients (a multiplier held per sample has sparse ones,
+    left to Cooper's own initialization).
+    """
+    import cooper
+
+    class FirstErrorNuPI(cooper.optim.nuPI):
+        def step(self, closure=None):
+            first = [
+                (p, p.grad.detach().clone())
+                for group in self.param_groups
+                for p in group["params"]
+                if p.grad is not None and not p.grad.is_sparse and "xi" not in self.state[p]
+            ]
+            loss = super().step(closure)
+            for p, error in first:
+                if "xi" in self.state[p]:  # a proportional term: xi_0 = nu e_0 + (1 - nu) e_0
+                    self.state[p]["xi"] = error
+            return loss
+
+    return FirstErrorNuPI(groups, lr=lr, Kp=kp, Ki=ki, ema_nu=ema, maximize=True)
 
 
 @hookimpl
