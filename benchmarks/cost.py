@@ -61,6 +61,7 @@ from typing import NamedTuple
 import torch
 
 import layerdescent as ld
+from layerdescent.core.optimizers import primal_optimizer
 from layerdescent.run.batches import epoch_levels
 from layerdescent.run.trainer import Trainer
 
@@ -268,9 +269,8 @@ class HandWrittenLoop:
         session = trainer.setup()
         train = trainer.config.train
         self.task, self.model, self.rows, self.gamma = trainer.task, session.model, session.rows["train"], train.train_gamma
-        optimizer = {"adam": torch.optim.Adam, "adamw": torch.optim.AdamW}[train.optimizer]
-        params = [p for p in self.model.parameters() if p.requires_grad]
-        self.optimizer = optimizer(params, lr=train.lr, weight_decay=train.weight_decay)
+        # the optimizer every front builds (the loop around it is what is hand-written)
+        self.optimizer = primal_optimizer([p for p in self.model.parameters() if p.requires_grad], train)
 
     def step(self, idx: torch.Tensor) -> None:
         self.optimizer.zero_grad()

@@ -8,6 +8,7 @@ import signal
 import sys
 import threading
 from collections.abc import Sequence
+from pathlib import Path
 
 # Only light modules at the top: `--help`, `--version`, `list` and `plugins` must not import torch
 # (the commands that train import it where they need it).
@@ -86,7 +87,6 @@ def _checkpointed(folder: object) -> bool:
     """Whether the run or bench folder a command trains into holds a checkpoint to continue from (True where it did not say which)."""
     if folder is None:
         return True
-    from pathlib import Path
 
     folder = Path(str(folder))
     return (folder / "checkpoint.pt").exists() or any(folder.glob("*/seed-*/checkpoint.pt"))

@@ -25,15 +25,6 @@ from layerdescent.core.observation import Observation
 from layerdescent.errors import ConfigError, PluginError
 
 
-class ExtraSGD(cooper.optim.ExtraSGD):
-    """Cooper's ExtraSGD, able to load a saved state (cooper-optim 1.0.1's ``__setstate__`` calls ``super(torch.optim.SGD, self)``, which fails)."""
-
-    def __setstate__(self, state: dict) -> None:
-        torch.optim.Optimizer.__setstate__(self, state)
-        for group in self.param_groups:
-            group.setdefault("nesterov", False)
-
-
 def layer_means(batch: Any) -> torch.Tensor:
     """L+1 layer means of a LayerBatch, of B x (L+1) per-sample losses, or the means themselves: the one place they are taken."""
     losses = getattr(batch, "losses", batch)

@@ -203,22 +203,14 @@ class Extrapolation(Simultaneous):
     after_outside_primal = False
 
     def primal_optimizer(self, params: list, train: PrimalSettings) -> torch.optim.Optimizer:
-        import cooper
+        from layerdescent.core.optimizers import primal_optimizer
 
-        from layerdescent.core.problem import ExtraSGD
-
-        if train.optimizer == "adamw":
-            raise ConfigError(
-                "solver.scheme = 'extrapolation' has no extragradient AdamW: set train.optimizer = 'adam' (or 'sgd') and train.weight_decay as L2"
-            )
-        if train.optimizer == "sgd":
-            return ExtraSGD(params, lr=train.lr, momentum=train.momentum, weight_decay=train.weight_decay)
-        return cooper.optim.ExtraAdam(params, lr=train.lr, weight_decay=train.weight_decay)
+        return primal_optimizer(params, train, extragradient=True)
 
     def cooper_optimizer(self, solver: Solver, primal: torch.optim.Optimizer) -> cooper.optim.CooperOptimizer:
         import cooper
 
-        from layerdescent.core.problem import ExtraSGD
+        from layerdescent.core.optimizers import ExtraSGD
 
         if not isinstance(primal, cooper.optim.ExtragradientOptimizer):
             raise ConfigError(
@@ -320,12 +312,9 @@ class Solver:
     @classmethod
     def primal_optimizer(cls, options: Any, params: list, train: PrimalSettings) -> torch.optim.Optimizer:
         """The model's optimizer as ``train`` names it (sgd, adam, adamw)."""
-        import torch
+        from layerdescent.core.optimizers import primal_optimizer
 
-        if train.optimizer == "sgd":
-            return torch.optim.SGD(params, lr=train.lr, momentum=train.momentum, weight_decay=train.weight_decay)
-        cls_ = torch.optim.AdamW if train.optimizer == "adamw" else torch.optim.Adam
-        return cls_(params, lr=train.lr, weight_decay=train.weight_decay)
+        return primal_optimizer(params, train)
 
     # -- the objective and the optimizers ------------------------------------------------------
 

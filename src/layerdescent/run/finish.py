@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import statistics
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +30,6 @@ def results_table(
     A per-sample constraint records each entry's mean lambda over the training rows, with its
     maximum, the share of rows whose multiplier binds and the share that meet it at the end (``satisfied``).
     """
-    import statistics
 
     train = config.train
     relaxations = update.relaxations()
@@ -103,7 +104,6 @@ def finish(run_dir: Path, model_state: dict[str, Any], results: dict[str, Any], 
 
 def write_results(path: Path, results: dict[str, Any]) -> None:
     """Write ``results`` to ``path`` once the schema every reader applies (:func:`layerdescent.results.check`) accepts them."""
-    import json
 
     check(results, path)  # a run never writes what a report would refuse to read
     write_atomic(path, json.dumps(results, indent=2) + "\n")

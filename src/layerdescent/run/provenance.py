@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import platform
 import subprocess
 from pathlib import Path
 
@@ -48,7 +49,6 @@ def machine() -> dict[str, str]:
     The same config and code give results that differ in their sixth or seventh digit on another
     CPU model, so a run records where it trained beside ``code``.
     """
-    import platform
 
     import torch
 

@@ -11,6 +11,8 @@ how each file is written :mod:`layerdescent.run.files`'s, and the results.json i
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 import os
 from collections.abc import Sequence
@@ -35,7 +37,6 @@ def result_files(root: Path) -> list[Path]:
 
 def save_failure(run_dir: Path, epoch: int, step: int, exc: BaseException, stage: str) -> None:
     """Record in ``run_dir`` that its run failed at ``step`` of ``stage`` (training or its final evaluation), and why."""
-    import json
 
     record = {"epoch": epoch, "step": step, "stage": stage, "error": f"{type(exc).__name__}: {exc}"}
     try:
@@ -229,15 +230,12 @@ def _fitting(records: Any, gammas: Sequence[float], layers: int, where: str, dro
 
 def _digest(evaluation: dict[str, Any]) -> str:
     """The checksum a partial evaluation is saved with, so that an edit is seen."""
-    import hashlib
-    import json
 
     return hashlib.sha256(json.dumps(evaluation, sort_keys=True).encode()).hexdigest()
 
 
 def save_partial_evaluation(run_dir: Path, key: dict[str, Any], evaluation: dict[str, Any]) -> None:
     """Record the evaluation's records so far under ``key``, with their checksum, replacing the file whole."""
-    import json
 
     write_atomic(run_dir / EVALUATION_PARTIAL, json.dumps({"key": key, "evaluation": evaluation, "sha256": _digest(evaluation)}) + "\n")
 
