@@ -109,6 +109,72 @@ def check_shell(block: Block) -> None:
                 assert words[0] in OTHER_COMMANDS, f"{block.where}: `{words[0]}` is a command the docs tests do not know how to check"
 
 
+def _string_literals() -> set[str]:
+    """Every string constant in the package's source: what a run can name a file."""
+    import ast
+
+    found: set[str] = set()
+    for path in (ROOT / "src" / "layerdescent").rglob("*.py"):
+        found |= {n.value for n in ast.walk(ast.parse(path.read_text())) if isinstance(n, ast.Constant) and isinstance(n.value, str)}
+    return found
+
+
+def _classes() -> dict[str, list[type]]:
+    """The package's classes by name, from every module (the optional fronts' where their libraries are installed)."""
+    import importlib
+    import inspect
+    import pkgutil
+
+    import layerdescent
+
+    found: dict[str, list[type]] = {}
+    for info in pkgutil.walk_packages(layerdescent.__path__, "layerdescent."):
+        if info.name.endswith("__main__"):  # runs the command line
+            continue
+        try:
+            module = importlib.import_module(info.name)
+        except ImportError:  # an optional front whose library is missing
+            continue
+        for name, value in vars(module).items():
+            if inspect.isclass(value) and value.__module__ == info.name:
+                found.setdefault(name, []).append(value)
+    return found
+
+
+OUTSIDE_NAMES = {"TensorBoard", "DeepSpeed", "LightningModule"}  # products a diagram may name beside the package's classes
+
+
+def check_text(block: Block) -> None:
+    """A text block says what the code is: each file a run writes is named in the source, each Class.attribute exists, each layer is a contract's."""
+    code = block.code
+    named = re.findall(r"RUN_DIR/([\w.]+)", code)
+    if named:
+        literals = _string_literals()
+        for name in named:
+            assert name in literals or f"{name}/" in literals, f"{block.where}: RUN_DIR/{name} is not a name the code writes"
+    references = re.findall(r"\b([A-Z][a-z]+[A-Za-z]*)\.([a-z_]+)\b", code)  # Trainer.step, not REPORT.md
+    camel = set(re.findall(r"\b([A-Z][a-z]+[A-Z][A-Za-z]*)\b", code)) - OUTSIDE_NAMES  # RunConfig, LayerwiseUpdate
+    if references or camel:
+        classes = _classes()
+        for cls, attr in references:
+            assert cls in classes, f"{block.where}: {cls} is no class of the package"
+            assert any(hasattr(c, attr) for c in classes[cls]), f"{block.where}: {cls} has no {attr!r}"
+        for cls in camel:
+            assert cls in classes, f"{block.where}: {cls} is no class of the package"
+    layers = re.findall(r"^([a-z]+)(?: [│|] ([a-z]+))?\s{2,}", code, re.M)
+    if layers:
+        contract = (ROOT / ".importlinter").read_text().split("layers =", 1)[1].split("\n\n", 1)[0]
+        declared = [line.strip().split()[0].removeprefix("layerdescent.") for line in contract.strip().splitlines()]
+        drawn = [first for first, _ in layers]
+        assert drawn[:-1] == declared[:-1], f"{block.where}: the layers drawn {drawn} are not .importlinter's {declared}"
+    status = re.findall(r"^\S+ seed \d+: (\w+)", code, re.M)
+    if status:
+        from layerdescent.bench.status import STATES
+
+        assert set(status) <= set(STATES), f"{block.where}: {sorted(set(status) - set(STATES))} are no run states of bench --status"
+    assert named or references or camel or layers or status, f"{block.where}: a text block the docs tests cannot check; say what it shows"
+
+
 def in_tmp(path: Path):
     """A context manager that runs a block in ``path`` (blocks may write files, e.g. ./hf-run)."""
     import contextlib

@@ -247,7 +247,7 @@ def test_docs_bench_judging_example_is_a_valid_bench_table():
 
 # --- every code block of the docs ----------------------------------------------------------------
 
-from codeblocks import PAGES, blocks, check_shell, check_toml, in_tmp, run_python  # noqa: E402
+from codeblocks import PAGES, blocks, check_shell, check_text, check_toml, in_tmp, run_python  # noqa: E402
 
 # docs/solvers.md's python blocks build on each other: tests/test_solver_docs.py runs them in order, in one module.
 IN_ORDER = DOCS / "solvers.md"
@@ -256,7 +256,7 @@ DOC_BLOCKS = [b for page in PAGES if page.parent != ROOT for b in blocks(page) i
 
 @pytest.mark.parametrize("block", DOC_BLOCKS, ids=lambda b: b.where)
 def test_every_docs_code_block_runs_or_is_checked(block, tmp_path):
-    """Python runs as written; TOML is validated as a config, bench or pyproject; JSON and YAML parse; shell commands parse; text is a diagram."""
+    """Python runs as written; TOML is validated as a config, bench or pyproject; JSON and YAML parse; shell commands parse; a text diagram names what exists."""
     assert block.lang in ("python", "toml", "json", "yaml", "bash", "text"), (
         f"{block.where}: a fence needs one of these languages, not {block.lang!r}"
     )
@@ -275,6 +275,8 @@ def test_every_docs_code_block_runs_or_is_checked(block, tmp_path):
         assert isinstance(yaml.safe_load(block.code), dict), f"{block.where}: a YAML block is a mapping"
     elif block.lang == "bash":
         check_shell(block)
+    elif block.lang == "text":
+        check_text(block)
 
 
 def test_the_docs_have_code_blocks_of_every_checked_language():
