@@ -9,11 +9,11 @@ import pytest
 from helpers import AT_GAMMA_1, REPO, fake_results, three_solvers, write_run
 
 from layerdescent.analysis.endpoints import BenchSpec, Primary, parse_spec
+from layerdescent.analysis.formatting import format_difference, format_stat
 from layerdescent.analysis.groups import ablated_keys, ablations
 from layerdescent.analysis.judging import judge_cells
 from layerdescent.analysis.report import collect, summarize, write_report
 from layerdescent.analysis.stats import holm, paired_difference
-from layerdescent.analysis.tables import format_difference, format_stat
 from layerdescent.cli import main
 from layerdescent.errors import ConfigError
 

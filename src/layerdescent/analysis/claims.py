@@ -21,10 +21,11 @@ from collections import Counter
 from pathlib import Path
 
 from layerdescent.analysis.endpoints import CLAIMS, BenchSpec, Endpoint, decides_the_claim, parse_spec
+from layerdescent.analysis.endpoints_page import PLAN_HEADER, plan_rows
+from layerdescent.analysis.formatting import format_difference, markdown_table
 from layerdescent.analysis.judging import judge
 from layerdescent.analysis.registration import plan_status
 from layerdescent.analysis.report import collect, write_report
-from layerdescent.analysis.tables import PLAN_HEADER, format_difference, markdown_table, plan_rows
 from layerdescent.errors import ConfigError
 from layerdescent.run import rundir
 from layerdescent.run.config_file import read_toml

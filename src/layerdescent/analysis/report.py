@@ -20,6 +20,8 @@ from collections.abc import Collection
 from pathlib import Path
 
 from layerdescent.analysis.endpoints import BenchSpec, parse_spec, spec_table
+from layerdescent.analysis.endpoints_page import endpoints_page
+from layerdescent.analysis.formatting import format_difference, format_stat  # noqa: F401
 
 # re-exported: the names scripts and tests have imported from here
 from layerdescent.analysis.groups import (  # noqa: F401
@@ -35,7 +37,7 @@ from layerdescent.analysis.groups import (  # noqa: F401
 from layerdescent.analysis.plots import plot
 from layerdescent.analysis.registration import plan_status
 from layerdescent.analysis.stats import paired_difference  # noqa: F401
-from layerdescent.analysis.tables import endpoints_page, format_difference, format_stat, markdown, paired_cell  # noqa: F401
+from layerdescent.analysis.tables import markdown, paired_cell  # noqa: F401
 from layerdescent.analysis.tuning import decisions
 from layerdescent.errors import LayerdescentError
 from layerdescent.registry import get_registry
