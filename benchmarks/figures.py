@@ -302,7 +302,14 @@ def lista_map(results: list[dict], spec, out: Path) -> list[str]:
             per_run = np.array([_multipliers_at(r, top) for r in runs])
             config = groups[levels[0]]["config"]
             tuned = f"α {config.get('constraints.0.alpha', '?')}, dual_lr {config.get('solver.dual_lr', '?'):g}"
-            lam.plot(range(1, per_run.shape[1] + 1), per_run.mean(axis=0), marker="o", markersize=3, color=color, label=f"band top {top:g} ({tuned})")
+            lam.plot(
+                range(1, per_run.shape[1] + 1),
+                per_run.mean(axis=0),
+                marker="o",
+                markersize=3,
+                color=color,
+                label=f"band top {top:g} ({tuned})",
+            )
         for label in [label for label, g in groups.items() if band_top(g) == top]:
             record = groups[label]["gammas"].get(4 * top)
             if record is not None:
