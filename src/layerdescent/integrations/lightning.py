@@ -69,14 +69,9 @@ class DescentModule(pl.LightningModule):
     ) -> None:
         super().__init__()
         self.automatic_optimization = False  # the update takes the step: the primal one through Lightning's optimizer, then lambda's
-        registry = registry or get_registry()
         self._width = num_layers + 1
-        _check(tuple(constraints), num_layers, solver, registry, options)
-        self._hyperparameters = hyperparameters(constraints, num_layers, solver, band, options)
         # the update, once Lightning has built the optimizer it wraps
-        self._new_update = functools.partial(
-            LayerwiseUpdate, tuple(constraints), num_layers, solver=solver, registry=registry, band=tuple(band), rows=rows, **options
-        )
+        self._new_update, self._hyperparameters = _prepared(constraints, num_layers, solver, registry, band, rows, options)
         self.update: LayerwiseUpdate | None = None  # built around the optimizer configure_optimizers returns, when training starts
         self._saved: dict[str, Any] | None = None  # a checkpoint's update state, until the update exists
 
@@ -169,18 +164,14 @@ class DescentCallback(pl.Callback):
         progress_bar: bool = False,
         **options: Any,
     ) -> None:
+        self._new_update, self._hyperparameters = _prepared(constraints, num_layers, solver, registry, band, rows, options)
         registry = registry or get_registry()
-        _check(tuple(constraints), num_layers, solver, registry, options)
         problem = registry.solver(solver).outside_primal_step(build_solver_options(registry.solver(solver), options, registry))
         if problem:
             raise ConfigError(
                 f"DescentCallback steps the multipliers after Lightning's own optimizer step, which {problem}; subclass layerdescent.DescentModule for it"
             )
         self._width, self.key, self.progress_bar = num_layers + 1, key, progress_bar
-        self._new_update = functools.partial(
-            LayerwiseUpdate, tuple(constraints), num_layers, solver=solver, registry=registry, band=tuple(band), rows=rows, **options
-        )
-        self._hyperparameters = hyperparameters(constraints, num_layers, solver, band, options)
         self.update: LayerwiseUpdate | None = None  # built around the module's optimizer when training starts
         self._saved: dict[str, Any] | None = None  # a checkpoint's update state, until the update exists
         self._loss: torch.Tensor | None = None  # the step's Lagrangian, for its log line
@@ -310,6 +301,24 @@ def _scale(trainer: pl.Trainer) -> float | None:
     """fp16's loss scale (None without a scaler): the scaler lowers it exactly when it skips a step for inf gradients."""
     scaler = getattr(trainer.precision_plugin, "scaler", None)
     return float(scaler.get_scale()) if scaler is not None and scaler.is_enabled() else None
+
+
+def _prepared(
+    constraints: Sequence[ConstraintSpec],
+    num_layers: int,
+    solver: str,
+    registry: Registry | None,
+    band: Sequence[float],
+    rows,
+    options: dict,
+) -> tuple[Callable[..., LayerwiseUpdate], dict]:
+    """What either front checks before Lightning starts, the update to build once the optimizer exists, and the settings as hyperparameters."""
+    registry = registry or get_registry()
+    _check(tuple(constraints), num_layers, solver, registry, options)
+    update = functools.partial(
+        LayerwiseUpdate, tuple(constraints), num_layers, solver=solver, registry=registry, band=tuple(band), rows=rows, **options
+    )
+    return update, hyperparameters(constraints, num_layers, solver, band, options)
 
 
 def _check(constraints: tuple, num_layers: int, solver: str, registry: Registry, options: dict[str, Any]) -> None:
