@@ -22,7 +22,6 @@ A constraint held per level or per sample needs to know where each row came from
 from __future__ import annotations
 
 import dataclasses
-import re
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -36,6 +35,7 @@ from layerdescent.core.observation import Observation
 from layerdescent.core.problem import LayerwiseProblem, layer_means
 from layerdescent.core.solver import Solver
 from layerdescent.errors import ConfigError
+from layerdescent.metric_names import line_scalars
 from layerdescent.options import build_solver_options
 from layerdescent.registry import Registry, get_registry
 
@@ -236,29 +236,6 @@ class LayerwiseUpdate:
                 grouped = {name: _per_entry(v, nan_safe=True) for name, v in self.problem.group_violations(seen.tables).items()}
         self._line.add(seen.means, seen.violations, grouped)
         return seen
-
-
-def metric_label(label: str) -> str:
-    """A constraint entry's label in the characters every tracker takes (MLflow's: letters, digits, ``_ - . /``): ``l2<=l1@0.5`` -> ``l2_le_l1_at_0.5``."""
-    return re.sub(r"[^A-Za-z0-9_./-]", "_", label.replace("<=", "_le_").replace("@", "_at_"))
-
-
-def line_scalars(line: dict[str, Any], labels: dict[str, list[str]]) -> dict[str, float]:
-    """A training log line (``LayerwiseUpdate.record()``, a metrics.jsonl ``train`` record) as named values: the one vocabulary of every front.
-
-    ``train/loss/lK`` (layer K's mean loss), ``train/feasible``, ``train/lambda/NAME/LABEL``,
-    ``train/violation/NAME/LABEL``, ``train/relaxation/NAME/LABEL``, ``train/penalty/NAME`` and
-    ``train/binding_rows/NAME``; ``labels`` is each constraint's entry labels (``LayerwiseUpdate.labels``,
-    results.json's ``constraints.NAME.labels``). A null (an entry no step saw) is left out.
-    """
-    out: dict[str, Any] = {f"train/loss/l{k}": v for k, v in enumerate(line.get("loss", []))}
-    out["train/feasible"] = line.get("feasible")
-    for kind in ("lambda", "violation", "relaxation"):
-        for name, values in line.get(kind, {}).items():
-            out.update({f"train/{kind}/{name}/{metric_label(label)}": v for label, v in zip(labels[name], values)})
-    for kind in ("penalty", "binding_rows"):
-        out.update({f"train/{kind}/{name}": v for name, v in line.get(kind, {}).items()})
-    return {key: float(v) for key, v in out.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
 
 
 def _per_entry(value: torch.Tensor, nan_safe: bool = False) -> torch.Tensor:

@@ -16,8 +16,8 @@ import time
 from pathlib import Path
 from typing import Any, ClassVar
 
-from layerdescent.core.update import line_scalars
 from layerdescent.errors import ConfigError
+from layerdescent.metric_names import line_scalars
 from layerdescent.optional import check_installed
 from layerdescent.options import NoOptions, build_dataclass
 from layerdescent.registry import closest, get_registry
