@@ -57,7 +57,7 @@ def run_python(block: Block, name: str = "docs_block") -> dict:
 def check_toml(block: Block) -> None:
     """A TOML block is a run config, a bench file or table of one, or a plugin's pyproject.toml; each is validated as such."""
     import layerdescent as ld
-    from layerdescent.analysis.endpoints import parse_spec
+    from layerdescent.analysis.endpoints_file import parse_spec
     from layerdescent.run.config_file import tomllib
 
     table = tomllib.loads(block.code)

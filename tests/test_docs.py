@@ -235,7 +235,7 @@ def test_every_hook_is_documented_in_the_plugin_guide_and_exercised_by_a_test():
 
 
 def test_docs_bench_judging_example_is_a_valid_bench_table():
-    from layerdescent.analysis.endpoints import parse_spec
+    from layerdescent.analysis.endpoints_file import parse_spec
     from layerdescent.run.config_file import tomllib
 
     block = docs_block("bench-judging-example", DOCS / "benchmarks.md", "toml")

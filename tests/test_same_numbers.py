@@ -158,7 +158,7 @@ def _flip_the_dual_step(monkeypatch) -> None:
     step = Solver.dual_step
 
     def ascend_the_wrong_way(self):
-        for weight in self.problem.multiplier_weights():
+        for weight in self.problem.cmp.dual_parameters():
             if weight.grad is not None:
                 weight.grad = -weight.grad
         step(self)

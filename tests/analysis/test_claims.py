@@ -6,7 +6,7 @@ import pytest
 import tomli_w
 from helpers import three_solvers, write_gamma_runs
 
-from layerdescent.analysis.endpoints import parse_spec
+from layerdescent.analysis.endpoints_file import parse_spec
 from layerdescent.analysis.registration import plan_status, record
 from layerdescent.analysis.report import collect
 from layerdescent.cli import main

@@ -9,7 +9,7 @@ from helpers import write_gamma_runs as runs
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from layerdescent.analysis.endpoints import parse_spec
+from layerdescent.analysis.endpoints_file import parse_spec
 from layerdescent.analysis.judging import FAMILY_ALPHA, judge
 from layerdescent.analysis.report import collect
 from layerdescent.analysis.stats import holm, holm_levels, one_sided_p, paired_difference, sign_flip, sign_flip_p

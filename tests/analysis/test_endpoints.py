@@ -8,7 +8,8 @@ import subprocess
 import pytest
 from helpers import AT_GAMMA_1, REPO, fake_results, three_solvers, write_run
 
-from layerdescent.analysis.endpoints import BenchSpec, Primary, parse_spec
+from layerdescent.analysis.endpoints import BenchSpec, Primary
+from layerdescent.analysis.endpoints_file import parse_spec
 from layerdescent.analysis.formatting import format_difference, format_stat
 from layerdescent.analysis.groups import ablated_keys, ablations
 from layerdescent.analysis.judging import judge_cells

@@ -10,7 +10,8 @@ import tomli_w
 from helpers import REPO, cli, three_solvers, write_run
 
 import layerdescent.analysis.report as report_module
-from layerdescent.analysis.endpoints import BenchSpec, Choice, Endpoint, parse_spec, read_spec
+from layerdescent.analysis.endpoints import BenchSpec, Choice, Endpoint
+from layerdescent.analysis.endpoints_file import parse_spec, read_spec
 from layerdescent.analysis.judging import judge
 from layerdescent.analysis.registration import LEDGER, changes
 from layerdescent.analysis.report import collect, write_report

@@ -9,10 +9,11 @@ import pytest
 import tomli_w
 from helpers import REPO, cli, write_gamma_runs
 
-from layerdescent.analysis.endpoints import CHOICE_HELP, ENDPOINT_KEYS, JUDGING_KEYS, PRIMARY_HELP, PRIMARY_KEYS, parse_spec
+from layerdescent.analysis.endpoints import CHOICE_HELP, ENDPOINT_KEYS, JUDGING_KEYS, PRIMARY_HELP, PRIMARY_KEYS
+from layerdescent.analysis.endpoints_file import parse_spec
 from layerdescent.analysis.judging import FAMILY_ALPHA
 from layerdescent.analysis.stats import paired_power, seeds_for_power
-from layerdescent.analysis.tuning import SEARCH_HELP, SEARCH_KEYS
+from layerdescent.analysis.tuning_search import SEARCH_HELP, SEARCH_KEYS
 from layerdescent.bench.plan import BENCH_KEYS, RUN_HELP, plan
 from layerdescent.bench.reference import plan_reference
 from layerdescent.cli import main

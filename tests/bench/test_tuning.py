@@ -8,8 +8,9 @@ import pytest
 import tomli_w
 from helpers import REPO, fake_results
 
-from layerdescent.analysis.endpoints import read_spec
-from layerdescent.analysis.tuning import ADOPTED, decide, parse_search, read_adopted
+from layerdescent.analysis.endpoints_file import read_spec
+from layerdescent.analysis.tuning import ADOPTED, decide, read_adopted
+from layerdescent.analysis.tuning_search import parse_search
 from layerdescent.cli import main
 from layerdescent.errors import ConfigError
 from layerdescent.run.config_file import read_toml

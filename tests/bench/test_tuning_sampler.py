@@ -11,7 +11,9 @@ import pytest
 import tomli_w
 from helpers import assert_one_line, cli, fake_results
 
-from layerdescent.analysis.tuning import decide, parse_search, read_adopted, study_path, trials_of
+from layerdescent.analysis.tuning import decide, read_adopted, trials_of
+from layerdescent.analysis.tuning_sampler import study_path
+from layerdescent.analysis.tuning_search import parse_search
 from layerdescent.run.config_file import read_toml
 
 RULE = {"criterion": "loss", "gamma": 0.5, "higher_is_better": False}

@@ -14,7 +14,8 @@ import tomli_w
 from conftest import TINY
 from helpers import assert_one_line, cli
 
-from layerdescent.analysis.tuning import ADOPTED, parse_search, read_adopted
+from layerdescent.analysis.tuning import ADOPTED, read_adopted
+from layerdescent.analysis.tuning_search import parse_search
 from layerdescent.bench.plan import plan
 from layerdescent.errors import ConfigError
 from layerdescent.run.config_file import read_toml

@@ -11,6 +11,7 @@ import torch
 
 import layerdescent as ld
 from layerdescent import Descent, hookimpl
+from layerdescent.core.grouping import LayerBatch
 from layerdescent.registry import Registry
 from layerdescent.run.trainer import Trainer
 
@@ -264,42 +265,68 @@ def test_augmented_lagrangian_adds_the_quadratic_term_to_the_primal_loss():
     assert loss(formulation="augmented-lagrangian", penalty_coefficient=0.5) == pytest.approx(3.0 + 0.5 * 4 / 2)
 
 
-@pytest.mark.parametrize("formulation", ["lagrangian", "augmented-lagrangian"])
+@pytest.mark.parametrize("formulation", ["lagrangian", "augmented-lagrangian", "lagrangian, per sample"])
 def test_the_dual_gradient_is_the_backward_of_cooper_dual_lagrangian(formulation):
-    # The update writes it without an autograd pass; Cooper's own dual Lagrangian must agree, entry for entry.
+    # The update writes it without an autograd pass; Cooper's own dual Lagrangian must agree, entry for entry,
+    # a resilient per-sample spec's relaxed violation g - lambda / c at the rows seen included.
     specs = [Descent(alpha=0.1, layers=(1, 3)), Descent(name="strict", alpha=0.3, reference="live", resilience=2.0), ld.Bound(value=0.5)]
+    if formulation.endswith("per sample"):
+        specs.append(Descent(name="rows", alpha=0.05, per_sample=True, resilience=4.0))
     update = ld.LayerwiseUpdate(
-        specs, num_layers=3, optimizer=torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1), formulation=formulation, dual_lr=1.0
+        specs,
+        num_layers=3,
+        optimizer=torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1),
+        formulation=formulation.split(",")[0],
+        dual_lr=1.0,
+        rows=10,
     )
-    means = torch.tensor([1.0, 1.2, 0.7, 0.9])
+    if formulation.endswith("per sample"):
+        update.problem.constraint(specs[-1]).multiplier.weight.data = torch.rand(30, 1, generator=torch.Generator().manual_seed(1))
+    losses = torch.rand(4, 4, generator=torch.Generator().manual_seed(0))
+    batch = LayerBatch(losses, torch.tensor([7, 2, 5, 0]), torch.zeros(4, dtype=torch.long))
     with torch.no_grad():
-        state = update.problem.cmp.compute_cmp_state(means, primal=False)
+        state = update.problem.cmp.compute_cmp_state(batch, primal=False)
     update.solver.dual_gradient(state.misc["violations"], state.misc["tables"])  # what a dual step of training writes
     written = {spec.name: update.problem.constraint(spec).multiplier.weight.grad.clone() for spec in specs}
     for multiplier in update.problem.cmp.multipliers():
         multiplier.weight.grad = None
     state.compute_dual_lagrangian().lagrangian.backward()
     for spec in specs:
-        assert torch.equal(written[spec.name], update.problem.constraint(spec).multiplier.weight.grad), spec.name
+        cooper_ = update.problem.constraint(spec).multiplier.weight.grad
+        assert torch.equal(written[spec.name].to_dense(), cooper_.to_dense()), spec.name
     assert not torch.equal(written["descent"], torch.zeros(2))
+    if formulation.endswith("per sample"):  # only the rows seen move, by their relaxed violation
+        assert sorted(written["rows"].coalesce().indices()[0].tolist()) == [0, 1, 2, 6, 7, 8, 15, 16, 17, 21, 22, 23]
 
 
 @pytest.mark.parametrize("formulation", ["lagrangian", "augmented-lagrangian"])
-def test_the_primal_lagrangian_is_cooper_primal_lagrangian_bit_for_bit(formulation):
-    # The plain Lagrangian is summed without Cooper's stores; its value and gradient must be Cooper's, to the bit.
+def test_the_primal_loss_a_micro_batch_backpropagates_is_the_lagrangian_written_out(formulation):
+    # Cooper computes it; here it is written out by hand: f + lambda . g, plus rho/2 relu(g + lambda/rho)^2 - lambda^2/(2 rho)
+    # for the augmented Lagrangian (Cooper's compute_primal_quadratic_augmented_contribution) at rho = 0.5.
     specs = [Descent(alpha=0.1, layers=(1, 3)), Descent(name="strict", alpha=0.3, reference="live", resilience=2.0), ld.Bound(value=0.5)]
+    options = {"penalty_coefficient": 0.5} if formulation == "augmented-lagrangian" else {}
     update = ld.LayerwiseUpdate(
-        specs, num_layers=3, optimizer=torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1), formulation=formulation, dual_lr=1.0
+        specs, num_layers=3, optimizer=torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1), formulation=formulation, **options
     )
-    for spec, values in zip(specs, ([0.3, 1.7], [0.2, 0.0, 2.5], [0.9, 0.1, 0.4, 1.1])):
-        update.problem.constraint(spec).multiplier.weight.data = torch.tensor(values)
+    lambdas = [torch.tensor(values) for values in ([0.3, 1.7], [0.2, 0.0, 2.5], [0.9, 0.1, 0.4, 1.1])]
+    for spec, values in zip(specs, lambdas):
+        update.problem.constraint(spec).multiplier.weight.data = values.clone()
     losses = torch.rand(8, 4, generator=torch.Generator().manual_seed(0)).requires_grad_()
     ours = update.problem.forward(losses)  # what a micro-batch of training backpropagates
     (ours_grad,) = torch.autograd.grad(ours, losses)
-    cooper_ = update.problem.cmp.compute_cmp_state(losses, dual=False).compute_primal_lagrangian().lagrangian
-    (cooper_grad,) = torch.autograd.grad(cooper_, losses)
-    assert torch.equal(ours, cooper_) and torch.equal(ours_grad, cooper_grad)
-    assert not torch.equal(ours, losses.mean(0)[-1])  # the multipliers weigh in
+
+    means = losses.mean(0)
+    violations = update.problem.violations(means)
+    by_hand = means[-1]
+    for spec, lam in zip(specs, lambdas):
+        g = violations[spec.name]
+        by_hand = by_hand + (lam * g).sum()
+        if options:
+            rho = options["penalty_coefficient"]
+            by_hand = by_hand + (rho / 2 * torch.relu(g + lam / rho) ** 2 - lam**2 / (2 * rho) - lam * g).sum()
+    (hand_grad,) = torch.autograd.grad(by_hand, losses)
+    assert torch.allclose(ours, by_hand, rtol=1e-6, atol=1e-6) and torch.allclose(ours_grad, hand_grad, rtol=1e-5, atol=1e-6)
+    assert not torch.allclose(ours, means[-1])  # the multipliers weigh in
 
 
 @pytest.mark.parametrize("formulation", ["lagrangian", "augmented-lagrangian"])

@@ -20,7 +20,8 @@ import re
 from collections import Counter
 from pathlib import Path
 
-from layerdescent.analysis.endpoints import CLAIMS, BenchSpec, Endpoint, decides_the_claim, parse_spec
+from layerdescent.analysis.endpoints import CLAIMS, BenchSpec, Endpoint, decides_the_claim
+from layerdescent.analysis.endpoints_file import parse_spec
 from layerdescent.analysis.endpoints_page import PLAN_HEADER, plan_rows
 from layerdescent.analysis.formatting import format_difference, markdown_table
 from layerdescent.analysis.judging import judge

@@ -10,7 +10,7 @@ over the seeds both have, with the summary's 95% t interval (**bold** excludes 0
 from __future__ import annotations
 
 from layerdescent.analysis.groups import domain_results
-from layerdescent.analysis.tables import cross_code, made_by_label, paired_cell
+from layerdescent.analysis.paired_differences import cross_code, made_by_label, paired_cell
 from layerdescent.errors import LayerdescentError
 
 # Which way each bundled task's metric is better (its torchmetrics class's higher_is_better; a test keeps them

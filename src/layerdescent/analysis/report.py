@@ -19,7 +19,8 @@ import dataclasses
 from collections.abc import Collection
 from pathlib import Path
 
-from layerdescent.analysis.endpoints import BenchSpec, parse_spec, spec_table
+from layerdescent.analysis.endpoints import BenchSpec, spec_table
+from layerdescent.analysis.endpoints_file import parse_spec
 from layerdescent.analysis.endpoints_page import endpoints_page
 from layerdescent.analysis.formatting import format_difference, format_stat  # noqa: F401
 
@@ -34,10 +35,11 @@ from layerdescent.analysis.groups import (  # noqa: F401
     split_mixed_labels,
     summarize,
 )
+from layerdescent.analysis.paired_differences import paired_cell  # noqa: F401
 from layerdescent.analysis.plots import plot
 from layerdescent.analysis.registration import plan_status
 from layerdescent.analysis.stats import paired_difference  # noqa: F401
-from layerdescent.analysis.tables import markdown, paired_cell  # noqa: F401
+from layerdescent.analysis.tables import markdown
 from layerdescent.analysis.tuning import decisions
 from layerdescent.errors import LayerdescentError
 from layerdescent.registry import get_registry

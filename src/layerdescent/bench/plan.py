@@ -10,9 +10,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from layerdescent.analysis.endpoints import JUDGING_KEYS, BenchSpec, parse_spec
+from layerdescent.analysis.endpoints import JUDGING_KEYS, BenchSpec
+from layerdescent.analysis.endpoints_file import parse_spec
 from layerdescent.analysis.groups import KEPT_EPOCH, mean_domains
-from layerdescent.analysis.tuning import BEST_VAL_LOSS, checked_decision, read_adopted, safe_name, trials_of
+from layerdescent.analysis.tuning import checked_decision, read_adopted, trials_of
+from layerdescent.analysis.tuning_search import BEST_VAL_LOSS, safe_name
 from layerdescent.bench.executors import (
     executor_table,
 )

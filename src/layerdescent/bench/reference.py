@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from layerdescent.analysis.endpoints import CHOICE_HELP, ENDPOINT_HELP, JUDGING_HELP, PRIMARY_HELP
-from layerdescent.analysis.tuning import SEARCH_HELP
+from layerdescent.analysis.tuning_search import SEARCH_HELP
 from layerdescent.bench.plan import RUN_HELP
 
 TABLES = (

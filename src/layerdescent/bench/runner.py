@@ -40,7 +40,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from layerdescent.analysis import registration, tuning
+from layerdescent.analysis import registration, tuning, tuning_sampler
 from layerdescent.analysis.endpoints import BenchSpec
 from layerdescent.analysis.report import write_report
 from layerdescent.bench.executors import (
@@ -95,7 +95,7 @@ def _check_folder(runs: list[BenchRun], out: Path, spec: BenchSpec) -> None:
     for run in runs:
         files.refuse_linked_path(out, run.run_dir)  # OUT/VARIANT/seed-N all inside --out
         _check_same_task(run)  # a folder of another task's runs is never mixed in
-    studies = [tuning.study_path(out, search).name for search in spec.searches.values() if search.sampler != "grid"]
+    studies = [tuning_sampler.study_path(out, search).name for search in spec.searches.values() if search.sampler != "grid"]
     files.refuse_links(out, (tuning.ADOPTED, *studies))  # the tuning records, rewritten later, never through a link
     publish.refuse_foreign(out)  # the summary and plots come last: a file of yours in their way is found first
 
@@ -138,7 +138,7 @@ def _decide(spec: BenchSpec, out: Path) -> None:
     changed = False
     for variant, search in spec.searches.items():
         if search.sampler != "grid":
-            tuning.record_study(search, out)
+            tuning_sampler.record_study(search, out)
         decision = tuning.decide(search, out)
         if decision is not None and decisions.get(variant) != decision:
             decisions[variant], changed = decision, True

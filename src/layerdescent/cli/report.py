@@ -10,7 +10,7 @@ from layerdescent.errors import ConfigError
 
 
 def run(args: argparse.Namespace) -> int:
-    from layerdescent.analysis.endpoints import read_spec
+    from layerdescent.analysis.endpoints_file import read_spec
     from layerdescent.analysis.report import write_report
     from layerdescent.bench.plan import plan
     from layerdescent.run.config_file import read_toml

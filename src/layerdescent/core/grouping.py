@@ -18,6 +18,13 @@ class LayerBatch:
     rows: torch.Tensor | None = None  # each row's index in the training split
     levels: torch.Tensor | None = None  # each row's perturbation level, as an index into the band
 
+    @classmethod
+    def of(cls, losses: torch.Tensor, rows: torch.Tensor | None = None, levels: torch.Tensor | None = None) -> LayerBatch:
+        """B x (L+1) per-row losses with each row's index in the training split and level in the band: the one place a micro-batch's rows are named."""
+        if losses.dim() != 2:
+            raise ConfigError("constraints held per level or per sample need the B x (L+1) per-row losses, not their means")
+        return cls(losses, rows, levels)
+
 
 @dataclass(frozen=True)
 class Grouping:

@@ -41,31 +41,41 @@ class LayerwiseCMP(cooper.ConstrainedMinimizationProblem):
         self._problem = problem
 
     def compute_cmp_state(self, layer_losses: Any, primal: bool = True, dual: bool = True) -> cooper.CMPState:
-        """The CMPState of B x (L+1) layer losses, their L+1 means or a LayerBatch (or a callable returning one, as ``roll()`` passes).
+        """The CMPState of B x (L+1) layer losses, their L+1 means, a LayerBatch (or a callable returning one, as ``roll()`` passes) or a dual window's Observation.
 
         The loss is the solver's objective; ``primal = False`` (a dual pass) leaves it out and
         ``dual = False`` leaves the dual update to a step of its own (the window of ``dual_every``).
         Every kind of constraint is observed here: pooled ones from the layer means, those held per
-        level or per sample from a LayerBatch, which says where its rows come from. ``misc`` holds
-        what the step's observation and the log line take: ``means`` and ``violations`` (detached)
-        and ``tables``, each grouped constraint's per-group loss sums and row counts.
+        level or per sample from a LayerBatch, which says where its rows come from, or from a
+        window's per-group tables. ``misc`` holds what the step's observation and the log line
+        take: ``means`` and ``violations`` (detached) and ``tables``, each grouped constraint's
+        per-group loss sums and row counts.
         """
         problem = self._problem
         batch = layer_losses() if callable(layer_losses) else layer_losses
-        means = layer_means(batch)
-        violations = problem.violations(means)
+        if isinstance(batch, Observation):  # a dual window: its plain violations are known, its grouped ones are in its tables
+            means, violations, tables, rows = batch.means, batch.violations or {}, batch.tables, None
+        else:
+            means = layer_means(batch)
+            violations = problem.violations(means)
+            tables, rows = {}, None
+            if isinstance(batch, LayerBatch) and problem.groupings:
+                tables = {name: grouping.sums(batch, detach=False) for name, grouping in problem.groupings.items()}
+                rows = batch.losses.shape[0]
         observed = {
             problem.constraint(spec): cooper.ConstraintState(
                 violation=violations[spec.name], contributes_to_primal_update=primal, contributes_to_dual_update=dual
             )
             for spec in problem.plain
         }
-        tables: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
-        if isinstance(batch, LayerBatch) and problem.groupings:
-            for spec in problem.specs:
-                if spec.grouped:
-                    observed[problem.constraint(spec)], tables[spec.name] = problem.grouped_state(spec, batch, primal, dual)
-        misc = {"means": means.detach(), "violations": {name: value.detach() for name, value in violations.items()}, "tables": tables}
+        for spec in problem.specs:
+            if spec.grouped and spec.name in tables and bool((tables[spec.name][1] > 0).any()):
+                observed[problem.constraint(spec)] = problem._grouped_state(spec, *tables[spec.name], rows, primal, dual)
+        misc = {
+            "means": None if means is None else means.detach(),
+            "violations": {name: value.detach() for name, value in violations.items()},
+            "tables": {name: (sums.detach(), counts) for name, (sums, counts) in tables.items()},
+        }
         return cooper.CMPState(loss=problem.objective(means) if primal else None, observed_constraints=observed, misc=misc)
 
 
@@ -143,13 +153,29 @@ class LayerwiseProblem:
             for spec in self.specs
         ]
 
-    def put_dual_gradient(self, state: cooper.CMPState) -> None:
-        """Put the gradient of Cooper's dual Lagrangian on each multiplier, replacing any there: the strict violation it observed."""
-        # Both formulations' dual Lagrangian is lambda . g.detach() (Cooper's compute_dual_weighted_violation),
-        # so its gradient in lambda is g itself; written directly it skips an autograd pass that cost
-        # a small model 5% of its step. A test checks it against compute_dual_lagrangian().backward().
-        for constraint, observed in state.observed_constraints.items():
-            constraint.multiplier.weight.grad = observed.extract_violations()[1].clone()
+    def put_dual_gradient(self, violations: dict[str, torch.Tensor], tables: dict[str, tuple[torch.Tensor, torch.Tensor]]) -> None:
+        """Put the gradient of Cooper's dual Lagrangian on each multiplier, replacing any there: the strict violation of each plain spec, and of each grouped one at the groups its window saw (nothing elsewhere); then grow the augmented Lagrangian's rho.
+
+        ``violations`` are a dual window's (detached), ``tables`` its per-group sums and counts.
+        """
+        state = self.cmp.compute_cmp_state(Observation(violations=violations, tables=tables), primal=False)
+        # The dual Lagrangian is lambda . g.detach() (Cooper's compute_dual_weighted_violation), so its
+        # gradient in lambda is the strict violation itself: written directly it skips an autograd pass
+        # that cost a small model 5% of its step. A test checks it against compute_dual_lagrangian().backward().
+        for spec in self.specs:
+            weight = self.constraint(spec).multiplier.weight
+            observed = state.observed_constraints.get(self.constraint(spec))
+            if observed is None:  # a grouped spec whose window saw no group: no step, not even the relaxation's decay
+                weight.grad = None
+                continue
+            strict = observed.extract_violations()[1].detach()
+            if observed.constraint_features is None:
+                weight.grad = strict.clone()
+            else:  # the groups come sorted and distinct from nonzero(), so the indices are already coalesced
+                index = observed.constraint_features
+                weight.grad = torch.sparse_coo_tensor(index[None], strict[:, None], weight.shape, is_coalesced=True, check_invariants=False)
+        if self.growth is not None:  # the augmented Lagrangian's rho grows where the window saw a violation above the tolerance
+            self.growth.step(state.observed_constraints)
 
     def forward(self, batch: torch.Tensor | LayerBatch, weight: float = 1.0) -> torch.Tensor | None:
         """Count one micro-batch toward the step (``weight``: its share) and return its primal loss, unweighted; None under ``torch.no_grad()``, a pass that only counts.
@@ -165,38 +191,17 @@ class LayerwiseProblem:
             if not every_layer:
                 means = batch = torch.cat([means.new_full((self.num_layers,), float("nan")), means])
             if self.state is None:
-                self.anchor(means, weight)
-            tables = self.group_tables(batch) if self.groupings and isinstance(batch, LayerBatch) else {}
+                self._anchor(means, weight)
+            tables = self._group_tables(batch) if self.groupings and isinstance(batch, LayerBatch) else {}
             self.count(means.detach(), weight, None, tables, every_layer)
             return self.objective(means) if torch.is_grad_enabled() else None
         if self.state is None:
-            self.anchor(layer_means(batch), weight)
-        if self.augmented or self.groupings:
-            state = self.cmp.compute_cmp_state(batch, dual=False)
-            self.count(state.misc["means"], weight, state.misc["violations"], state.misc["tables"])
-            if self.before_primal is not None:
-                self.before_primal()
-            return state.compute_primal_lagrangian().lagrangian
-        # The plain Lagrangian, the usual case: Cooper's sum (loss + lambda.detach() . g per constraint, by the same
-        # einsum) written directly, without the CMPState and its per-step stores (and the loss's defensive clone, an
-        # exact copy), which cost the small lista step 1%. A test pins it to compute_primal_lagrangian(), bit for bit.
-        means = layer_means(batch)
-        violations = self.violations(means)
-        self.count(means.detach(), weight, {name: value.detach() for name, value in violations.items()})
+            self._anchor(layer_means(batch), weight)
+        state = self.cmp.compute_cmp_state(batch, dual=False)
+        self.count(state.misc["means"], weight, state.misc["violations"], state.misc["tables"])
         if self.before_primal is not None:
             self.before_primal()
-        lagrangian = self.objective(means)
-        for spec in self.plain:
-            lagrangian = lagrangian + torch.einsum(
-                "i...,i...->", self._constraints[spec.name].multiplier.weight.detach(), violations[spec.name]
-            )
-        return lagrangian
-
-    def backward(self, batch: torch.Tensor | LayerBatch, weight: float = 1.0) -> None:
-        """Count one micro-batch toward the step and backpropagate ``weight`` x its primal loss (a pass under ``torch.no_grad()`` only counts)."""
-        loss = self.forward(batch, weight)
-        if loss is not None and loss.requires_grad:
-            (loss if weight == 1.0 else loss * weight).backward()  # times 1 changes no gradient: one node less
+        return state.compute_primal_lagrangian().lagrangian
 
     def primal_loss(self, batch: torch.Tensor | LayerBatch) -> torch.Tensor:
         """One micro-batch's primal loss at the current multipliers (the objective where the constraints are not enforced); counts nothing."""
@@ -222,37 +227,34 @@ class LayerwiseProblem:
             tables = add_tables(seen.tables, tables)
         self.seen = Observation(seen.means + term, None, tables or seen.tables, seen.micro + 1, seen.every_layer and every_layer)
 
-    def dual_state(self, violations: dict[str, torch.Tensor]) -> cooper.CMPState:
-        """The CMPState of a dual pass whose plain specs' violations are already known (the step's, or its window's)."""
-        observed = {
-            self._constraints[spec.name]: cooper.ConstraintState(violation=violations[spec.name], contributes_to_primal_update=False)
-            for spec in self.plain
-        }
-        return cooper.CMPState(loss=None, observed_constraints=observed)
+    def _grouped_state(
+        self, spec: ConstraintSpec, sums: torch.Tensor, counts: torch.Tensor, rows: int | None, primal: bool, dual: bool
+    ) -> cooper.ConstraintState:
+        """A grouped spec's ConstraintState from its per-group loss sums and row counts: each group present, weighted by its share of the batch's ``rows`` (None: a dual window's, unweighted).
 
-    def grouped_state(
-        self, spec: ConstraintSpec, batch: LayerBatch, primal: bool, dual: bool
-    ) -> tuple[cooper.ConstraintState, tuple[torch.Tensor, torch.Tensor]]:
-        """A grouped spec's ConstraintState on one micro-batch (each group present, weighted by its share of the rows) and its per-group sums and counts (detached)."""
+        Its strict violation, which the dual Lagrangian reads, is that of the relaxed constraint g - u
+        (u = lambda / c) where the spec is resilient: the gradient of lambda.g - ||lambda||^2 / 2c.
+        """
         grouping = self.groupings[spec.name]
-        sums, counts = grouping.sums(batch, detach=False)
-        table = (sums.detach(), counts)
         present = counts.nonzero().flatten()
         counts = counts[present]
-        violation = grouped_violation(spec, sums[present] / counts[:, None], self.state[spec.name])
+        violation = grouped_violation(spec, (sums[present] / counts[:, None]).to(self.device), self.state[spec.name])
+        index = grouping.indices(present.to(self.device))
+        strict = violation.flatten()
+        if spec.resilience:
+            strict = strict.detach() - self.constraint(spec).multiplier.weight.detach()[index, 0] / spec.resilience
         # Each group's term is weighted by its share of the batch's rows, so that the per-sample
         # Lagrangian is the mean of lambda_i g_i over the rows, and a level's is E over the band.
-        share = (counts / batch.losses.shape[0])[:, None]
-        state = cooper.ConstraintState(
-            violation=(share * violation).flatten(),
-            constraint_features=grouping.indices(present.to(self.device)),
-            strict_violation=violation.flatten(),
+        weighted = violation if rows is None else (counts / rows)[:, None] * violation
+        return cooper.ConstraintState(
+            violation=weighted.flatten(),
+            constraint_features=index,
+            strict_violation=strict,
             contributes_to_primal_update=primal,
             contributes_to_dual_update=dual,
         )
-        return state, table
 
-    def group_tables(self, batch: LayerBatch) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    def _group_tables(self, batch: LayerBatch) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
         """Per-group loss sums and row counts of one micro-batch, for each grouped spec (empty when there is none)."""
         return {name: grouping.sums(batch) for name, grouping in self.groupings.items()}
 
@@ -268,29 +270,6 @@ class LayerwiseProblem:
                 out[spec.name] = violation.reshape(max(grouping.rows, 1), grouping.block)
         return out
 
-    def grouped_dual_gradient(self, tables: dict[str, tuple[torch.Tensor, torch.Tensor]]) -> None:
-        """Put each grouped spec's sparse dual gradient on its multiplier: the violation of every group seen, nothing elsewhere."""
-        for spec in self.specs:
-            if not spec.grouped:
-                continue
-            grouping, weight = self.groupings[spec.name], self.constraint(spec).multiplier.weight
-            sums, counts = tables.get(spec.name, (None, torch.zeros(0)))
-            present = (counts > 0).nonzero().flatten()
-            if not len(present):
-                weight.grad = None  # nothing observed: no step, not even the relaxation's decay
-                continue
-            violation = grouped_violation(spec, (sums[present] / counts[present, None]).to(self.device), self.state[spec.name]).flatten()
-            index = grouping.indices(present.to(self.device))
-            if spec.resilience:  # the gradient of lambda.g - ||lambda||^2 / 2c at the entries seen: u = lambda / c
-                violation = violation - weight.detach()[index, 0] / spec.resilience
-            # the groups come sorted and distinct from nonzero(), so the indices are already coalesced
-            weight.grad = torch.sparse_coo_tensor(index[None], violation[:, None], weight.shape, is_coalesced=True, check_invariants=False)
-
-    def grow_penalties(self, state: cooper.CMPState) -> None:
-        """Grow the augmented Lagrangian's rho where a dual pass saw a violation above the tolerance."""
-        if self.growth is not None:
-            self.growth.step(state.observed_constraints)
-
     def penalties(self) -> dict[str, torch.Tensor]:
         """The augmented Lagrangian's current rho of each spec (empty for the plain Lagrangian)."""
         return {
@@ -303,20 +282,20 @@ class LayerwiseProblem:
         """The Cooper constraint compiled from ``spec``."""
         return self._constraints[spec.name]
 
-    def anchor(self, means: torch.Tensor, weight: float) -> None:
+    def _anchor(self, means: torch.Tensor, weight: float) -> None:
         """Fix the constraints' anchors from the run's first micro-batch (its layer means, ``weight`` its share), over every rank."""
         from layerdescent.distributed import World
 
-        self.start(World.current().weighted_mean(means.detach(), weight))
+        self._start(World.current().weighted_mean(means.detach(), weight))
 
-    def start(self, means: torch.Tensor) -> None:
+    def _start(self, means: torch.Tensor) -> None:
         """Fix what specs take from the first training batch (anchors), once per run."""
         if self.state is None:
             self.state = {spec.name: spec.initial_state(means.detach()) for spec in self.specs}
 
     def violations(self, means: torch.Tensor) -> dict[str, torch.Tensor]:
         """Each spec's violation vector for these layer means (differentiable); specs held per level or per sample are left out."""
-        self.start(means)
+        self._start(means)
         out = {}
         for spec in self.plain:  # the grouped are observed per group, from a LayerBatch
             violation = spec.violation(means, self.state[spec.name])
@@ -331,12 +310,8 @@ class LayerwiseProblem:
 
     def violations_of_rows(self, means: torch.Tensor) -> dict[str, torch.Tensor]:
         """Each plain spec's violations at S rows of layer means, S x entries (one call where the kind broadcasts over rows)."""
-        self.start(means[0])
+        self._start(means[0])
         return {spec.name: grouped_violation(spec, means, self.state[spec.name]) for spec in self.plain}
-
-    def multiplier_weights(self) -> list[torch.Tensor]:
-        """Each spec's multiplier tensor, in registration order (what the dual optimizer steps)."""
-        return [self._constraints[spec.name].multiplier.weight for spec in self.specs]
 
     def multipliers(self) -> dict[str, torch.Tensor]:
         """Current lambda of each spec: one per label, or a rows x labels table for a per-sample spec."""

@@ -21,7 +21,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal, Union
 
 from layerdescent.core.penalty import Penalty
-from layerdescent.core.solver import SCHEMES, DualWindow, PrimalSettings, Solver
+from layerdescent.core.schemes import SCHEMES, DualWindow, PrimalSettings
+from layerdescent.core.solver import Solver
 from layerdescent.errors import ConfigError
 from layerdescent.hookspecs import hookimpl
 

@@ -75,8 +75,6 @@ class LayerwiseUpdate:
         self.optimizer = self.solver.optimizer  # the solver's Cooper optimizer (the model's optimizer is its primal_optimizers[0])
         self.labels: dict[str, list[str]] = problem.labels  # each constraint's entry labels (l1<=l0, ...)
         self._line = LogLine(problem)
-        # the tensors the dual optimizer steps in place, checked after each step against the solver's bound (none: finiteness alone)
-        self._multipliers = problem.multiplier_weights() if self.solver.enforces_constraints else []
         self._bound = self.solver.max_multiplier if self.solver.max_multiplier is not None else sys.float_info.max
 
     def to(self, device: torch.device | str) -> LayerwiseUpdate:
@@ -109,7 +107,9 @@ class LayerwiseUpdate:
         ``rows`` (each row's index in the training split) and ``levels`` (its level's index in the
         band) feed the constraints held per sample or per level.
         """
-        self.problem.backward(self._batch(losses, rows, levels), weight)
+        loss = self.problem.forward(self._batch(losses, rows, levels), weight)
+        if loss is not None and loss.requires_grad:
+            (loss if weight == 1.0 else loss * weight).backward()  # times 1 changes no gradient: one node less
         return layer_means(losses.detach())
 
     def count(self, means: torch.Tensor, weight: float = 1.0) -> None:
@@ -214,13 +214,14 @@ class LayerwiseUpdate:
         """What the solver reads of one micro-batch: a LayerBatch where grouped constraints need each row, else the losses."""
         if not self.problem.groupings or (enforced_only and not self.solver.enforces_constraints):
             return losses
-        if losses.dim() != 2:
-            raise ConfigError("constraints held per level or per sample need the B x (L+1) per-row losses, not their means")
-        return LayerBatch(losses, rows, levels)
+        return LayerBatch.of(losses, rows, levels)
 
     def _stop(self) -> str | None:
         """Why the multipliers must stop the run (one not finite, or above the solver's ``max_multiplier``), or None."""
-        if self._multipliers and not bool(torch.stack([w.detach().max() for w in self._multipliers]).le(self._bound).all()):
+        if not self.solver.enforces_constraints:  # its multipliers never move
+            return None
+        # the tensors the dual optimizer steps in place, checked after each step against the solver's bound (none: finiteness alone)
+        if not bool(torch.stack([w.detach().max() for w in self.problem.cmp.dual_parameters()]).le(self._bound).all()):
             return multiplier_problem(self.problem, self.solver.max_multiplier)  # one test per step; NaN fails it too
         return None
 

@@ -228,7 +228,7 @@ def rows_satisfied(
                     torch.manual_seed(seed * 1_000_003 + k)
                     batch = to_device(task.collate(rows[index]), device)
                     losses = task.layer_losses(model, batch, gamma=float(gamma)).losses.detach()
-                observed = LayerBatch(losses, index.to(device), torch.full_like(index, j).to(device))
+                observed = LayerBatch.of(losses, index.to(device), torch.full_like(index, j).to(device))
                 tables = add_tables(tables, {name: problem.groupings[name].sums(observed) for name in names})
     finally:
         model.train(was_training)

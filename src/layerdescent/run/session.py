@@ -14,8 +14,7 @@ import numpy as np
 import torch
 
 from layerdescent.core.divergence import check_nonnegative
-from layerdescent.core.grouping import LayerBatch
-from layerdescent.core.problem import LayerwiseProblem
+from layerdescent.core.problem import LayerwiseProblem, layer_means
 from layerdescent.core.update import LayerwiseUpdate
 from layerdescent.distributed import World, init_world, to_device
 from layerdescent.errors import ConfigError, DataError, PluginError
@@ -98,54 +97,50 @@ class Session:
         """The constraints' Cooper problem (multipliers, labels)."""
         return self.update.problem
 
-    def read_shard(self, shard: torch.Tensor, level: int, full: bool) -> tuple[torch.Tensor, LayerBatch | None]:
-        """This rank's layer means on its shard of a micro-batch (differentiable; the last layer's alone where a last-layer-only read sufficed), and the rows' LayerBatch where per-level or per-sample constraints need it.
+    def read_shard(self, shard: torch.Tensor, level: int, full: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """This rank's per-row layer losses on its shard of a micro-batch (differentiable; the last layer's column alone where a last-layer-only read sufficed), each row's index in the training split and its level's in the band.
 
-        ``level`` indexes the training band; -1 takes the shard at every level of it. Under
-        ``precision = "bf16"`` the forward pass runs in autocast and the losses leave it in float32.
+        ``level`` indexes the training band; -1 takes the shard at every level of it, the rows
+        repeated once per level. Under ``precision = "bf16"`` the forward pass runs in autocast and
+        the losses leave it in float32.
         """
-        task, who, band, precision = self.task, self.who, self.band, self.config.train.precision
-        width = len(self.labels)
-        grouped = bool(self.update.problem.groupings)
+        grouped = bool(self.problem.groupings)
         last_only = not (full or self.update.solver.trains_every_layer or grouped or level < 0)
-        rows = None
-        if len(shard):
-            batch = task.collate(self.rows["train"][shard])
-            if self.device.type != "cpu":  # collate builds on the CPU
-                batch = to_device(batch, self.device)
-            gamma = band[max(level, 0)]
-            with _autocast(self.device, precision):
-                last = task.last_layer_losses(self.model, batch, gamma=gamma) if last_only else None
-                if level < 0:  # every level of the band, in one step: the rows repeat once per level
-                    output = None
-                    losses = torch.cat([_float32(task.layer_losses(self.model, batch, gamma=g).losses) for g in band])
-                elif last is None:
-                    output = task.layer_losses(self.model, batch, gamma=gamma)
-            # the losses leave autocast in float32: the Lagrangian, the layer means and the dual step never see bf16
-            if level < 0:
-                means = losses.mean(dim=0)
-                rows = LayerBatch(losses, shard.repeat(len(band)), torch.arange(len(band)).repeat_interleave(len(shard)))
-            elif last is None:
-                last_only = False
-                losses = _float32(output.losses)
-                means = losses.mean(dim=0)
-                if grouped:
-                    rows = LayerBatch(losses, shard, torch.full((len(shard),), level))
+        if not len(shard):  # every rank takes the same branch: the task answers the same on every rank
+            last_only = last_only and self.task.overrides("last_layer_losses")
+            losses = torch.zeros(0, 1 if last_only else len(self.labels), device=self.device)
+        else:
+            losses = self._losses(shard, level, last_only)
+        if level < 0:
+            return losses, shard.repeat(len(self.band)), torch.arange(len(self.band)).repeat_interleave(len(shard))
+        return losses, shard, torch.full((len(shard),), level)
+
+    def _losses(self, shard: torch.Tensor, level: int, last_only: bool) -> torch.Tensor:
+        """The task's per-row layer losses on a non-empty shard, checked: they carry gradients, and their means are >= 0 where a constraint needs it."""
+        task, band, who = self.task, self.band, self.who
+        batch = task.collate(self.rows["train"][shard])
+        if self.device.type != "cpu":  # collate builds on the CPU
+            batch = to_device(batch, self.device)
+        with _autocast(self.device, self.config.train.precision):
+            if level < 0:  # every level of the band, in one step
+                losses = torch.cat([_float32(task.layer_losses(self.model, batch, gamma=g).losses) for g in band])
             else:
-                means = _float32(last.losses).mean(dim=0)
-            if not means.requires_grad and torch.is_grad_enabled():  # the alternating dual pass reads under no_grad
-                method = "last_layer_losses" if last_only else "layer_losses"
-                raise PluginError(
-                    f"{who}: {method} returned losses without gradients (computed under torch.no_grad() or detached): nothing would train"
-                )
-            if self.problem.needs_nonnegative and bool((means < 0).any()):  # -inf too: the check tells it apart
+                output = task.last_layer_losses(self.model, batch, gamma=band[level]) if last_only else None
+                last_only = output is not None
+                if output is None:
+                    output = task.layer_losses(self.model, batch, gamma=band[level])
+        # the losses leave autocast in float32: the Lagrangian, the layer means and the dual step never see bf16
+        losses = losses if level < 0 else _float32(output.losses)
+        if not losses.requires_grad and torch.is_grad_enabled():  # the alternating dual pass reads under no_grad
+            method = "last_layer_losses" if last_only else "layer_losses"
+            raise PluginError(
+                f"{who}: {method} returned losses without gradients (computed under torch.no_grad() or detached): nothing would train"
+            )
+        if self.problem.needs_nonnegative:
+            means = layer_means(losses.detach())
+            if bool((means < 0).any()):  # -inf too: the check tells it apart
                 check_nonnegative(who, means, self.problem)  # a plugin's bug, which no setting fixes: raised before any step reads it
-        else:  # every rank takes the same branch: the task answers the same on every rank
-            last_only = last_only and task.overrides("last_layer_losses")
-            means = torch.zeros(1 if last_only else width, device=self.device)
-            if grouped:  # no rows, but the per-group sums still meet the other ranks' at the step
-                rows = LayerBatch(torch.zeros(0, width, device=self.device), shard, torch.zeros(0, dtype=torch.long))
-        return means, rows
+        return losses
 
     def backward(self, group: Sequence[torch.Tensor], levels: Sequence[int], full: bool = True) -> None:
         """Backpropagate the primal loss of a step's micro-batches (this rank's shard of each) through the update, then average the gradients over ranks and clip them.
@@ -157,13 +152,13 @@ class Session:
         world = self.world
         for idx, level in zip(group, levels):
             shard = idx.tensor_split(world.size)[world.rank] if world.size > 1 else idx
-            means, batch = self.read_shard(shard, level, full)
+            losses, rows, levels = self.read_shard(shard, level, full)
             # this rank's share of the step, times the ranks: the update averages means and gradients over ranks, as under DDP
             weight = len(shard) / total * world.size
             # a plugin that changed its parameters in place after the forward pass fails here, named
             with calling(who, "the backward pass through layer_losses"):
-                # per-level or per-sample constraints read each row's losses, index and level; the others the layer means
-                self.problem.backward(means if batch is None else batch, weight)  # a rank whose shard is empty adds no gradient
+                # per-level or per-sample constraints read each row's index and level; the others the layer means alone
+                self.update.backward(losses, weight, rows, levels)  # a rank whose shard is empty adds no gradient
         if not torch.is_grad_enabled():  # a pass that only counts (a dual pass under no_grad)
             return
         if world.size > 1:  # their losses were weighted as DDP's are
