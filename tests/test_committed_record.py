@@ -48,7 +48,7 @@ def test_committed_logs_are_compressed_and_the_results_stay_under_50_mb():
     assert sum((ROOT / f).stat().st_size for f in files) <= RESULTS_LIMIT
 
 
-def test_the_committed_step_path_is_the_path_the_code_takes_and_stays_within_eight_returns():
+def test_the_committed_step_path_is_the_path_the_code_takes_and_adds_no_return():
     import sys
 
     walked = subprocess.run(
@@ -58,7 +58,9 @@ def test_the_committed_step_path_is_the_path_the_code_takes_and_stays_within_eig
     assert line in (ROOT / "benchmarks" / "results" / "lista" / "step_path.md").read_text().splitlines(), (
         f"benchmarks/results/lista/step_path.md is stale (the code walks {line!r}): python benchmarks/step_path.py --all --show"
     )
-    assert int(re.search(r"(\d+) returns", line).group(1)) <= 8  # issue 49: a simultaneous primal-dual step reads in one pass
+    # issue 49 set 8; issue 62 routed the trainer through the front and both Lagrangians through Cooper, which made 25
+    # (step_path.md says which hops): a change that adds a hop beyond them fails here
+    assert int(re.search(r"(\d+) returns", line).group(1)) <= 25
 
 
 def test_every_plot_a_committed_page_shows_is_committed():

@@ -43,6 +43,14 @@ class Problems:
             raise ConfigError("\n".join(dict.fromkeys(self.lines)))
 
 
+def refuse_unknown(where: str, table: Iterable[str], allowed: Iterable[str]) -> None:
+    """A ConfigError naming the first key of ``table`` that is not ``allowed``, and what is: a bench file's tables read strictly."""
+    allowed = sorted(allowed)
+    unknown = sorted(set(table) - set(allowed))
+    if unknown:
+        raise ConfigError(f"unknown key {where}.{unknown[0]} (allowed: {', '.join(allowed)})")
+
+
 def type_name(tp: Any) -> str:
     origin = typing.get_origin(tp)
     if origin is Literal:

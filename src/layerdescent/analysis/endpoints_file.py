@@ -77,6 +77,7 @@ from layerdescent.analysis.groups import KEPT_EPOCH
 from layerdescent.analysis.stats import ESTIMATES
 from layerdescent.analysis.tuning_search import MAX_GAMMAS, parse_search
 from layerdescent.errors import ConfigError
+from layerdescent.options import refuse_unknown
 from layerdescent.registry import get_registry
 from layerdescent.run.config_file import read_toml
 
@@ -152,9 +153,7 @@ def _plan(table) -> tuple[Endpoint, ...]:
             raise ConfigError(
                 f'{where}.{nested} is a table: a dot in an endpoint\'s name nests it; quote the name, [bench.plan."{name}.{nested}"]'
             )
-        unknown = set(e) - ENDPOINT_KEYS
-        if unknown:
-            raise ConfigError(f"unknown key {where}.{sorted(unknown)[0]} (allowed: {', '.join(sorted(ENDPOINT_KEYS))})")
+        refuse_unknown(where, e, ENDPOINT_KEYS)
         statistic = e.get("statistic", "difference")
         if statistic not in STATISTICS:
             raise ConfigError(f"{where}.statistic must be one of {', '.join(STATISTICS)}, got {statistic!r}")
@@ -306,9 +305,7 @@ def _choices(table, plan: tuple[Endpoint, ...]) -> tuple[Choice, ...]:
     choices = []
     for name, c in table.items():
         where = f"bench.choice.{name}"
-        unknown = set(c) - {"candidates", "otherwise"}
-        if unknown:
-            raise ConfigError(f"unknown key {where}.{sorted(unknown)[0]} (allowed: candidates, otherwise)")
+        refuse_unknown(where, c, ("candidates", "otherwise"))
         candidates, otherwise = c.get("candidates"), c.get("otherwise")
         if not isinstance(candidates, dict) or not candidates or not all(isinstance(v, str) for v in candidates.values()):
             raise ConfigError(f"{where}.candidates must map each value to the endpoint that chooses it, e.g. {example}")
@@ -325,9 +322,7 @@ def _primary(table) -> Primary:
     """A ``[bench.primary]`` table as a Primary; ConfigError, one line, for a missing, unknown or mistyped key."""
     if not isinstance(table, dict):
         raise ConfigError("bench.primary must be a table: metric, higher_is_better, gammas, variants (splits, adopted optional)")
-    unknown = set(table) - PRIMARY_KEYS
-    if unknown:
-        raise ConfigError(f"unknown key bench.primary.{sorted(unknown)[0]} (allowed: {', '.join(sorted(PRIMARY_KEYS))})")
+    refuse_unknown("bench.primary", table, PRIMARY_KEYS)
     missing = [k for k in ("metric", "higher_is_better", "gammas", "variants") if k not in table]
     if missing:
         raise ConfigError(f"bench.primary lacks {missing[0]!r} (it needs metric, higher_is_better, gammas and variants)")

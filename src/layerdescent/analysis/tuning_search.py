@@ -51,6 +51,7 @@ from typing import Any
 
 from layerdescent.errors import ConfigError
 from layerdescent.optional import check_installed
+from layerdescent.options import refuse_unknown
 from layerdescent.run.config import check_seed
 
 TIE = 1e-9  # criterion values this close are a tie, decided by the trials' order
@@ -253,9 +254,7 @@ def parse_search(variant: str, table: Any) -> Search:
     where = f"bench.tuning.{variant}"
     if not isinstance(table, dict):
         raise ConfigError(f"{where} must be a number of runs or a table (trials or space, criterion, gamma)")
-    unknown = set(table) - SEARCH_KEYS
-    if unknown:
-        raise ConfigError(f"unknown key {where}.{sorted(unknown)[0]} (allowed: {', '.join(sorted(SEARCH_KEYS))})")
+    refuse_unknown(where, table, SEARCH_KEYS)
     sampler = table.get("sampler", "grid")
     if sampler not in SAMPLERS:
         raise ConfigError(f"{where}.sampler must be one of {', '.join(SAMPLERS)}, got {sampler!r}")

@@ -19,7 +19,7 @@ from layerdescent.bench.executors import (
     executor_table,
 )
 from layerdescent.errors import ConfigError
-from layerdescent.options import flat_keys
+from layerdescent.options import flat_keys, refuse_unknown
 from layerdescent.registry import Registry
 from layerdescent.run.config import RunConfig, check_depth, check_seed, config_from_dict
 from layerdescent.run.config_file import apply_overrides, read_toml, set_path
@@ -132,8 +132,7 @@ def plan(
     unknown = set(bench) - BENCH_KEYS
     if "slurm" in unknown:  # the table of the releases before executors took options of their own
         raise ConfigError('bench.slurm is now [bench.executor]: name = "slurm" and the same keys (partition, time, mem_gb, ...)')
-    if unknown:
-        raise ConfigError(f"unknown key bench.{sorted(unknown)[0]} (allowed: {', '.join(sorted(BENCH_KEYS))})")
+    refuse_unknown("bench", bench, BENCH_KEYS)
     executor_table(bench)
     if "seed" in data:  # each run's seed comes from bench.seeds, but a mistyped one here is still a mistake
         if not isinstance(data["seed"], int) or isinstance(data["seed"], bool):

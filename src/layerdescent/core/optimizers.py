@@ -2,12 +2,24 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Protocol
 
 import cooper
 import torch
 
 from layerdescent.errors import ConfigError
+
+
+class PrimalSettings(Protocol):
+    """What a solver's primal optimizer reads of a run's [train] table (a ``TrainConfig``, or any object with these)."""
+
+    optimizer: str
+    lr: float
+    momentum: float
+    weight_decay: float
+
+
+# -- how the primal and dual steps interleave: the schemes ---------------------------------------
 
 
 class ExtraSGD(cooper.optim.ExtraSGD):
@@ -19,7 +31,7 @@ class ExtraSGD(cooper.optim.ExtraSGD):
             group.setdefault("nesterov", False)
 
 
-def primal_optimizer(params: list, train: Any, extragradient: bool = False) -> torch.optim.Optimizer:
+def primal_optimizer(params: list, train: PrimalSettings, extragradient: bool = False) -> torch.optim.Optimizer:
     """The model's optimizer as ``train`` names it (sgd, adam, adamw); with ``extragradient``, Cooper's ExtraSGD or ExtraAdam."""
     if extragradient:
         if train.optimizer == "adamw":

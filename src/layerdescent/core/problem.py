@@ -68,8 +68,8 @@ class LayerwiseCMP(cooper.ConstrainedMinimizationProblem):
             )
             for spec in problem.plain
         }
-        for spec in problem.specs:
-            if spec.grouped and spec.name in tables and bool((tables[spec.name][1] > 0).any()):
+        for spec in problem.grouped:
+            if spec.name in tables and bool((tables[spec.name][1] > 0).any()):
                 observed[problem.constraint(spec)] = problem._grouped_state(spec, *tables[spec.name], rows, primal, dual)
         misc = {
             "means": None if means is None else means.detach(),
@@ -96,6 +96,7 @@ class LayerwiseProblem:
         self.specs = specs
         self.augmented = augmented  # Cooper's augmented Lagrangian, with a penalty rho per entry
         self.plain = tuple(spec for spec in specs if not spec.grouped)  # one multiplier per entry, observed from the layer means
+        self.grouped = tuple(spec for spec in specs if spec.grouped)  # held per level or per sample: multipliers per group
         self.needs_nonnegative = tuple(
             spec for spec in specs if getattr(spec, "needs_nonnegative_losses", False)
         )  # descent's (1 - alpha) margin assumes losses >= 0
@@ -202,12 +203,6 @@ class LayerwiseProblem:
         if self.before_primal is not None:
             self.before_primal()
         return state.compute_primal_lagrangian().lagrangian
-
-    def primal_loss(self, batch: torch.Tensor | LayerBatch) -> torch.Tensor:
-        """One micro-batch's primal loss at the current multipliers (the objective where the constraints are not enforced); counts nothing."""
-        if not self.enforced:
-            return self.objective(layer_means(batch))
-        return self.cmp.compute_cmp_state(batch, dual=False).compute_primal_lagrangian().lagrangian
 
     def count(
         self,
@@ -326,11 +321,6 @@ class LayerwiseProblem:
                 else weight
             )
         return out
-
-    def relaxations(self) -> dict[str, torch.Tensor]:
-        """The optimal relaxation u = lambda / c of each resilient spec."""
-        multipliers = self.multipliers()
-        return {spec.name: multipliers[spec.name] / spec.resilience for spec in self.specs if spec.resilience}
 
     def state_dict(self) -> dict[str, Any]:
         """Multipliers and per-spec state, for checkpoints."""

@@ -2,8 +2,9 @@
 
 A step is counted by the problem, micro-batch by micro-batch (``LayerwiseProblem.forward``),
 then taken here: the step's observation (over every rank), the non-finite check, then the
-scheme's primal and dual steps on Cooper's optimizer. The scheme and the dual window are types
-(``core/schemes.py``), chosen once from the options' strings.
+scheme's primal and dual steps on Cooper's optimizer. Each scheme is one of the classes below,
+named for Cooper's constrained optimizer that steps it, and the dual window a ``DualWindow``
+(``core/window.py``), both chosen once from the options' strings.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from layerdescent.core.divergence import why_not_finite
 from layerdescent.core.observation import Observation, Tables
-from layerdescent.core.schemes import DualWindow, PrimalSettings, Simultaneous
+from layerdescent.core.window import DualWindow
 from layerdescent.errors import ConfigError
 from layerdescent.options import NoOptions
 
@@ -23,9 +24,154 @@ if TYPE_CHECKING:  # the registry loads solvers without torch or cooper; their m
     import torch
 
     from layerdescent.core.constraints import ConstraintSpec
+    from layerdescent.core.optimizers import PrimalSettings
     from layerdescent.core.problem import LayerwiseProblem
 
-__all__ = ["Observation", "Solver", "Tables"]
+__all__ = ["DualWindow", "Observation", "SCHEMES", "Solver", "Tables"]
+
+
+class Simultaneous:
+    """One pass: the primal step, then the dual step from the same pass (Cooper's ``SimultaneousOptimizer``)."""
+
+    passes: ClassVar[int] = 1  # forward and backward passes per optimizer step
+    after_outside_primal: ClassVar[bool] = True  # whether the dual side may follow a primal step another loop took
+
+    def primal_optimizer(self, params: list, train: PrimalSettings) -> torch.optim.Optimizer | None:
+        """The model's optimizer this scheme needs, or None for the run's own (``train.optimizer``)."""
+        return None
+
+    def cooper_optimizer(self, solver: Solver, primal: torch.optim.Optimizer) -> cooper.optim.CooperOptimizer:
+        """Cooper's constrained optimizer of this scheme, around ``primal`` and the solver's dual optimizer."""
+        import cooper
+
+        return self.cooper_class(cooper)(solver.problem.cmp, primal, solver.dual_optimizer())
+
+    @staticmethod
+    def cooper_class(cooper: Any) -> type:
+        return cooper.optim.SimultaneousOptimizer
+
+    def attach(self, solver: Solver) -> None:
+        """What the scheme needs of a step's passes (nothing, but for alternating)."""
+
+    def step(self, solver: Solver, closure: Callable[[], Any] | None) -> Observation:
+        """The optimizer step: the primal step, then what the scheme does on the dual side."""
+        seen = solver.take()
+        if (dropped := solver.skip(seen)) is not None:
+            return dropped
+        solver.optimizer.primal_step()
+        self.after_primal(solver, seen, closure)
+        return seen
+
+    def after_primal(self, solver: Solver, seen: Observation, closure: Callable[[], Any] | None) -> None:
+        """The dual side after the primal step: a dual step where the step fills the window."""
+        if seen.means is not None and solver.count_step(seen):
+            solver.dual_step()
+
+
+class Alternating(Simultaneous):
+    """Cooper's dual-then-primal (``AlternatingDualPrimalOptimizer``): lambda steps from the whole batch, then the primal Lagrangian reads it."""
+
+    after_outside_primal = False
+
+    @staticmethod
+    def cooper_class(cooper: Any) -> type:
+        return cooper.optim.AlternatingDualPrimalOptimizer
+
+    def attach(self, solver: Solver) -> None:
+        solver.problem.before_primal = lambda: self.dual_first(solver)
+
+    def dual_first(self, solver: Solver) -> None:
+        """The dual step, in the batch's one pass, between its violations and its primal Lagrangian."""
+        # a method counting dual steps counts this step's before its primal step (docs/solvers.md: a
+        # warm-up switches one primal step earlier)
+        import torch
+
+        seen = solver.observation()
+        if seen.micro > 1:
+            raise ConfigError(
+                "solver.scheme = 'alternating' steps lambda from the whole batch before its primal step: accumulate no micro-batches (train.accumulate = 1)"
+            )
+        # a non-finite batch is skipped in step(), before lambda reads it
+        if bool(torch.isfinite(seen.means).all()) and solver.count_step(seen):
+            solver.dual_step()
+
+    def after_primal(self, solver: Solver, seen: Observation, closure: Callable[[], Any] | None) -> None:
+        """Nothing: the dual step came before the primal one, in the pass."""
+
+
+class AlternatingPrimalDual(Simultaneous):
+    """The primal step, then the dual step from a second pass of the batch, no-grad (Cooper's ``AlternatingPrimalDualOptimizer``)."""
+
+    after_outside_primal = False
+
+    @staticmethod
+    def cooper_class(cooper: Any) -> type:
+        return cooper.optim.AlternatingPrimalDualOptimizer
+
+    def after_primal(self, solver: Solver, seen: Observation, closure: Callable[[], Any] | None) -> None:
+        import torch
+
+        with torch.no_grad():  # lambda follows the updated model: only the means are needed
+            _required(closure, "alternating-primal-dual")()
+        again = solver.take()
+        if again.means is not None and solver.count_step(again):
+            solver.dual_step()
+
+
+class Extrapolation(Simultaneous):
+    """Cooper's extragradient (``ExtrapolationConstrainedOptimizer``): step to the midpoint, evaluate there, step from the start."""
+
+    passes = 2
+    after_outside_primal = False
+
+    def primal_optimizer(self, params: list, train: PrimalSettings) -> torch.optim.Optimizer:
+        from layerdescent.core.optimizers import primal_optimizer
+
+        return primal_optimizer(params, train, extragradient=True)
+
+    def cooper_optimizer(self, solver: Solver, primal: torch.optim.Optimizer) -> cooper.optim.CooperOptimizer:
+        import cooper
+
+        from layerdescent.core.optimizers import ExtraSGD
+
+        if not isinstance(primal, cooper.optim.ExtragradientOptimizer):
+            raise ConfigError(
+                f"solver.scheme = 'extrapolation' needs an extragradient primal optimizer (cooper.optim.ExtraAdam or ExtraSGD), "
+                f"got {type(primal).__name__}: set train.optimizer = 'adam' or 'sgd'"
+            )
+        dual = ExtraSGD(solver.problem.dual_groups(), lr=solver.options.dual_lr, maximize=True)  # the options allow SGD alone here
+        return cooper.optim.ExtrapolationConstrainedOptimizer(solver.problem.cmp, primal, dual)
+
+    def step(self, solver: Solver, closure: Callable[[], Any] | None) -> Observation:
+        _required(closure, "extrapolation")
+        seen = solver.take()
+        if (dropped := solver.skip(seen)) is not None:
+            return dropped
+        solver.count_step(seen)  # a window of one step (the options say so): always a dual gradient
+        solver.optimizer.primal_extrapolation_step()
+        solver.optimizer.dual_extrapolation_step()
+        solver.zero_grad()
+        closure()
+        solver.count_step(solver.take())
+        solver.optimizer.primal_step()
+        solver.dual_step()
+        return seen
+
+
+SCHEMES: dict[str, type[Simultaneous]] = {
+    "simultaneous": Simultaneous,
+    "alternating": Alternating,
+    "alternating-primal-dual": AlternatingPrimalDual,
+    "extrapolation": Extrapolation,
+}
+
+
+def _required(closure: Callable[[], Any] | None, scheme: str) -> Callable[[], Any]:
+    if closure is None:
+        raise TypeError(
+            f"solver.scheme = {scheme!r} evaluates each batch twice: pass step(closure), a function that calls backward() on the batch again"
+        )
+    return closure
 
 
 # -- the solver ----------------------------------------------------------------------------------

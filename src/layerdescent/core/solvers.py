@@ -21,8 +21,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal, Union
 
 from layerdescent.core.penalty import Penalty
-from layerdescent.core.schemes import SCHEMES, DualWindow, PrimalSettings
-from layerdescent.core.solver import Solver
+from layerdescent.core.solver import SCHEMES, Solver
+from layerdescent.core.window import DualWindow
 from layerdescent.errors import ConfigError
 from layerdescent.hookspecs import hookimpl
 
@@ -30,6 +30,7 @@ if TYPE_CHECKING:  # the registry loads solvers without torch or cooper; their m
     import cooper
     import torch
 
+    from layerdescent.core.optimizers import PrimalSettings
     from layerdescent.core.problem import LayerwiseProblem
 
 

@@ -40,6 +40,27 @@ from layerdescent.options import build_solver_options
 from layerdescent.registry import Registry, get_registry
 
 
+def checked_solver(
+    constraints: Sequence[ConstraintSpec],
+    num_layers: int,
+    solver: str,
+    registry: Registry | None = None,
+    options: dict[str, Any] | None = None,
+) -> tuple[type[Solver], Any]:
+    """The solver's class and settings, once the constraints, the depth and the solver's options are checked: the one early check every front makes (a ConfigError, one line per problem)."""
+    for spec in constraints:
+        if not isinstance(spec, ConstraintSpec):
+            raise ConfigError(f"constraints must be ConstraintSpec objects such as layerdescent.Descent(alpha=0.05), got {spec!r}")
+        spec.check_layers(num_layers)
+    registry = registry or get_registry()
+    solver_cls = registry.solver(solver)
+    settings = build_solver_options(solver_cls, options or {}, registry)
+    problems = solver_cls.check(settings, num_layers, tuple(constraints))
+    if problems:
+        raise ConfigError("\n".join(problems))
+    return solver_cls, settings
+
+
 class LayerwiseUpdate:
     """Descent constraints on a model's per-layer losses, solved by a registered solver through Cooper."""
 
@@ -54,11 +75,7 @@ class LayerwiseUpdate:
         rows: int | None = None,
         **options: Any,
     ) -> None:
-        solver_cls = (registry or get_registry()).solver(solver)
-        settings = build_solver_options(solver_cls, options)
-        problems = solver_cls.check(settings, num_layers, tuple(constraints))
-        if problems:
-            raise ConfigError("\n".join(problems))
+        solver_cls, settings = checked_solver(constraints, num_layers, solver, registry, options)
         problem = solver_cls.build_problem(settings, tuple(constraints), num_layers, tuple(band), rows)
         self.solver: Solver = solver_cls(settings, problem)
         if (
@@ -91,7 +108,10 @@ class LayerwiseUpdate:
 
         ``rows`` and ``levels`` say where each row came from, for constraints held per sample or per level.
         """
-        return self.problem.primal_loss(self._batch(losses, rows, levels, enforced_only=True))
+        batch = self._batch(losses, rows, levels, enforced_only=True)
+        if not self.solver.enforces_constraints:
+            return self.problem.objective(layer_means(batch))
+        return self.problem.cmp.compute_cmp_state(batch, dual=False).compute_primal_lagrangian().lagrangian
 
     def forward(
         self, losses: torch.Tensor, weight: float = 1.0, rows: torch.Tensor | None = None, levels: torch.Tensor | None = None
@@ -150,7 +170,8 @@ class LayerwiseUpdate:
 
     def relaxations(self) -> dict[str, torch.Tensor]:
         """The optimal relaxation u = lambda / c of each resilient constraint."""
-        return self.problem.relaxations()
+        multipliers = self.problem.multipliers()
+        return {spec.name: multipliers[spec.name] / spec.resilience for spec in self.problem.specs if spec.resilience}
 
     def violations(self, means: torch.Tensor) -> dict[str, torch.Tensor]:
         """Each constraint's violation at these layer means (positive: violated)."""
@@ -221,7 +242,7 @@ class LayerwiseUpdate:
         if not self.solver.enforces_constraints:  # its multipliers never move
             return None
         # the tensors the dual optimizer steps in place, checked after each step against the solver's bound (none: finiteness alone)
-        if not bool(torch.stack([w.detach().max() for w in self.problem.cmp.dual_parameters()]).le(self._bound).all()):
+        if not bool(torch.stack([w.max() for w in self.problem.multipliers().values()]).le(self._bound).all()):
             return multiplier_problem(self.problem, self.solver.max_multiplier)  # one test per step; NaN fails it too
         return None
 

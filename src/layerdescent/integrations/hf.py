@@ -34,10 +34,9 @@ import torch
 
 from layerdescent.core.constraints import ConstraintSpec
 from layerdescent.core.divergence import diverged
-from layerdescent.core.update import LayerwiseUpdate
+from layerdescent.core.update import LayerwiseUpdate, checked_solver
 from layerdescent.errors import ConfigError, PluginError
 from layerdescent.optional import require
-from layerdescent.options import build_solver_options
 from layerdescent.registry import Registry, get_registry
 
 transformers = require("transformers", extra="hf", purpose="layerdescent.DescentTrainer")
@@ -101,10 +100,6 @@ class DescentTrainer(transformers.Trainer):
             raise ConfigError(
                 f"readout must be a function readout(hidden_state, inputs) -> per-sample losses (B,), got {type(self.readout).__name__}"
             )
-        for spec in self.constraints:
-            if not isinstance(spec, ConstraintSpec):
-                raise ConfigError(f"constraints must be ConstraintSpec objects such as layerdescent.Descent(alpha=0.05), got {spec!r}")
-            spec.check_layers(self.num_layers)
         solver_cls = self.registry.solver(self.solver_name)
         known = {name for cls in self.registry.solvers.values() for name in cls.Options.__dataclass_fields__}
         unknown = sorted(set(options) - known)
@@ -112,10 +107,7 @@ class DescentTrainer(transformers.Trainer):
             raise TypeError(
                 f"DescentTrainer got unexpected keyword arguments {', '.join(unknown)}: neither transformers.Trainer arguments nor solver options (solver {self.solver_name!r} accepts: {', '.join(sorted(solver_cls.Options.__dataclass_fields__)) or 'none'})"
             )
-        settings = build_solver_options(solver_cls, options, self.registry)
-        problems = solver_cls.check(settings, self.num_layers, self.constraints)
-        if problems:
-            raise ConfigError("\n".join(problems))
+        _, settings = checked_solver(self.constraints, self.num_layers, self.solver_name, self.registry, options)
         problem = solver_cls.outside_primal_step(settings)
         if problem:
             raise ConfigError(

@@ -42,7 +42,7 @@ import torch
 from layerdescent.core.constraints import ConstraintSpec
 from layerdescent.core.divergence import diverged
 from layerdescent.core.grouping import LayerBatch
-from layerdescent.core.update import LayerwiseUpdate
+from layerdescent.core.update import LayerwiseUpdate, checked_solver
 from layerdescent.errors import CheckpointError, ConfigError, PluginError
 from layerdescent.optional import require
 from layerdescent.options import build_solver_options
@@ -314,19 +314,8 @@ def _prepared(
 ) -> tuple[Callable[..., LayerwiseUpdate], dict]:
     """What either front checks before Lightning starts, the update to build once the optimizer exists, and the settings as hyperparameters."""
     registry = registry or get_registry()
-    _check(tuple(constraints), num_layers, solver, registry, options)
+    checked_solver(constraints, num_layers, solver, registry, options)
     update = functools.partial(
         LayerwiseUpdate, tuple(constraints), num_layers, solver=solver, registry=registry, band=tuple(band), rows=rows, **options
     )
     return update, hyperparameters(constraints, num_layers, solver, band, options)
-
-
-def _check(constraints: tuple, num_layers: int, solver: str, registry: Registry, options: dict[str, Any]) -> None:
-    """Refuse what cannot train before Lightning starts: bad constraints, solver or options."""
-    for spec in constraints:
-        if not isinstance(spec, ConstraintSpec):
-            raise ConfigError(f"constraints must be ConstraintSpec objects such as layerdescent.Descent(alpha=0.05), got {spec!r}")
-    solver_cls = registry.solver(solver)
-    problems = solver_cls.check(build_solver_options(solver_cls, options, registry), num_layers, constraints)
-    if problems:
-        raise ConfigError("\n".join(problems))
