@@ -12,11 +12,12 @@ ROOT = Path(__file__).resolve().parent.parent
 LINT = "from importlinter.cli import lint_imports_command; lint_imports_command()"  # `lint-imports`, from this interpreter
 
 
-def test_every_import_runs_down_the_layers_and_the_core_touches_no_file():
+def test_every_import_runs_down_the_layers_and_the_cores_own_order_and_the_core_touches_no_file():
     pytest.importorskip("importlinter", reason="the layer check needs pip install 'layerdescent[test]' (import-linter)")
     proc = subprocess.run([sys.executable, "-c", LINT, "--config", str(ROOT / ".importlinter")], capture_output=True, text=True, cwd=ROOT)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
-    assert "Contracts: 2 kept, 0 broken." in proc.stdout
+    assert "Contracts: 3 kept, 0 broken." in proc.stdout
+    assert "Inside the core:" in proc.stdout  # the front above the solvers, the solvers above the problem
 
 
 def test_the_registry_names_its_built_in_plugins_by_module_path_and_imports_none_of_them():
