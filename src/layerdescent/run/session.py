@@ -97,8 +97,8 @@ class Session:
         """The constraints' Cooper problem (multipliers, labels)."""
         return self.update.problem
 
-    def read_shard(self, shard: torch.Tensor, level: int, full: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """This rank's per-row layer losses on its shard of a micro-batch (differentiable; the last layer's column alone where a last-layer-only read sufficed), each row's index in the training split and its level's in the band.
+    def read_shard(self, shard: torch.Tensor, level: int, full: bool) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        """This rank's per-row layer losses on its shard of a micro-batch (differentiable; the last layer's column alone where a last-layer-only read sufficed), and where a grouped constraint reads them, each row's index in the training split and its level's in the band.
 
         ``level`` indexes the training band; -1 takes the shard at every level of it, the rows
         repeated once per level. Under ``precision = "bf16"`` the forward pass runs in autocast and
@@ -111,6 +111,8 @@ class Session:
             losses = torch.zeros(0, 1 if last_only else len(self.labels), device=self.device)
         else:
             losses = self._losses(shard, level, last_only)
+        if not grouped:  # only per-level and per-sample constraints read who the rows are
+            return losses, None, None
         if level < 0:
             return losses, shard.repeat(len(self.band)), torch.arange(len(self.band)).repeat_interleave(len(shard))
         return losses, shard, torch.full((len(shard),), level)
@@ -152,13 +154,13 @@ class Session:
         world = self.world
         for idx, level in zip(group, levels):
             shard = idx.tensor_split(world.size)[world.rank] if world.size > 1 else idx
-            losses, rows, levels = self.read_shard(shard, level, full)
+            losses, rows, row_levels = self.read_shard(shard, level, full)
             # this rank's share of the step, times the ranks: the update averages means and gradients over ranks, as under DDP
             weight = len(shard) / total * world.size
             # a plugin that changed its parameters in place after the forward pass fails here, named
             with calling(who, "the backward pass through layer_losses"):
                 # per-level or per-sample constraints read each row's index and level; the others the layer means alone
-                self.update.backward(losses, weight, rows, levels)  # a rank whose shard is empty adds no gradient
+                self.update.backward(losses, weight, rows, row_levels)  # a rank whose shard is empty adds no gradient
         if not torch.is_grad_enabled():  # a pass that only counts (a dual pass under no_grad)
             return
         if world.size > 1:  # their losses were weighted as DDP's are
