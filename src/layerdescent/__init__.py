@@ -52,6 +52,8 @@ _LAZY = {
     "Observation": "layerdescent.core.observation",
     "LayerwiseCMP": "layerdescent.core.problem",
     "LayerwiseProblem": "layerdescent.core.problem",
+    "ERM": "layerdescent.core.solvers",
+    "Penalty": "layerdescent.core.penalty",
     "PrimalDual": "layerdescent.core.solvers",
     "PrimalDualOptions": "layerdescent.core.solvers",
     "Solver": "layerdescent.core.solver",
@@ -70,9 +72,10 @@ if TYPE_CHECKING:  # what static tools see; at run time __getattr__ imports them
     from layerdescent.core.constraints import Bound, ConstraintSpec, Descent
     from layerdescent.core.grouping import LayerBatch
     from layerdescent.core.observation import Observation
+    from layerdescent.core.penalty import Penalty
     from layerdescent.core.problem import LayerwiseCMP, LayerwiseProblem
     from layerdescent.core.solver import Solver
-    from layerdescent.core.solvers import PrimalDual, PrimalDualOptions
+    from layerdescent.core.solvers import ERM, PrimalDual, PrimalDualOptions
     from layerdescent.core.update import LayerwiseUpdate
     from layerdescent.integrations.hf import DescentTrainer
     from layerdescent.integrations.lightning import DescentCallback, DescentModule
@@ -116,6 +119,7 @@ __all__ = [
     "DescentModule",
     "DescentTrainer",
     "DivergenceError",
+    "ERM",
     "Executor",
     "ExecutorOptions",
     "LayerBatch",
@@ -126,6 +130,7 @@ __all__ = [
     "LayerdescentError",
     "MicroBatch",
     "Observation",
+    "Penalty",
     "PluginError",
     "PrimalDual",
     "PrimalDualOptions",

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import difflib
+from collections.abc import Iterable
+
 
 class LayerdescentError(Exception):
     """Base class of every error the CLI reports as one line with exit status 2."""
@@ -33,3 +36,10 @@ class DataError(LayerdescentError):
 
 class DiskError(LayerdescentError):
     """A run directory could not be written: a full disk, a quota, a read-only filesystem."""
+
+
+def closest(name: str, choices: Iterable[str]) -> str:
+    """A ' did you mean X?' hint, or an empty string."""
+    choices = [str(c) for c in choices]
+    match = difflib.get_close_matches(name, choices, n=1) or [c for c in choices if name.startswith(c) or c.startswith(name)]
+    return f"; did you mean {match[0]!r}?" if match and name else ""

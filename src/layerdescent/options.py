@@ -16,8 +16,7 @@ import typing
 from collections.abc import Iterable
 from typing import Any, Literal, Union
 
-from layerdescent.errors import ConfigError
-from layerdescent.registry import Registry, closest, get_registry
+from layerdescent.errors import ConfigError, closest
 
 
 class Problems:
@@ -150,9 +149,8 @@ def build_options(cls: type, data: dict[str, Any], prefix: str, owner: str, sibl
     return build_dataclass(cls.Options, options, prefix)
 
 
-def build_solver_options(solver_cls: type, data: dict[str, Any], registry: Registry | None = None) -> Any:
-    """The solver's Options from a [solver] table less its name; keys only another registered solver declares are dropped."""
-    siblings = (registry or get_registry()).solvers.values()
+def build_solver_options(solver_cls: type, data: dict[str, Any], siblings: Iterable[type]) -> Any:
+    """The solver's Options from a [solver] table less its name; keys only one of ``siblings`` (the other solvers) declares are dropped."""
     return build_options(solver_cls, data, "solver", f"solver {solver_cls.name!r}", siblings)
 
 

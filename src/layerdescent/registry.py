@@ -18,7 +18,6 @@ another plugin has is reported once by name and contributes nothing; the others 
 
 from __future__ import annotations
 
-import difflib
 import logging
 import os
 from collections.abc import Callable, Iterable
@@ -29,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 import pluggy
 
 from layerdescent import hookspecs
-from layerdescent.errors import PluginError
+from layerdescent.errors import PluginError, closest
 
 if TYPE_CHECKING:
     from layerdescent.assets import Asset
@@ -54,13 +53,6 @@ class PluginInfo:
     version: str = ""
     status: str = "loaded"  # loaded | failed | blocked
     reason: str = ""
-
-
-def closest(name: str, choices: Iterable[str]) -> str:
-    """A ' did you mean X?' hint, or an empty string."""
-    choices = [str(c) for c in choices]
-    match = difflib.get_close_matches(name, choices, n=1) or [c for c in choices if name.startswith(c) or c.startswith(name)]
-    return f"; did you mean {match[0]!r}?" if match and name else ""
 
 
 # The built-in plugins, named by module path as llm's DEFAULT_PLUGINS are: the registry imports none of them

@@ -639,6 +639,28 @@ def test_a_dual_method_may_bring_its_own_dual_optimizer_over_the_problems_groups
     assert update.multipliers()["descent"].tolist() == pytest.approx([0.5, 0.5])  # Adam's first step is lr, whatever the gradient's size
 
 
+def test_the_any_loop_front_takes_a_solver_class_and_names_only_the_built_in_solvers_without_a_registry():
+    class Halved(ld.PrimalDual):
+        name = "halved"  # registered nowhere
+
+    head = torch.nn.Linear(1, 1)
+
+    def front(solver, **options):
+        return ld.LayerwiseUpdate(
+            [ld.Descent()], num_layers=2, optimizer=torch.optim.SGD(head.parameters(), lr=0.01), solver=solver, **options
+        )
+
+    update = front(Halved, dual_lr=0.25)
+    assert type(update.solver) is Halved and update.solver.options.dual_lr == 0.25
+    assert type(front("penalty").solver) is ld.Penalty
+    with pytest.raises(ld.ConfigError, match=r"solver 'halved' is not built in .*solver=MySolver.*registry=layerdescent.get_registry\(\)"):
+        front("halved")
+    with pytest.raises(ld.ConfigError, match="did you mean 'primal-dual'"):
+        front("primal-dual2")
+    with pytest.raises(ld.ConfigError, match="dual_lr"):
+        front(Halved, dual_lr=-1.0)  # the class's options are checked as a name's are
+
+
 def test_nupi_takes_the_first_three_updates_its_recursion_gives():
     # xi_t = nu xi_(t-1) + (1 - nu) e_t, xi_-1 = e_0; lambda_(t+1) = lambda_t + lr (Ki e_t + Kp (xi_t - xi_(t-1)))
     import cooper

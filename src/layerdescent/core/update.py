@@ -6,6 +6,10 @@
         update.backward(layer_losses(model, x, y))      # B x (L+1) per-sample losses
         update.step()                                   # the primal step, then the multipliers
 
+``solver`` is a Solver subclass (``layerdescent.PrimalDual``, a plugin's class) with its options
+as keywords, or a name: the core's own (``erm``, ``penalty``, ``primal-dual``), or a plugin's with
+the registry that holds it (``registry=layerdescent.get_registry()``).
+
 This is the front every loop calls the same way: the project's trainer, ``DescentTrainer`` and a
 user's own loop. The solver behind it owns the step (its scheme, formulation and primal
 optimizer); this object holds the log line. Under gradient accumulation call ``backward`` once per
@@ -24,7 +28,7 @@ from __future__ import annotations
 import dataclasses
 import sys
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -32,29 +36,47 @@ from layerdescent.core.constraints import ConstraintSpec
 from layerdescent.core.divergence import multiplier_problem
 from layerdescent.core.grouping import LayerBatch
 from layerdescent.core.observation import Observation
+from layerdescent.core.penalty import Penalty
 from layerdescent.core.problem import LayerwiseProblem, layer_means
 from layerdescent.core.solver import Solver
-from layerdescent.errors import ConfigError
+from layerdescent.core.solvers import ERM, PrimalDual
+from layerdescent.errors import ConfigError, closest
 from layerdescent.metric_names import line_scalars
 from layerdescent.options import build_solver_options
-from layerdescent.registry import Registry, get_registry
+
+if TYPE_CHECKING:  # a front above the core passes the registry; the core names its own solvers
+    from layerdescent.registry import Registry
+
+BUILT_IN: dict[str, type[Solver]] = {cls.name: cls for cls in (ERM, Penalty, PrimalDual)}
 
 
 def checked_solver(
     constraints: Sequence[ConstraintSpec],
     num_layers: int,
-    solver: str,
+    solver: str | type[Solver],
     registry: Registry | None = None,
     options: dict[str, Any] | None = None,
 ) -> tuple[type[Solver], Any]:
-    """The solver's class and settings, once the constraints, the depth and the solver's options are checked: the one early check every front makes (a ConfigError, one line per problem)."""
+    """The solver's class and settings, once the constraints, the depth and the solver's options are checked: the one early check every front makes (a ConfigError, one line per problem).
+
+    ``solver`` is a Solver subclass, or the name of a built-in one or of one in ``registry``.
+    """
     for spec in constraints:
         if not isinstance(spec, ConstraintSpec):
             raise ConfigError(f"constraints must be ConstraintSpec objects such as layerdescent.Descent(alpha=0.05), got {spec!r}")
         spec.check_layers(num_layers)
-    registry = registry or get_registry()
-    solver_cls = registry.solver(solver)
-    settings = build_solver_options(solver_cls, options or {}, registry)
+    known = registry.solvers if registry is not None else BUILT_IN
+    if isinstance(solver, type) and issubclass(solver, Solver):
+        solver_cls = solver
+    elif registry is not None:
+        solver_cls = registry.solver(solver)
+    elif solver in BUILT_IN:
+        solver_cls = BUILT_IN[solver]
+    else:
+        raise ConfigError(
+            f"solver {solver!r} is not built in ({', '.join(BUILT_IN)}){closest(str(solver), BUILT_IN)}: pass its class (solver=MySolver) or the registry that has it (registry=layerdescent.get_registry())"
+        )
+    settings = build_solver_options(solver_cls, options or {}, known.values())
     problems = solver_cls.check(settings, num_layers, tuple(constraints))
     if problems:
         raise ConfigError("\n".join(problems))
@@ -69,7 +91,7 @@ class LayerwiseUpdate:
         constraints: Sequence[ConstraintSpec],
         num_layers: int,
         optimizer: torch.optim.Optimizer,
-        solver: str = "primal-dual",
+        solver: str | type[Solver] = "primal-dual",
         registry: Registry | None = None,
         band: Sequence[float] = (),
         rows: int | None = None,

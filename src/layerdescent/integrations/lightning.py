@@ -45,7 +45,6 @@ from layerdescent.core.grouping import LayerBatch
 from layerdescent.core.update import LayerwiseUpdate, checked_solver
 from layerdescent.errors import CheckpointError, ConfigError, PluginError
 from layerdescent.optional import require
-from layerdescent.options import build_solver_options
 from layerdescent.registry import Registry, get_registry
 
 require("lightning", extra="lightning", purpose="layerdescent.DescentModule")
@@ -71,7 +70,7 @@ class DescentModule(pl.LightningModule):
         self.automatic_optimization = False  # the update takes the step: the primal one through Lightning's optimizer, then lambda's
         self._width = num_layers + 1
         # the update, once Lightning has built the optimizer it wraps
-        self._new_update, self._hyperparameters = _prepared(constraints, num_layers, solver, registry, band, rows, options)
+        self._new_update, self._hyperparameters, _ = _prepared(constraints, num_layers, solver, registry, band, rows, options)
         self.update: LayerwiseUpdate | None = None  # built around the optimizer configure_optimizers returns, when training starts
         self._saved: dict[str, Any] | None = None  # a checkpoint's update state, until the update exists
 
@@ -164,9 +163,10 @@ class DescentCallback(pl.Callback):
         progress_bar: bool = False,
         **options: Any,
     ) -> None:
-        self._new_update, self._hyperparameters = _prepared(constraints, num_layers, solver, registry, band, rows, options)
-        registry = registry or get_registry()
-        problem = registry.solver(solver).outside_primal_step(build_solver_options(registry.solver(solver), options, registry))
+        self._new_update, self._hyperparameters, (solver_cls, settings) = _prepared(
+            constraints, num_layers, solver, registry, band, rows, options
+        )
+        problem = solver_cls.outside_primal_step(settings)
         if problem:
             raise ConfigError(
                 f"DescentCallback steps the multipliers after Lightning's own optimizer step, which {problem}; subclass layerdescent.DescentModule for it"
@@ -311,11 +311,11 @@ def _prepared(
     band: Sequence[float],
     rows,
     options: dict,
-) -> tuple[Callable[..., LayerwiseUpdate], dict]:
-    """What either front checks before Lightning starts, the update to build once the optimizer exists, and the settings as hyperparameters."""
+) -> tuple[Callable[..., LayerwiseUpdate], dict, tuple[type, Any]]:
+    """What either front checks before Lightning starts: the update to build once the optimizer exists, the settings as hyperparameters, and the solver's class and options."""
     registry = registry or get_registry()
-    checked_solver(constraints, num_layers, solver, registry, options)
+    checked = checked_solver(constraints, num_layers, solver, registry, options)
     update = functools.partial(
         LayerwiseUpdate, tuple(constraints), num_layers, solver=solver, registry=registry, band=tuple(band), rows=rows, **options
     )
-    return update, hyperparameters(constraints, num_layers, solver, band, options)
+    return update, hyperparameters(constraints, num_layers, solver, band, options), checked

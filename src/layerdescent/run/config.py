@@ -23,9 +23,9 @@ from typing import Any, Literal, Union
 
 from layerdescent.core.constraints import ConstraintSpec
 from layerdescent.core.solvers import PrimalDualOptions
-from layerdescent.errors import ConfigError
+from layerdescent.errors import ConfigError, closest
 from layerdescent.options import Problems, build_dataclass, build_solver_options, coerce
-from layerdescent.registry import Registry, closest, get_registry
+from layerdescent.registry import Registry, get_registry
 from layerdescent.run.config_file import apply_overrides, read_toml
 
 if sys.version_info >= (3, 11):
@@ -308,7 +308,7 @@ def _build_solver(data: Any, registry: Registry) -> SolverConfig:
         hint = closest(name, registry.solvers) if isinstance(name, str) else ""
         raise ConfigError(f"solver.name = {name!r} is not a registered solver{hint} (known: {known}; see `layerdescent list`)")
     solver_cls = registry.solver(name)
-    return SolverConfig(name, build_solver_options(solver_cls, {k: v for k, v in data.items() if k != "name"}, registry))
+    return SolverConfig(name, build_solver_options(solver_cls, {k: v for k, v in data.items() if k != "name"}, registry.solvers.values()))
 
 
 @functools.cache

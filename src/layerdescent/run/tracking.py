@@ -16,11 +16,11 @@ import time
 from pathlib import Path
 from typing import Any, ClassVar
 
-from layerdescent.errors import ConfigError
+from layerdescent.errors import ConfigError, closest
 from layerdescent.metric_names import line_scalars
 from layerdescent.optional import check_installed
 from layerdescent.options import NoOptions, build_dataclass
-from layerdescent.registry import closest, get_registry
+from layerdescent.registry import get_registry
 
 STEP_TIME = "time/seconds_per_step"
 

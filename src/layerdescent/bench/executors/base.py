@@ -36,11 +36,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Union
 
-from layerdescent.errors import ConfigError, LayerdescentError
+from layerdescent.errors import ConfigError, LayerdescentError, closest
 from layerdescent.optional import check_installed
 from layerdescent.options import build_options
 from layerdescent.readback import read_bytes
-from layerdescent.registry import closest, get_registry
+from layerdescent.registry import get_registry
 from layerdescent.run import files, layout
 
 MARKER = ".layerdescent-out"  # written by the bench in --out; a worker that cannot read it sees another filesystem
