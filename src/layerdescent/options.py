@@ -10,6 +10,7 @@ a run's config, a solver built in one's own loop, an executor's or a tracker's t
 from __future__ import annotations
 
 import dataclasses
+import enum
 import math
 import types
 import typing
@@ -17,6 +18,27 @@ from collections.abc import Iterable
 from typing import Any, Literal, Union
 
 from layerdescent.errors import ConfigError, closest
+
+
+class Choice(str, enum.Enum):
+    """A string option's choices as a type, parsed once where the config is read: a member equals, prints and serializes as its string."""
+
+    # enum.StrEnum (Python 3.11) does this; Python 3.10 is still supported
+    def __str__(self) -> str:
+        return self.value
+
+    def __format__(self, spec: str) -> str:
+        return format(self.value, spec)
+
+    def __repr__(self) -> str:  # a config or spec prints as it was written
+        return repr(self.value)
+
+
+def plain(value: Any) -> Any:
+    """A value as TOML, JSON and YAML writers take it: a Choice as its string, a tuple as a list."""
+    if isinstance(value, tuple):
+        return list(value)
+    return str(value) if isinstance(value, Choice) else value
 
 
 class Problems:
@@ -50,10 +72,17 @@ def refuse_unknown(where: str, table: Iterable[str], allowed: Iterable[str]) -> 
         raise ConfigError(f"unknown key {where}.{unknown[0]} (allowed: {', '.join(allowed)})")
 
 
+def choices(tp: Any) -> tuple[Any, ...]:
+    """The values a Literal or Choice type allows; empty for any other type."""
+    if typing.get_origin(tp) is Literal:
+        return typing.get_args(tp)
+    return tuple(member.value for member in tp) if isinstance(tp, type) and issubclass(tp, Choice) else ()
+
+
 def type_name(tp: Any) -> str:
     origin = typing.get_origin(tp)
-    if origin is Literal:
-        return " or ".join(repr(a) for a in typing.get_args(tp))
+    if choices(tp):
+        return " or ".join(repr(a) for a in choices(tp))
     if origin in (Union, types.UnionType):
         return " or ".join(type_name(a) for a in typing.get_args(tp) if a is not type(None))
     if origin is tuple:
@@ -75,11 +104,11 @@ def coerce(value: Any, tp: Any, key: str) -> Any:
                     return coerce(value, option, key)
                 except ConfigError:
                     continue
-    elif origin is Literal:
-        if value in typing.get_args(tp):
-            return value
+    elif allowed := choices(tp):
+        if value in allowed:  # a Choice's member equals its string
+            return tp(value) if origin is not Literal else value
         if isinstance(value, str):
-            raise ConfigError(f"{key} = {value!r} is not allowed{closest(value, typing.get_args(tp))} (allowed: {type_name(tp)})")
+            raise ConfigError(f"{key} = {value!r} is not allowed{closest(value, allowed)} (allowed: {type_name(tp)})")
     elif origin is tuple:
         if isinstance(value, (list, tuple)):
             return tuple(coerce(v, typing.get_args(tp)[0], f"{key}[{i}]") for i, v in enumerate(value))

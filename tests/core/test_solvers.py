@@ -572,32 +572,64 @@ def test_primal_dual_reads_its_scheme_and_window_strings_once_into_types(scheme)
     assert type(update.solver.scheme) is SCHEMES[scheme] and isinstance(window, DualWindow) and window.steps == 1
 
 
-def test_no_scheme_or_cadence_string_is_branched_on_outside_the_options_parsing():
+def test_no_option_choice_is_branched_on_as_a_string_outside_its_parsing():
     import ast
-    import inspect
+    from pathlib import Path
 
-    from layerdescent.core import problem, solver, solvers, update
+    from layerdescent.core.constraints import Reference
+    from layerdescent.core.optimizers import OptimizerName
+    from layerdescent.core.solvers import DualOptimizer, Formulation, Scheme
+    from layerdescent.run.config import LrSchedule, OnNonfinite, Precision
 
-    names = {"simultaneous", "alternating", "alternating-primal-dual", "extrapolation", "epoch"}
-    for module in (solvers, solver, problem, update):
-        tree = ast.parse(inspect.getsource(module))
+    typed = {
+        str(m)
+        for choice in (Reference, OptimizerName, DualOptimizer, Formulation, Scheme, LrSchedule, OnNonfinite, Precision)
+        for m in choice
+    }
+    branched = {}
+    root = Path(ld.__file__).parent
+    for path in sorted(root.rglob("*.py")):
+        tree = ast.parse(path.read_text())
+        # in the core, "epoch" is dual_every's cadence, parsed into a DualWindow once (elsewhere a log line's event)
+        strings = typed | {"epoch"} if path.parent.name == "core" else typed
+        # where the strings are parsed: the options' own checks, and DualWindow.of
         parsing = {
-            id(node)
-            for cls in ast.walk(tree)
-            if isinstance(cls, ast.ClassDef) and cls.name == "PrimalDualOptions"
-            for node in ast.walk(cls)
+            id(n) for f in ast.walk(tree) if isinstance(f, ast.FunctionDef) and f.name in ("__post_init__", "of") for n in ast.walk(f)
         }
-        parsing |= {
-            id(n) for f in ast.walk(tree) if isinstance(f, ast.FunctionDef) and f.name == "of" for n in ast.walk(f)
-        }  # DualWindow.of
-        compared = [
+        lines = [
             node.lineno
             for node in ast.walk(tree)
             if isinstance(node, ast.Compare)
             and id(node) not in parsing
-            and any(isinstance(c, ast.Constant) and c.value in names for c in [node.left, *node.comparators])
+            and any(isinstance(c, ast.Constant) and c.value in strings for c in [node.left, *node.comparators])
         ]
-        assert not compared, f"{module.__name__} compares a scheme or cadence string at lines {compared}"
+        if lines:
+            branched[path.relative_to(root).as_posix()] = lines
+    assert not branched, f"compare with the Choice member, not its string: {branched}"
+
+
+def test_a_choice_is_parsed_once_where_the_config_is_read_and_written_back_as_its_string():
+    from layerdescent.core.constraints import Reference
+    from layerdescent.core.solvers import Scheme
+    from layerdescent.run.config import Precision
+
+    config = ld.config_from_dict(
+        {
+            "task": {"name": "lista"},
+            "train": {"precision": "bf16"},
+            "solver": {"name": "primal-dual", "scheme": "alternating"},
+            "constraints": [{"kind": "descent", "reference": "anchored"}],
+        }
+    )
+    assert config.train.precision is Precision.BF16 and config.solver.options.scheme is Scheme.ALTERNATING
+    assert config.constraints[0].reference is Reference.ANCHORED and ld.Descent(reference="live").reference is Reference.LIVE
+    table = config.as_dict()
+    assert type(table["train"]["precision"]) is str and type(table["constraints"][0]["reference"]) is str
+    assert f"{Scheme.ALTERNATING}" == "alternating" and repr(config.constraints[0]).endswith("reference='anchored', anchor=None)")
+    with pytest.raises(
+        ld.ConfigError, match=r"train.precision = 'bf61' is not allowed; did you mean 'bf16'\? \(allowed: 'fp32' or 'bf16'\)"
+    ):
+        ld.config_from_dict({"task": {"name": "lista"}, "train": {"precision": "bf61"}})
 
 
 def test_an_observation_is_a_frozen_value_of_what_the_step_saw_without_state_flags():

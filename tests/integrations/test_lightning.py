@@ -384,3 +384,4 @@ def test_the_callback_logs_its_settings_as_hyperparameters(tmp_path):
     trainer.fit(Plain(), _loader())
     saved = (tmp_path / "lightning_logs" / "version_0" / "hparams.yaml").read_text()
     assert "layerdescent:" in saved and "dual_lr: 0.5" in saved and "kind: descent" in saved and "alpha: 0.05" in saved
+    assert "reference: detached" in saved and "!!python" not in saved  # a Choice is written as its string

@@ -20,11 +20,18 @@ from typing import TYPE_CHECKING, ClassVar, Literal, Union
 
 from layerdescent.errors import ConfigError
 from layerdescent.hookspecs import hookimpl
+from layerdescent.options import Choice
 
 if TYPE_CHECKING:  # the registry loads the kinds without torch; their methods run in training
     import torch
 
-REFERENCES = ("live", "detached", "anchored")
+
+class Reference(Choice):
+    """How a descent constraint's gradient treats l_{k-1}: both sides live, a fixed (detached) target, or live with l_0 capped (anchored)."""
+
+    LIVE = "live"
+    DETACHED = "detached"
+    ANCHORED = "anchored"
 
 
 @dataclass(frozen=True)
@@ -99,7 +106,7 @@ class Descent(ConstraintSpec):
     """The margin: E[l_k] <= (1 - alpha) E[l_{k-1}]."""
     layers: tuple[int, ...] | None = None
     """The transitions k held (l_k against l_{k-1}), negative from the end; unset holds all 1..L."""
-    reference: Literal["live", "detached", "anchored"] = "detached"
+    reference: Reference = Reference.DETACHED
     """How gradients treat l_{k-1}: `live` (both sides), `detached` (a fixed target) or `anchored` (live, and l_0 capped)."""
     anchor: float | None = None
     """`anchored` only: the cap on l_0; unset takes its value on the first training batch."""
@@ -108,9 +115,10 @@ class Descent(ConstraintSpec):
         super().__post_init__()
         if not 0.0 <= self.alpha < 1.0:
             raise ConfigError(f"alpha must be in [0, 1), got {self.alpha}")
-        if self.reference not in REFERENCES:
-            raise ConfigError(f"reference must be one of {', '.join(REFERENCES)}; got {self.reference!r}")
-        if self.anchor is not None and self.reference != "anchored":
+        if self.reference not in tuple(Reference):
+            raise ConfigError(f"reference must be one of {', '.join(Reference)}; got {self.reference!r}")
+        object.__setattr__(self, "reference", Reference(self.reference))  # a string given here is parsed once
+        if self.anchor is not None and self.reference is not Reference.ANCHORED:
             raise ConfigError("anchor is only used with reference = 'anchored'")
         if self.layers is not None and not self.layers:
             raise ConfigError("layers must name at least one transition, or be left out for all")
@@ -129,10 +137,10 @@ class Descent(ConstraintSpec):
 
     def labels(self, num_layers: int) -> list[str]:
         labels = [f"l{k}<=l{k - 1}" for k in self.transitions(num_layers)]
-        return labels + (["l0<=anchor"] if self.reference == "anchored" else [])
+        return labels + (["l0<=anchor"] if self.reference is Reference.ANCHORED else [])
 
     def initial_state(self, means: torch.Tensor) -> dict[str, torch.Tensor]:
-        if self.reference != "anchored":
+        if self.reference is not Reference.ANCHORED:
             return {}
         import torch
 
@@ -144,13 +152,13 @@ class Descent(ConstraintSpec):
 
         # A detached reference makes l_{k-1} a target: the gradient cannot lower the
         # violation by raising the previous layer's loss (the `live` form can be gamed).
-        previous = means.detach() if self.reference == "detached" else means
+        previous = means.detach() if self.reference is Reference.DETACHED else means
         if self.layers is None:  # every transition: slices, no index tensor on the hot path
             violation = means[..., 1:] - (1.0 - self.alpha) * previous[..., :-1]
         else:
             index = torch.tensor(self.transitions(means.shape[-1] - 1), device=means.device)
             violation = means[..., index] - (1.0 - self.alpha) * previous[..., index - 1]
-        if self.reference == "anchored":
+        if self.reference is Reference.ANCHORED:
             violation = torch.cat([violation, means[..., :1] - state["anchor"]], dim=-1)
         return violation
 

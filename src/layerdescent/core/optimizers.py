@@ -2,12 +2,21 @@
 
 from __future__ import annotations
 
-from typing import Protocol
-
-import cooper
-import torch
+from typing import TYPE_CHECKING, Protocol
 
 from layerdescent.errors import ConfigError
+from layerdescent.options import Choice
+
+if TYPE_CHECKING:  # a config names the optimizer without loading torch (`layerdescent config`); it loads when one is built
+    import torch
+
+
+class OptimizerName(Choice):
+    """The model's optimizer a run names (``train.optimizer``)."""
+
+    ADAM = "adam"
+    ADAMW = "adamw"
+    SGD = "sgd"
 
 
 class PrimalSettings(Protocol):
@@ -19,29 +28,23 @@ class PrimalSettings(Protocol):
     weight_decay: float
 
 
-# -- how the primal and dual steps interleave: the schemes ---------------------------------------
-
-
-class ExtraSGD(cooper.optim.ExtraSGD):
-    """Cooper's ExtraSGD, able to load a saved state (cooper-optim 1.0.1's ``__setstate__`` calls ``super(torch.optim.SGD, self)``, which fails)."""
-
-    def __setstate__(self, state: dict) -> None:
-        torch.optim.Optimizer.__setstate__(self, state)
-        for group in self.param_groups:
-            group.setdefault("nesterov", False)
-
-
 def primal_optimizer(params: list, train: PrimalSettings, extragradient: bool = False) -> torch.optim.Optimizer:
     """The model's optimizer as ``train`` names it (sgd, adam, adamw); with ``extragradient``, Cooper's ExtraSGD or ExtraAdam."""
+    import torch  # here, not at the top: see TYPE_CHECKING above
+
     if extragradient:
-        if train.optimizer == "adamw":
+        if train.optimizer == OptimizerName.ADAMW:
             raise ConfigError(
                 "solver.scheme = 'extrapolation' has no extragradient AdamW: set train.optimizer = 'adam' (or 'sgd') and train.weight_decay as L2"
             )
-        if train.optimizer == "sgd":
+        import cooper
+
+        from layerdescent.core.extragradient import ExtraSGD
+
+        if train.optimizer == OptimizerName.SGD:
             return ExtraSGD(params, lr=train.lr, momentum=train.momentum, weight_decay=train.weight_decay)
         return cooper.optim.ExtraAdam(params, lr=train.lr, weight_decay=train.weight_decay)
-    if train.optimizer == "sgd":
+    if train.optimizer == OptimizerName.SGD:
         return torch.optim.SGD(params, lr=train.lr, momentum=train.momentum, weight_decay=train.weight_decay)
-    cls = torch.optim.AdamW if train.optimizer == "adamw" else torch.optim.Adam
+    cls = torch.optim.AdamW if train.optimizer == OptimizerName.ADAMW else torch.optim.Adam
     return cls(params, lr=train.lr, weight_decay=train.weight_decay)

@@ -132,7 +132,7 @@ class Extrapolation(Simultaneous):
     def cooper_optimizer(self, solver: Solver, primal: torch.optim.Optimizer) -> cooper.optim.CooperOptimizer:
         import cooper
 
-        from layerdescent.core.optimizers import ExtraSGD
+        from layerdescent.core.extragradient import ExtraSGD
 
         if not isinstance(primal, cooper.optim.ExtragradientOptimizer):
             raise ConfigError(

@@ -25,6 +25,7 @@ from layerdescent.core.solver import SCHEMES, Solver
 from layerdescent.core.window import DualWindow
 from layerdescent.errors import ConfigError
 from layerdescent.hookspecs import hookimpl
+from layerdescent.options import Choice
 
 if TYPE_CHECKING:  # the registry loads solvers without torch or cooper; their methods run in training
     import cooper
@@ -42,20 +43,43 @@ class ERM(Solver):
     trains_every_layer = False
 
 
+class Formulation(Choice):
+    """The problem Cooper solves: the Lagrangian, or the augmented Lagrangian with a penalty rho per entry."""
+
+    LAGRANGIAN = "lagrangian"
+    AUGMENTED = "augmented-lagrangian"
+
+
+class Scheme(Choice):
+    """How the primal and dual steps interleave: each names a scheme class of core/solver.py (``SCHEMES``)."""
+
+    SIMULTANEOUS = "simultaneous"
+    ALTERNATING = "alternating"
+    ALTERNATING_PRIMAL_DUAL = "alternating-primal-dual"
+    EXTRAPOLATION = "extrapolation"
+
+
+class DualOptimizer(Choice):
+    """The multipliers' optimizer: projected SGD ascent, or Cooper's nuPI."""
+
+    SGD = "sgd"
+    NUPI = "nupi"
+
+
 @dataclass(frozen=True)
 class PrimalDualOptions:
     """``primal-dual``'s keys: the formulation, the update scheme and the dual optimizer."""
 
-    formulation: Literal["lagrangian", "augmented-lagrangian"] = "lagrangian"
+    formulation: Formulation = Formulation.LAGRANGIAN
     """Cooper's Lagrangian, or its augmented Lagrangian with a penalty rho per entry."""
     # simultaneous: one pass, both steps from it; alternating: Cooper's dual-then-primal, one pass;
     # alternating-primal-dual: primal step, then the dual step from a second (no-grad) pass;
     # extrapolation: Cooper's extragradient, two passes a step (ExtraAdam/ExtraSGD).
-    scheme: Literal["simultaneous", "alternating", "alternating-primal-dual", "extrapolation"] = "simultaneous"
+    scheme: Scheme = Scheme.SIMULTANEOUS
     """How the primal and dual steps interleave (Cooper's constrained optimizers)."""
     dual_lr: float = 0.05
     """The multipliers' learning rate."""
-    dual_optimizer: Literal["sgd", "nupi"] = "sgd"
+    dual_optimizer: DualOptimizer = DualOptimizer.SGD
     """The multipliers' optimizer: projected SGD ascent, or Cooper's nuPI."""
     dual_every: Union[int, Literal["epoch"]] = 1
     """Optimizer steps per dual step (from the window's mean losses), or `"epoch"`."""
@@ -87,11 +111,11 @@ class PrimalDualOptions:
         for ok, key, message in checks:
             if not ok:
                 raise ConfigError(f"{key} {message}")
-        if self.scheme == "extrapolation" and (self.dual_optimizer != "sgd" or self.dual_every != 1):
+        if self.scheme == Scheme.EXTRAPOLATION and (self.dual_optimizer != DualOptimizer.SGD or self.dual_every != 1):
             raise ConfigError(
                 "solver.scheme = 'extrapolation' steps the multipliers by extragradient every step: set dual_optimizer = 'sgd' and dual_every = 1"
             )
-        if self.scheme == "alternating" and self.dual_every == "epoch":
+        if self.scheme == Scheme.ALTERNATING and self.dual_every == "epoch":
             raise ConfigError(
                 "solver.scheme = 'alternating' updates lambda before each primal step: use dual_every = 1 (or a step count), or scheme = 'simultaneous'"
             )
@@ -138,7 +162,7 @@ class PrimalDual(Solver):
         """The Lagrangian, or Cooper's augmented Lagrangian with a penalty rho per entry."""
         from layerdescent.core.problem import LayerwiseProblem
 
-        if options.formulation != "augmented-lagrangian":
+        if options.formulation != Formulation.AUGMENTED:
             return LayerwiseProblem(constraints, num_layers, band=band, rows=rows)
         return LayerwiseProblem(
             constraints,
@@ -164,7 +188,7 @@ class PrimalDual(Solver):
         import torch
 
         o, groups = self.options, self.problem.dual_groups()
-        if o.dual_optimizer == "nupi":
+        if o.dual_optimizer == DualOptimizer.NUPI:
             return nupi(groups, lr=o.dual_lr, kp=o.nupi_kp, ki=o.nupi_ki, ema=o.nupi_ema)
         return torch.optim.SGD(groups, lr=o.dual_lr, maximize=True, foreach=False)  # a few entries: the single-tensor step
 

@@ -45,6 +45,7 @@ from layerdescent.core.grouping import LayerBatch
 from layerdescent.core.update import LayerwiseUpdate, checked_solver
 from layerdescent.errors import CheckpointError, ConfigError, PluginError
 from layerdescent.optional import require
+from layerdescent.options import plain
 from layerdescent.registry import Registry, get_registry
 
 require("lightning", extra="lightning", purpose="layerdescent.DescentModule")
@@ -279,7 +280,7 @@ def log_line(module: pl.LightningModule, update: LayerwiseUpdate, loss: torch.Te
 
 def hyperparameters(constraints: Sequence[ConstraintSpec], num_layers: int, solver: str, band: Sequence[float], options: dict) -> dict:
     """The constraint and solver settings, as a logger records hyperparameters."""
-    specs = [{"kind": spec.kind, **dataclasses.asdict(spec)} for spec in constraints]
+    specs = [{"kind": spec.kind, **{k: plain(v) for k, v in dataclasses.asdict(spec).items()}} for spec in constraints]
     return {"layerdescent": {"constraints": specs, "num_layers": num_layers, "solver": solver, "band": list(band), **options}}
 
 

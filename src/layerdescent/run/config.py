@@ -22,9 +22,10 @@ from pathlib import Path
 from typing import Any, Literal, Union
 
 from layerdescent.core.constraints import ConstraintSpec
+from layerdescent.core.optimizers import OptimizerName
 from layerdescent.core.solvers import PrimalDualOptions
 from layerdescent.errors import ConfigError, closest
-from layerdescent.options import Problems, build_dataclass, build_solver_options, coerce
+from layerdescent.options import Choice, Problems, build_dataclass, build_solver_options, coerce, plain
 from layerdescent.registry import Registry, get_registry
 from layerdescent.run.config_file import apply_overrides, read_toml
 
@@ -71,6 +72,27 @@ class TaskConfig:
     options: dict[str, Any] = field(default_factory=dict)
 
 
+class LrSchedule(Choice):
+    """The model optimizer's learning-rate schedule (``train.lr_schedule``)."""
+
+    CONSTANT = "constant"
+    COSINE = "cosine"
+
+
+class Precision(Choice):
+    """The training forward pass's precision (``train.precision``)."""
+
+    FP32 = "fp32"
+    BF16 = "bf16"
+
+
+class OnNonfinite(Choice):
+    """What a NaN or infinite loss does to the run (``train.on_nonfinite``)."""
+
+    STOP = "stop"
+    SKIP = "skip"
+
+
 @dataclass(frozen=True)
 class TrainConfig:
     """The primal loop: optimizer, batches, threads, logging and checkpoints."""
@@ -81,9 +103,9 @@ class TrainConfig:
     """Rows per micro-batch, global: data-parallel ranks split it."""
     lr: float = 1e-3
     """The model optimizer's learning rate."""
-    lr_schedule: Literal["constant", "cosine"] = "constant"
+    lr_schedule: LrSchedule = LrSchedule.CONSTANT
     """`cosine` anneals the rate to 0 over all the run's steps."""
-    optimizer: Literal["adam", "adamw", "sgd"] = "adam"
+    optimizer: OptimizerName = OptimizerName.ADAM
     """The model's optimizer (under `scheme = "extrapolation"`, Cooper's ExtraAdam or ExtraSGD)."""
     weight_decay: float = 0.0
     """The model optimizer's weight decay."""
@@ -105,7 +127,7 @@ class TrainConfig:
     """Torch threads; 0: one for a model under 500k parameters (its steps are too short to share), else torch's default (every core)."""
     device: Literal["auto", "cpu", "cuda"] = "auto"
     """`auto` takes a GPU when there is one."""
-    precision: Literal["fp32", "bf16"] = "fp32"
+    precision: Precision = Precision.FP32
     """`bf16`: the training forward pass under autocast; losses, multipliers, the dual step and evaluation stay float32."""
     log_every: int = 10
     """Optimizer steps per `metrics.jsonl` line."""
@@ -119,7 +141,7 @@ class TrainConfig:
     """Stop after this many epochs without a better last-layer validation loss, and test the best epoch's model; 0 is off."""
     progress: bool = True
     """A progress bar; a line every 30 s when stderr is not a terminal."""
-    on_nonfinite: Literal["stop", "skip"] = "stop"
+    on_nonfinite: OnNonfinite = OnNonfinite.STOP
     """What a NaN or infinite loss does: `stop` the run, or `skip` that step (logged and counted)."""
     keep_checkpoint: bool = False
     """Keep `checkpoint.pt` (optimizer state) once the run finished, to train it further."""
@@ -254,7 +276,7 @@ class RunConfig:
             del out["train"]["trackers"]
         if self.train.gamma_sampling == "draw":
             del out["train"]["gamma_sampling"]
-        if self.train.precision == "fp32":
+        if self.train.precision == Precision.FP32:
             del out["train"]["precision"]
         for constraint in out["constraints"]:
             if not constraint["per_sample"]:
@@ -263,8 +285,8 @@ class RunConfig:
 
 
 def _plain(data: dict[str, Any]) -> dict[str, Any]:
-    # TOML has no null and no tuples: drop unset options, turn tuples into lists.
-    return {k: list(v) if isinstance(v, tuple) else v for k, v in data.items() if v is not None}
+    # TOML has no null and no tuples: drop unset options, turn tuples into lists
+    return {k: plain(v) for k, v in data.items() if v is not None}
 
 
 def _option_type(default: Any) -> Any:

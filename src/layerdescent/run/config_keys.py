@@ -20,10 +20,10 @@ import types
 import typing
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal, Union
+from typing import Any, Union
 
 from layerdescent.errors import ConfigError
-from layerdescent.options import type_name
+from layerdescent.options import choices, type_name
 from layerdescent.registry import Registry, get_registry
 from layerdescent.run.config import EvalConfig, RunConfig, TrainConfig, _option_type, check_seed, config_from_dict
 
@@ -227,7 +227,7 @@ def _toml_value(value: Any) -> str:
 def _type_label(tp: Any) -> str:
     """A key's type in words; the choices of a string go in the range column."""
     origin = typing.get_origin(tp)
-    if origin is Literal:
+    if choices(tp):
         return "a string"
     if origin in (Union, types.UnionType):
         return " or ".join(dict.fromkeys(_type_label(a) for a in typing.get_args(tp) if a is not type(None)))
@@ -262,9 +262,8 @@ def _maker(cls: type, name: str) -> Callable[[Any], Any]:
 def _range(tp: Any, make: Callable[[Any], Any], default: Any) -> str:
     """What ``make`` accepts for a key of type ``tp``: choices, or the bounds of its numbers."""
     origin = typing.get_origin(tp)
-    if origin is Literal:
-        choices = typing.get_args(tp)
-        return ("one of " if len(choices) > 1 else "") + ", ".join(f"`{_toml_value(a)}`" for a in choices)
+    if allowed := choices(tp):
+        return ("one of " if len(allowed) > 1 else "") + ", ".join(f"`{_toml_value(a)}`" for a in allowed)
     if origin in (Union, types.UnionType):
         parts = [_range(a, make, default) for a in typing.get_args(tp) if a is not type(None)]
         return "; or ".join(p for p in parts if p)

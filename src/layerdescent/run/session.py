@@ -19,7 +19,7 @@ from layerdescent.core.update import LayerwiseUpdate
 from layerdescent.distributed import World, init_world, to_device
 from layerdescent.errors import ConfigError, DataError, PluginError
 from layerdescent.registry import Registry, get_registry
-from layerdescent.run.config import RunConfig, TrainConfig, check_depth
+from layerdescent.run.config import LrSchedule, Precision, RunConfig, TrainConfig, check_depth
 from layerdescent.run.data import Rows
 from layerdescent.run.guard import build_task, calling, describe
 
@@ -171,7 +171,7 @@ class Session:
 
 def _autocast(device: torch.device, precision: str) -> Any:
     """The training forward pass's precision: autocast to bfloat16 under train.precision = "bf16", else nothing."""
-    if precision == "bf16":
+    if precision == Precision.BF16:
         return torch.autocast(device.type, dtype=torch.bfloat16)
     return contextlib.nullcontext()
 
@@ -227,6 +227,8 @@ def build_session(config: RunConfig, task: Any = None, registry: Registry | None
         rows=len(rows["train"]),
         **vars(solver.options),
     ).to(device)
-    schedule = CosineSchedule(primal, train.epochs * epoch_steps(len(rows["train"]), train)[1]) if train.lr_schedule == "cosine" else None
+    schedule = (
+        CosineSchedule(primal, train.epochs * epoch_steps(len(rows["train"]), train)[1]) if train.lr_schedule == LrSchedule.COSINE else None
+    )
     labels = [f"l{k}" for k in range(task.num_layers + 1)]
     return Session(rows, model, update, labels, world, device, schedule, task, config, describe(registry, config.task.name), train.band)

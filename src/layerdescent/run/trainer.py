@@ -33,7 +33,7 @@ from layerdescent.registry import Registry, get_registry
 from layerdescent.run import files, finish, lock, rundir, stopping
 from layerdescent.run.batches import epoch_levels, epoch_order
 from layerdescent.run.checkpoint import load_checkpoint, load_model_state, restore_run, rng_state, run_payload, save_checkpoint
-from layerdescent.run.config import RunConfig, check_depth, check_steps
+from layerdescent.run.config import OnNonfinite, RunConfig, check_depth, check_steps
 from layerdescent.run.evaluator import evaluate, evaluate_all, rows_satisfied
 from layerdescent.run.guard import build_task, describe
 from layerdescent.run.progress import evaluation_in_steps, progress_bar
@@ -340,7 +340,7 @@ class Trainer:
         session.backward(group, levels, full)
         # a scheme that evaluates the batch again (extragradient, or a dual pass after the primal step) re-runs the same micro-batches
         seen = update.step(closure=lambda: session.backward(group, levels))
-        if seen.skipped and train.on_nonfinite != "skip":
+        if seen.skipped and train.on_nonfinite != OnNonfinite.SKIP:
             raise diverged(f"step {step}: {seen.skipped}", self.checkpoint_path.exists())
         if seen.stop:
             raise diverged(f"step {step}: {seen.stop}", self.checkpoint_path.exists())
