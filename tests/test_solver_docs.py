@@ -61,7 +61,7 @@ def _dual_steps(update, means, steps):
     history = []
     for _ in range(steps):
         update.zero_grad()
-        update.count(torch.tensor(means))
+        update.forward(torch.tensor(means))
         update.step()
         history.append(update.multipliers()["descent"].tolist())
     return history

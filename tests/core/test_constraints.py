@@ -66,7 +66,7 @@ def _update(specs, **options):
 def _step(update, means):
     """One step whose batch had these layer means (nothing to train: the primal step moves nothing)."""
     update.zero_grad()
-    update.count(torch.tensor(means))
+    update.forward(torch.tensor(means))
     update.step()
 
 

@@ -151,7 +151,7 @@ UPDATE_RUNNER = textwrap.dedent(
     param = torch.nn.Parameter(torch.zeros(1))
     update = ld.LayerwiseUpdate([ld.Descent(alpha=0.0)], num_layers=1, optimizer=torch.optim.SGD([param], lr=0.1), dual_lr=1.0)
     update.zero_grad()
-    update.count(torch.tensor([1.0, 1.0 + 2.0 * rank]))  # violation 0 on rank 0, 2 on rank 1: mean 1
+    update.forward(torch.tensor([1.0, 1.0 + 2.0 * rank]))  # violation 0 on rank 0, 2 on rank 1: mean 1
     update.step()
     with open(os.path.join(sys.argv[1], f"rank{rank}.json"), "w") as handle:
         json.dump(update.multipliers()["descent"].tolist(), handle)

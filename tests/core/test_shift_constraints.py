@@ -68,7 +68,7 @@ def test_a_per_sample_primal_term_is_the_mean_over_the_rows_of_lambda_times_thei
     update.problem.constraint(update.problem.specs[0]).multiplier.weight.data = table.reshape(-1, 1).clone()
     losses = torch.tensor([[1.0, 2.0, 2.5], [2.0, 1.0, 1.5]], requires_grad=True)
     rows = torch.tensor([2, 0])
-    loss = update.loss(losses, rows=rows)
+    loss = update.forward(losses, rows=rows)
     violation = losses[:, 1:] - 0.9 * losses[:, :-1].detach()
     expected = losses.mean(dim=0)[-1] + (table[rows] * violation).sum() / 2
     assert torch.allclose(loss, expected)

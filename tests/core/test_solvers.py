@@ -246,7 +246,7 @@ def test_augmented_lagrangian_grows_its_penalty_by_the_schedule_while_a_constrai
     )
     for _ in range(3):
         update.zero_grad()
-        update.count(torch.tensor([1.0, 2.0, 0.5]))  # l1 violated (by 1), l2 met
+        update.forward(torch.tensor([1.0, 2.0, 0.5]))  # l1 violated (by 1), l2 met
         update.step()
     rho = update.problem.penalties()["descent"]
     assert rho.tolist() == pytest.approx([2.0 * 1.5**3, 2.0])
@@ -258,7 +258,7 @@ def test_augmented_lagrangian_adds_the_quadratic_term_to_the_primal_loss():
         update = ld.LayerwiseUpdate(
             [Descent(alpha=0.0)], num_layers=1, optimizer=torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1), **options
         )
-        return update.loss(torch.tensor([1.0, 3.0])).item()  # violation 2, lambda 0
+        return update.forward(torch.tensor([1.0, 3.0])).item()  # violation 2, lambda 0
 
     assert loss() == 3.0  # the Lagrangian at lambda = 0 is the objective
     # Cooper's augmented term at lambda = 0: relu(rho g)^2 / (2 rho) = rho g^2 / 2
@@ -404,10 +404,10 @@ def test_a_step_with_a_non_finite_loss_is_not_taken_and_says_which_value(solver)
     seen = update.step()
     assert seen.skipped == "non-finite loss, l3 = nan" and seen.stop is None
     assert all(torch.equal(a, b) for a, b in zip(before, params)) and all(p.grad is None for p in params)
-    assert update.line_steps == 0 and torch.equal(update.multipliers()["descent"], torch.zeros(3))
+    assert update.line.steps == 0 and torch.equal(update.multipliers()["descent"], torch.zeros(3))
     update.zero_grad()
     update.backward(_losses(layers, head, x, y))
-    assert update.step().skipped is None and update.line_steps == 1  # the next step is taken as usual
+    assert update.step().skipped is None and update.line.steps == 1  # the next step is taken as usual
 
 
 def test_a_last_layer_read_alone_is_checked_on_that_layer_and_logged_as_it():
@@ -454,7 +454,7 @@ def test_the_update_state_round_trips_so_a_loop_resumes_on_the_same_multipliers(
     copy_.load_state_dict(update.state_dict())
     for u in (update, copy_):
         u.zero_grad()
-        u.count(torch.tensor([1.0, 2.0, 1.0, 1.0]))
+        u.forward(torch.tensor([1.0, 2.0, 1.0, 1.0]))
         u.step()
     assert torch.equal(update.multipliers()["descent"], copy_.multipliers()["descent"])
 
@@ -535,7 +535,7 @@ def test_record_returns_the_whole_log_line_means_over_its_steps_under_every_solv
         )
         update.zero_grad()
         means = update.backward(_losses(layers, head, x, y))
-        steps.append((means, update.violations(means)["descent"]))
+        steps.append((means, update.problem.violations(means)["descent"]))
         update.step()
     line = update.record()
     assert set(line) == (
@@ -639,7 +639,7 @@ def test_an_observation_is_a_frozen_value_of_what_the_step_saw_without_state_fla
     update = ld.LayerwiseUpdate([ld.Descent()], num_layers=2, optimizer=torch.optim.SGD(head.parameters(), lr=0.1))
     update.zero_grad()
     update.backward(torch.cat([head(torch.ones(4, 1)).abs() * k for k in (3.0, 2.0, 1.0)], dim=1))
-    assert update.observation() is update.observation()  # the same value until the step is taken
+    assert update.solver.observation() is update.solver.observation()  # the same value until the step is taken
     seen = update.step()
     assert {f.name for f in dataclasses.fields(seen)} == {"means", "violations", "tables", "micro", "every_layer", "skipped", "stop"}
     with pytest.raises(dataclasses.FrozenInstanceError):

@@ -194,17 +194,17 @@ class LayerwiseProblem:
             if self.state is None:
                 self._anchor(means, weight)
             tables = self._group_tables(batch) if self.groupings and isinstance(batch, LayerBatch) else {}
-            self.count(means.detach(), weight, None, tables, every_layer)
+            self._count(means.detach(), weight, None, tables, every_layer)
             return self.objective(means) if torch.is_grad_enabled() else None
         if self.state is None:
             self._anchor(layer_means(batch), weight)
         state = self.cmp.compute_cmp_state(batch, dual=False)
-        self.count(state.misc["means"], weight, state.misc["violations"], state.misc["tables"])
+        self._count(state.misc["means"], weight, state.misc["violations"], state.misc["tables"])
         if self.before_primal is not None:
             self.before_primal()
         return state.compute_primal_lagrangian().lagrangian
 
-    def count(
+    def _count(
         self,
         means: torch.Tensor,
         weight: float = 1.0,

@@ -113,7 +113,7 @@ class LayerwiseUpdate:
         self.problem: LayerwiseProblem = problem  # the constraints' Cooper problem (multipliers, labels, groupings)
         self.optimizer = self.solver.optimizer  # the solver's Cooper optimizer (the model's optimizer is its primal_optimizers[0])
         self.labels: dict[str, list[str]] = problem.labels  # each constraint's entry labels (l1<=l0, ...)
-        self._line = LogLine(problem)
+        self.line = LogLine(problem)  # the log line record() returns (its steps: those counted since the last)
         self._bound = self.solver.max_multiplier if self.solver.max_multiplier is not None else sys.float_info.max
 
     def to(self, device: torch.device | str) -> LayerwiseUpdate:
@@ -125,20 +125,10 @@ class LayerwiseUpdate:
         """Clear the model's gradients (each dual pass writes the multipliers' own afresh)."""
         self.solver.zero_grad()
 
-    def loss(self, losses: torch.Tensor, rows: torch.Tensor | None = None, levels: torch.Tensor | None = None) -> torch.Tensor:
-        """The primal loss (objective plus multiplier-weighted violations) of B x (L+1) per-sample losses or L+1 means; counts nothing.
-
-        ``rows`` and ``levels`` say where each row came from, for constraints held per sample or per level.
-        """
-        batch = self._batch(losses, rows, levels, enforced_only=True)
-        if not self.solver.enforces_constraints:
-            return self.problem.objective(layer_means(batch))
-        return self.problem.cmp.compute_cmp_state(batch, dual=False).compute_primal_lagrangian().lagrangian
-
     def forward(
         self, losses: torch.Tensor, weight: float = 1.0, rows: torch.Tensor | None = None, levels: torch.Tensor | None = None
     ) -> torch.Tensor | None:
-        """Count one micro-batch's losses toward this step (``weight``: its share) and return its primal loss, for a loop that runs ``backward`` itself (a Hugging Face ``Trainer``, a loss scaler); under ``torch.no_grad()`` it only counts and returns None."""
+        """Count one micro-batch's losses (B x (L+1), or L+1 means) toward this step (``weight``: its share) and return its primal loss, for a loop that runs ``backward`` itself (a Hugging Face ``Trainer``, a loss scaler); under ``torch.no_grad()`` it only counts (a pass whose gradient is taken elsewhere) and returns None."""
         return self.problem.forward(self._batch(losses, rows, levels), weight)
 
     def backward(
@@ -153,14 +143,6 @@ class LayerwiseUpdate:
         if loss is not None and loss.requires_grad:
             (loss if weight == 1.0 else loss * weight).backward()  # times 1 changes no gradient: one node less
         return layer_means(losses.detach())
-
-    def count(self, means: torch.Tensor, weight: float = 1.0) -> None:
-        """Count L+1 layer means (detached) with ``weight`` toward this step, without a loss (a pass whose gradient is taken elsewhere)."""
-        self.problem.count(means.detach(), weight)
-
-    def observation(self) -> Observation:
-        """This step's layer means and violations so far, over every rank, without stepping (step() checks them itself)."""
-        return self.solver.observation()
 
     def discard(self) -> None:
         """Drop this step: its counted losses and the model's gradients (a step a loop's own code refused, e.g. one fp16's scaler skipped)."""
@@ -195,16 +177,6 @@ class LayerwiseUpdate:
         multipliers = self.problem.multipliers()
         return {spec.name: multipliers[spec.name] / spec.resilience for spec in self.problem.specs if spec.resilience}
 
-    def violations(self, means: torch.Tensor) -> dict[str, torch.Tensor]:
-        """Each constraint's violation at these layer means (positive: violated)."""
-        with torch.no_grad():
-            return self.problem.violations(means)
-
-    @property
-    def line_steps(self) -> int:
-        """Steps counted in the log line ``record()`` will return."""
-        return self._line.steps
-
     def record(self) -> dict[str, Any]:
         """The log line since the last call: layer losses, share of feasible steps, violations, and for constrained solvers multipliers, relaxations and penalties.
 
@@ -213,7 +185,7 @@ class LayerwiseUpdate:
         A per-sample constraint reports each entry's mean over the rows, and ``binding_rows``, the
         share of rows with a positive multiplier.
         """
-        out: dict[str, Any] = self._line.record() if self._line.steps else {}
+        out: dict[str, Any] = self.line.record() if self.line.steps else {}
         if self.solver.enforces_constraints:
             out["lambda"] = {k: _per_entry(v).tolist() for k, v in self.multipliers().items()}
             out["relaxation"] = {k: _per_entry(v).tolist() for k, v in self.relaxations().items()}
@@ -251,11 +223,9 @@ class LayerwiseUpdate:
         self.solver.load_state_dict(state["solver"])
         self.problem.load_state_dict(state["problem"])
 
-    def _batch(
-        self, losses: torch.Tensor, rows: torch.Tensor | None, levels: torch.Tensor | None, enforced_only: bool = False
-    ) -> torch.Tensor | LayerBatch:
+    def _batch(self, losses: torch.Tensor, rows: torch.Tensor | None, levels: torch.Tensor | None) -> torch.Tensor | LayerBatch:
         """What the solver reads of one micro-batch: a LayerBatch where grouped constraints need each row, else the losses."""
-        if not self.problem.groupings or (enforced_only and not self.solver.enforces_constraints):
+        if not self.problem.groupings:
             return losses
         return LayerBatch.of(losses, rows, levels)
 
@@ -278,7 +248,7 @@ class LayerwiseUpdate:
         if seen.tables and bool(torch.isfinite(seen.means).all()):  # from the step's tables, summed over ranks
             with torch.no_grad():
                 grouped = {name: _per_entry(v, nan_safe=True) for name, v in self.problem.group_violations(seen.tables).items()}
-        self._line.add(seen.means, seen.violations, grouped)
+        self.line.add(seen.means, seen.violations, grouped)
         return seen
 
 

@@ -178,7 +178,7 @@ class Trainer:
             group_levels = levels[position.micro : position.micro + train.accumulate]
             start = time.perf_counter()
             # a last-layer solver reads every layer on a log line's first step only, where the task can read the last alone
-            done = self.step(session, group, position.step, full=update.line_steps == 0, levels=group_levels)
+            done = self.step(session, group, position.step, full=update.line.steps == 0, levels=group_levels)
             if done.skipped:
                 loop.log.write(
                     json.dumps({"event": "skipped", "epoch": position.epoch, "step": position.step, "reason": done.skipped}) + "\n"
@@ -191,7 +191,7 @@ class Trainer:
             position.micro += len(group)
             position.step += 1
             loop.bar.update(1)
-            if update.line_steps >= train.log_every:
+            if update.line.steps >= train.log_every:
                 self._log(loop.log, position, update)
             if train.checkpoint_every and position.step % train.checkpoint_every == 0:
                 self._checkpoint(loop)
@@ -318,7 +318,7 @@ class Trainer:
 
     def _log(self, log, position: Position, update: LayerwiseUpdate) -> None:
         """Write the update's log line since the last one (nothing when no step was taken since)."""
-        if update.line_steps:
+        if update.line.steps:
             record = {"event": "train", "epoch": position.epoch, "step": position.step, **update.record()}
             log.write(json.dumps(record) + "\n")
             self._trackers.log(record)
