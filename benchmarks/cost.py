@@ -22,8 +22,8 @@ loss, backward, optimizer step): the floor the framework's erm is held to. On li
 takes primal-dual's step as Cooper's own ``roll()`` does on the same CMP (zero_grad,
 compute_cmp_state, its primal and dual Lagrangians with their stores, both backward passes, both
 steps), without the trainer's checks and log line: beside "primal-dual (simultaneous)", what the
-training step's shortcut (the plain Lagrangian summed directly, the dual gradient written without an
-autograd pass; a test pins both to the roll, bit for bit) is worth. Peak memory is the
+training step's one shortcut (the dual gradient written without an autograd pass; a test pins it to
+Cooper's dual Lagrangian's backward, entry for entry) is worth. Peak memory is the
 rise of the process's resident set during a step (Linux: VmHWM, reset before each step after
 returning freed memory to the system). The table gives medians and, as ratios, the median over rounds of (variant / the setup's
 first variant) within a round, and each variant's multipliers: their count, and the memory of
