@@ -97,8 +97,7 @@ def test_the_guide_method_runs_under_every_scheme_with_its_cap(registry, scheme)
     torch.manual_seed(0)
     layers = torch.nn.ModuleList(torch.nn.Linear(4, 4) for _ in range(2))
     params = list(layers.parameters())
-    primal = ld.PrimalDual.primal_optimizer(
-        ld.PrimalDualOptions(scheme=scheme),
+    primal = ld.PrimalDual.scheme_of(ld.PrimalDualOptions(scheme=scheme)).primal_optimizer(
         params,
         ld.config_from_dict({"task": {"name": "lista"}, "train": {"optimizer": "sgd", "lr": 0.05}}).train,
     )

@@ -88,7 +88,7 @@ def test_resilience_is_dual_weight_decay_and_logs_the_relaxation():
         _step(update, [1.0, 2.0, 2.0])  # a constant violation of 1 at l1
     # lambda climbs until the relaxation u = lambda / c absorbs the violation: lambda* = c * 1
     assert update.multipliers()["descent"][0].item() == pytest.approx(2.0, rel=1e-3)
-    assert update.relaxations()["descent"][0].item() == pytest.approx(1.0, rel=1e-3)
+    assert update.record()["relaxation"]["descent"][0] == pytest.approx(1.0, rel=1e-3)
 
 
 def test_dual_every_epoch_moves_lambda_once_per_epoch_by_the_mean_of_the_epoch():

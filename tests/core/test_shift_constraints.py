@@ -65,7 +65,7 @@ def test_a_per_sample_multiplier_moves_only_for_the_rows_in_the_batch():
 def test_a_per_sample_primal_term_is_the_mean_over_the_rows_of_lambda_times_their_violation():
     _, update = _loop_update({"per_sample": True}, rows=4)
     table = torch.tensor([[1.0, 2.0], [0.0, 1.0], [3.0, 0.0], [0.5, 0.5]])
-    update.problem.constraint(update.problem.specs[0]).multiplier.weight.data = table.reshape(-1, 1).clone()
+    update.problem.constraints["descent"].multiplier.weight.data = table.reshape(-1, 1).clone()
     losses = torch.tensor([[1.0, 2.0, 2.5], [2.0, 1.0, 1.5]], requires_grad=True)
     rows = torch.tensor([2, 0])
     loss = update.forward(losses, rows=rows)

@@ -142,7 +142,7 @@ def test_lambda_steps_once_per_optimizer_step_from_the_mean_of_its_micro_batches
     monkeypatch.setattr(
         LayerwiseUpdate,
         "dual_step",
-        lambda self: (observed.append((len(micro), self.solver.observation().means.clone())), dual_step(self))[1],
+        lambda self: (observed.append((len(micro), self.scheme.observation().means.clone())), dual_step(self))[1],
     )
     trainer = _trainer(tmp_path, steps=3, accumulate=2, constraints=[ld.Descent(alpha=0.5)], dual_lr=1.0)
     trainer.train()

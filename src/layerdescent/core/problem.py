@@ -21,7 +21,7 @@ import torch
 
 from layerdescent.core.constraints import ConstraintSpec
 from layerdescent.core.grouping import Grouping, LayerBatch, add_tables, grouped_violation
-from layerdescent.core.observation import Observation
+from layerdescent.core.observation import Observation, Tables
 from layerdescent.errors import ConfigError, PluginError
 
 
@@ -57,20 +57,20 @@ class LayerwiseCMP(cooper.ConstrainedMinimizationProblem):
             means, violations, tables, rows = batch.means, batch.violations or {}, batch.tables, None
         else:
             means = layer_means(batch)
-            violations = problem.violations(means)
+            violations = problem._plain_violations(means)
             tables, rows = {}, None
             if isinstance(batch, LayerBatch) and problem.groupings:
                 tables = {name: grouping.sums(batch, detach=False) for name, grouping in problem.groupings.items()}
                 rows = batch.losses.shape[0]
         observed = {
-            problem.constraint(spec): cooper.ConstraintState(
+            problem.constraints[spec.name]: cooper.ConstraintState(
                 violation=violations[spec.name], contributes_to_primal_update=primal, contributes_to_dual_update=dual
             )
             for spec in problem.plain
         }
         for spec in problem.grouped:
             if spec.name in tables and bool((tables[spec.name][1] > 0).any()):
-                observed[problem.constraint(spec)] = problem._grouped_state(spec, *tables[spec.name], rows, primal, dual)
+                observed[problem.constraints[spec.name]] = problem._grouped_state(spec, *tables[spec.name], rows, primal, dual)
         misc = {
             "means": None if means is None else means.detach(),
             "violations": {name: value.detach() for name, value in violations.items()},
@@ -130,7 +130,7 @@ class LayerwiseProblem:
                     "penalty_coefficient": cooper.penalty_coefficients.DensePenaltyCoefficient(torch.full((size,), rho)),
                 }
             setattr(self.cmp, spec.name, cooper.Constraint(cooper.ConstraintType.INEQUALITY, multiplier=multiplier, **extra))
-        self._constraints = {spec.name: getattr(self.cmp, spec.name) for spec in specs}
+        self.constraints: dict[str, cooper.Constraint] = {spec.name: getattr(self.cmp, spec.name) for spec in specs}
         self.growth = (  # the augmented Lagrangian's rho updater, where rho grows
             cooper.penalty_coefficients.MultiplicativePenaltyCoefficientUpdater(growth, tolerance, has_restart=False)
             if augmented and growth > 1
@@ -148,35 +148,11 @@ class LayerwiseProblem:
         # A grouped spec's relaxation cost enters its (sparse) dual gradient instead: weight decay would shrink every row's lambda.
         return [
             {
-                "params": [self.constraint(spec).multiplier.weight],
+                "params": [self.constraints[spec.name].multiplier.weight],
                 "weight_decay": 1.0 / spec.resilience if spec.resilience and not spec.grouped else 0.0,
             }
             for spec in self.specs
         ]
-
-    def put_dual_gradient(self, violations: dict[str, torch.Tensor], tables: dict[str, tuple[torch.Tensor, torch.Tensor]]) -> None:
-        """Put the gradient of Cooper's dual Lagrangian on each multiplier, replacing any there: the strict violation of each plain spec, and of each grouped one at the groups its window saw (nothing elsewhere); then grow the augmented Lagrangian's rho.
-
-        ``violations`` are a dual window's (detached), ``tables`` its per-group sums and counts.
-        """
-        state = self.cmp.compute_cmp_state(Observation(violations=violations, tables=tables), primal=False)
-        # The dual Lagrangian is lambda . g.detach() (Cooper's compute_dual_weighted_violation), so its
-        # gradient in lambda is the strict violation itself: written directly it skips an autograd pass
-        # that cost a small model 5% of its step. A test checks it against compute_dual_lagrangian().backward().
-        for spec in self.specs:
-            weight = self.constraint(spec).multiplier.weight
-            observed = state.observed_constraints.get(self.constraint(spec))
-            if observed is None:  # a grouped spec whose window saw no group: no step, not even the relaxation's decay
-                weight.grad = None
-                continue
-            strict = observed.extract_violations()[1].detach()
-            if observed.constraint_features is None:
-                weight.grad = strict.clone()
-            else:  # the groups come sorted and distinct from nonzero(), so the indices are already coalesced
-                index = observed.constraint_features
-                weight.grad = torch.sparse_coo_tensor(index[None], strict[:, None], weight.shape, is_coalesced=True, check_invariants=False)
-        if self.growth is not None:  # the augmented Lagrangian's rho grows where the window saw a violation above the tolerance
-            self.growth.step(state.observed_constraints)
 
     def forward(self, batch: torch.Tensor | LayerBatch, weight: float = 1.0) -> torch.Tensor | None:
         """Count one micro-batch toward the step (``weight``: its share) and return its primal loss, unweighted; None under ``torch.no_grad()``, a pass that only counts.
@@ -237,7 +213,7 @@ class LayerwiseProblem:
         index = grouping.indices(present.to(self.device))
         strict = violation.flatten()
         if spec.resilience:
-            strict = strict.detach() - self.constraint(spec).multiplier.weight.detach()[index, 0] / spec.resilience
+            strict = strict.detach() - self.constraints[spec.name].multiplier.weight.detach()[index, 0] / spec.resilience
         # Each group's term is weighted by its share of the batch's rows, so that the per-sample
         # Lagrangian is the mean of lambda_i g_i over the rows, and a level's is E over the band.
         weighted = violation if rows is None else (counts / rows)[:, None] * violation
@@ -253,30 +229,6 @@ class LayerwiseProblem:
         """Per-group loss sums and row counts of one micro-batch, for each grouped spec (empty when there is none)."""
         return {name: grouping.sums(batch) for name, grouping in self.groupings.items()}
 
-    def group_violations(self, tables: dict[str, tuple[torch.Tensor, torch.Tensor]]) -> dict[str, torch.Tensor]:
-        """Each grouped spec's violation per present group: G x block, NaN where a group (a level, a row) saw no row."""
-        out = {}
-        for spec in self.specs:
-            if spec.grouped and spec.name in tables:
-                grouping = self.groupings[spec.name]
-                sums, counts = tables[spec.name]
-                means = sums / counts[:, None]  # NaN where no row: 0 / 0
-                violation = grouped_violation(spec, means.to(self.device), self.state[spec.name])
-                out[spec.name] = violation.reshape(max(grouping.rows, 1), grouping.block)
-        return out
-
-    def penalties(self) -> dict[str, torch.Tensor]:
-        """The augmented Lagrangian's current rho of each spec (empty for the plain Lagrangian)."""
-        return {
-            spec.name: self.constraint(spec).penalty_coefficient.value.detach()
-            for spec in self.specs
-            if self.constraint(spec).penalty_coefficient is not None
-        }
-
-    def constraint(self, spec: ConstraintSpec) -> cooper.Constraint:
-        """The Cooper constraint compiled from ``spec``."""
-        return self._constraints[spec.name]
-
     def _anchor(self, means: torch.Tensor, weight: float) -> None:
         """Fix the constraints' anchors from the run's first micro-batch (its layer means, ``weight`` its share), over every rank."""
         from layerdescent.distributed import World
@@ -288,8 +240,22 @@ class LayerwiseProblem:
         if self.state is None:
             self.state = {spec.name: spec.initial_state(means.detach()) for spec in self.specs}
 
-    def violations(self, means: torch.Tensor) -> dict[str, torch.Tensor]:
-        """Each spec's violation vector for these layer means (differentiable); specs held per level or per sample are left out."""
+    def violations(self, means: torch.Tensor | None = None, tables: Tables | None = None) -> dict[str, torch.Tensor]:
+        """Each constraint's violation: a plain one's at these layer means (differentiable; S x entries at S rows of means), a grouped one's per group of these per-group tables (G x block, NaN where a group saw no row)."""
+        out = {} if means is None else self._plain_violations(means)
+        for spec in self.grouped if tables else ():
+            if spec.name in tables:
+                grouping, (sums, counts) = self.groupings[spec.name], tables[spec.name]
+                group_means = sums / counts[:, None]  # NaN where no row: 0 / 0
+                violation = grouped_violation(spec, group_means.to(self.device), self.state[spec.name])
+                out[spec.name] = violation.reshape(max(grouping.rows, 1), grouping.block)
+        return out
+
+    def _plain_violations(self, means: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Each plain spec's violation vector at L+1 layer means, or S x entries at S rows of them (one call where the kind broadcasts over rows)."""
+        if means.dim() == 2:
+            self._start(means[0])
+            return {spec.name: grouped_violation(spec, means, self.state[spec.name]) for spec in self.plain}
         self._start(means)
         out = {}
         for spec in self.plain:  # the grouped are observed per group, from a LayerBatch
@@ -303,16 +269,11 @@ class LayerwiseProblem:
             out[spec.name] = violation
         return out
 
-    def violations_of_rows(self, means: torch.Tensor) -> dict[str, torch.Tensor]:
-        """Each plain spec's violations at S rows of layer means, S x entries (one call where the kind broadcasts over rows)."""
-        self._start(means[0])
-        return {spec.name: grouped_violation(spec, means, self.state[spec.name]) for spec in self.plain}
-
     def multipliers(self) -> dict[str, torch.Tensor]:
         """Current lambda of each spec: one per label, or a rows x labels table for a per-sample spec."""
         out = {}
         for spec in self.specs:
-            weight = self.constraint(spec).multiplier.weight.detach()
+            weight = self.constraints[spec.name].multiplier.weight.detach()
             out[spec.name] = (
                 weight.reshape(-1, self.groupings[spec.name].block)
                 if spec.per_sample

@@ -9,9 +9,9 @@
 
 A solver declares its ``[solver]`` keys as a frozen dataclass ``Options`` (checked like every
 config table) and what the trainer and the report need as class attributes, so neither ever reads
-a solver's name. It builds its Cooper problem (the formulation), the model's optimizer and the
-multipliers' (the scheme's), and chooses its scheme and dual window; the step itself is the one
-``core/solver.py`` takes for every solver. Third-party solvers register through the
+a solver's name. It builds its Cooper problem (the formulation) and the multipliers' optimizer,
+and names its scheme and dual window; the scheme (``core/solver.py``) takes the steps, and builds
+the model's optimizer it needs. Third-party solvers register through the
 ``register_solvers`` hook.
 """
 
@@ -28,11 +28,10 @@ from layerdescent.hookspecs import hookimpl
 from layerdescent.options import Choice
 
 if TYPE_CHECKING:  # the registry loads solvers without torch or cooper; their methods run in training
-    import cooper
     import torch
 
-    from layerdescent.core.optimizers import PrimalSettings
     from layerdescent.core.problem import LayerwiseProblem
+    from layerdescent.core.solver import Simultaneous
 
 
 class ERM(Solver):
@@ -138,22 +137,15 @@ class PrimalDual(Solver):
     def __init__(self, options: PrimalDualOptions, problem: LayerwiseProblem) -> None:
         super().__init__(options, problem)
         self.max_multiplier = options.max_multiplier
-        self.scheme = SCHEMES[options.scheme]()  # the strings of the config, as types from here on
         self.dual_window = DualWindow.of(options.dual_every, problem.num_layers + 1)
 
     @classmethod
-    def gradient_passes(cls, options: PrimalDualOptions) -> int:
-        return SCHEMES[options.scheme].passes
+    def scheme_of(cls, options: PrimalDualOptions) -> type[Simultaneous]:
+        return SCHEMES[options.scheme]  # the config's string, as a type from here on
 
     @classmethod
     def check(cls, options: PrimalDualOptions, num_layers: int, constraints: tuple) -> list[str]:
         return [] if constraints else [f"solver.name = {cls.name!r} needs at least one [[constraints]] table (or use 'erm')"]
-
-    @classmethod
-    def outside_primal_step(cls, options: PrimalDualOptions) -> str | None:
-        if not SCHEMES[options.scheme].after_outside_primal:
-            return f"needs scheme = 'simultaneous' (got {options.scheme!r})"
-        return None
 
     @classmethod
     def build_problem(
@@ -174,14 +166,6 @@ class PrimalDual(Solver):
             band=band,
             rows=rows,
         )
-
-    @classmethod
-    def primal_optimizer(cls, options: PrimalDualOptions, params: list, train: PrimalSettings) -> torch.optim.Optimizer:
-        """The model's optimizer; Cooper's ExtraAdam or ExtraSGD under the extrapolation scheme."""
-        return SCHEMES[options.scheme]().primal_optimizer(params, train) or super().primal_optimizer(options, params, train)
-
-    def cooper_optimizer(self, primal: torch.optim.Optimizer) -> cooper.optim.CooperOptimizer:
-        return self.scheme.cooper_optimizer(self, primal)
 
     def dual_optimizer(self) -> torch.optim.Optimizer:
         """The multipliers' optimizer the options name: SGD ascent (Cooper projects lambda >= 0 after it), or Cooper's nuPI."""

@@ -104,14 +104,14 @@ class LayerwiseUpdate:
             problem.groupings
             and solver_cls.enforces_constraints
             and self.solver.dual_window is None
-            and solver_cls.observe_groups is Solver.observe_groups
+            and solver_cls.observe is Solver.observe
         ):
             raise ConfigError(
-                f"solver {solver_cls.name!r} does not update multipliers held per level or per sample (it has no dual window and does not override Solver.observe_groups); drop levels and per_sample"
+                f"solver {solver_cls.name!r} does not update multipliers held per level or per sample (it has no dual window and does not override Solver.observe); drop levels and per_sample"
             )
-        self.solver.attach(optimizer)
+        self.scheme = solver_cls.scheme_of(settings)(self.solver, optimizer)  # how a step runs: the primal and dual steps in order
         self.problem: LayerwiseProblem = problem  # the constraints' Cooper problem (multipliers, labels, groupings)
-        self.optimizer = self.solver.optimizer  # the solver's Cooper optimizer (the model's optimizer is its primal_optimizers[0])
+        self.optimizer = self.scheme.optimizer  # Cooper's optimizer of the scheme (the model's optimizer is its primal_optimizers[0])
         self.labels: dict[str, list[str]] = problem.labels  # each constraint's entry labels (l1<=l0, ...)
         self.line = LogLine(problem)  # the log line record() returns (its steps: those counted since the last)
         self._bound = self.solver.max_multiplier if self.solver.max_multiplier is not None else sys.float_info.max
@@ -123,7 +123,7 @@ class LayerwiseUpdate:
 
     def zero_grad(self) -> None:
         """Clear the model's gradients (each dual pass writes the multipliers' own afresh)."""
-        self.solver.zero_grad()
+        self.scheme.zero_grad()
 
     def forward(
         self, losses: torch.Tensor, weight: float = 1.0, rows: torch.Tensor | None = None, levels: torch.Tensor | None = None
@@ -146,7 +146,7 @@ class LayerwiseUpdate:
 
     def discard(self) -> None:
         """Drop this step: its counted losses and the model's gradients (a step a loop's own code refused, e.g. one fp16's scaler skipped)."""
-        self.solver.discard()
+        self.scheme.discard()
 
     def step(self, closure: Callable[[], Any] | None = None) -> Observation:
         """The primal step and the multipliers' step of the solver's scheme; ``closure`` re-runs the batch's ``backward`` calls.
@@ -155,27 +155,19 @@ class LayerwiseUpdate:
         dropped, not taken (``skipped`` says why; the gradients are cleared); ``stop`` says when a
         multiplier left the finite range or passed ``max_multiplier`` (a loop should stop there).
         """
-        return self._log(self.solver.step(closure))
+        return self._log(self.scheme.step(closure))
 
     def dual_step(self) -> Observation:
         """The multipliers' step alone, for a loop whose own code took the primal step (a Hugging Face ``Trainer``); what it observed, as ``step`` returns it."""
-        return self._log(self.solver.step_after_primal())
+        return self._log(self.scheme.dual_step())
 
     def end_epoch(self) -> str | None:
         """Epoch boundary: the dual step of ``dual_every = "epoch"``; why a multiplier must stop the run after it (as ``stop``), or None."""
-        if self.solver.end_epoch():
-            self.solver.dual_step()
-            return self._stop()
-        return None
+        return self._stop() if self.scheme.end_epoch() else None
 
     def multipliers(self) -> dict[str, torch.Tensor]:
         """Current lambda of each constraint."""
         return self.problem.multipliers()
-
-    def relaxations(self) -> dict[str, torch.Tensor]:
-        """The optimal relaxation u = lambda / c of each resilient constraint."""
-        multipliers = self.problem.multipliers()
-        return {spec.name: multipliers[spec.name] / spec.resilience for spec in self.problem.specs if spec.resilience}
 
     def record(self) -> dict[str, Any]:
         """The log line since the last call: layer losses, share of feasible steps, violations, and for constrained solvers multipliers, relaxations and penalties.
@@ -187,11 +179,13 @@ class LayerwiseUpdate:
         """
         out: dict[str, Any] = self.line.record() if self.line.steps else {}
         if self.solver.enforces_constraints:
-            out["lambda"] = {k: _per_entry(v).tolist() for k, v in self.multipliers().items()}
-            out["relaxation"] = {k: _per_entry(v).tolist() for k, v in self.relaxations().items()}
-            if penalties := self.problem.penalties():
-                out["penalty"] = {k: v.tolist() for k, v in penalties.items()}
-            if binding := {k: float((v > 0).any(dim=1).double().mean()) for k, v in self.multipliers().items() if v.dim() == 2}:
+            multipliers = self.multipliers()
+            out["lambda"] = {k: _per_entry(v).tolist() for k, v in multipliers.items()}
+            out["relaxation"] = {k: _per_entry(v).tolist() for k, v in relaxations(self.problem.specs, multipliers).items()}
+            penalties = [(name, c.penalty_coefficient) for name, c in self.problem.constraints.items() if c.penalty_coefficient is not None]
+            if penalties:  # the augmented Lagrangian's rho of each entry
+                out["penalty"] = {name: rho.value.detach().tolist() for name, rho in penalties}
+            if binding := {k: float((v > 0).any(dim=1).double().mean()) for k, v in multipliers.items() if v.dim() == 2}:
                 out["binding_rows"] = binding
         return out
 
@@ -247,9 +241,14 @@ class LayerwiseUpdate:
         grouped = {}
         if seen.tables and bool(torch.isfinite(seen.means).all()):  # from the step's tables, summed over ranks
             with torch.no_grad():
-                grouped = {name: _per_entry(v, nan_safe=True) for name, v in self.problem.group_violations(seen.tables).items()}
+                grouped = {name: _per_entry(v, nan_safe=True) for name, v in self.problem.violations(tables=seen.tables).items()}
         self.line.add(seen.means, seen.violations, grouped)
         return seen
+
+
+def relaxations(specs: Sequence[ConstraintSpec], multipliers: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The optimal relaxation u = lambda / c of each resilient constraint, from its multipliers."""
+    return {spec.name: multipliers[spec.name] / spec.resilience for spec in specs if spec.resilience}
 
 
 def _per_entry(value: torch.Tensor, nan_safe: bool = False) -> torch.Tensor:
@@ -306,7 +305,7 @@ class LogLine:
                 plain = {name: torch.stack([v[name] for _, v, _ in steps]) for name in (steps[0][1] or {})}
             else:
                 with torch.no_grad():
-                    plain = self.problem.violations_of_rows(means[full])
+                    plain = self.problem.violations(means[full])
             tables = {name: torch.stack([g[name] for _, _, g in steps]) for name in steps[0][2]}
             violations = {**plain, **tables}
             self.full += len(full)

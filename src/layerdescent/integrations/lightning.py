@@ -167,10 +167,10 @@ class DescentCallback(pl.Callback):
         self._new_update, self._hyperparameters, (solver_cls, settings) = _prepared(
             constraints, num_layers, solver, registry, band, rows, options
         )
-        problem = solver_cls.outside_primal_step(settings)
-        if problem:
+        scheme = solver_cls.scheme_of(settings)
+        if not scheme.after_outside_primal:
             raise ConfigError(
-                f"DescentCallback steps the multipliers after Lightning's own optimizer step, which {problem}; subclass layerdescent.DescentModule for it"
+                f"DescentCallback steps the multipliers after Lightning's own optimizer step, which needs scheme = 'simultaneous' (got {scheme.name!r}); subclass layerdescent.DescentModule for it"
             )
         self._width, self.key, self.progress_bar = num_layers + 1, key, progress_bar
         self.update: LayerwiseUpdate | None = None  # built around the module's optimizer when training starts

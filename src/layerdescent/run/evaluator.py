@@ -234,7 +234,7 @@ def rows_satisfied(
         model.train(was_training)
     tables = {name: (world.sum(sums), world.sum(counts)) for name, (sums, counts) in tables.items()}
     out = {}
-    for name, violation in problem.group_violations(tables).items():
+    for name, violation in problem.violations(tables=tables).items():
         met = (violation <= 0) | violation.isnan()  # a (row, level) the constraint does not hold at is no violation
         out[name] = float(met.all(dim=1).double().mean())
     return out

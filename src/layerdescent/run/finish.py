@@ -31,8 +31,10 @@ def results_table(
     maximum, the share of rows whose multiplier binds and the share that meet it at the end (``satisfied``).
     """
 
+    from layerdescent.core.update import relaxations  # imports torch, which the executors loading this module do not need
+
     train = config.train
-    relaxations = update.relaxations()
+    relaxed = relaxations(update.problem.specs, update.multipliers())
     return {
         "schema": RESULTS_SCHEMA,
         "layerdescent": __version__,
@@ -53,7 +55,7 @@ def results_table(
             "skipped_steps": skipped,
         },
         "constraints": {
-            name: _constraint_record(update.labels[name], value, relaxations.get(name), (satisfied or {}).get(name))
+            name: _constraint_record(update.labels[name], value, relaxed.get(name), (satisfied or {}).get(name))
             for name, value in update.multipliers().items()
         },
         **evaluation,

@@ -214,9 +214,8 @@ def build_session(config: RunConfig, task: Any = None, registry: Registry | None
     if world.rank:  # the same initial model everywhere, independent perturbations per rank
         seed_everything(config.seed + 1_000_003 * world.rank)
     solver = config.solver
-    primal = registry.solver(solver.name).primal_optimizer(
-        solver.options, [p for p in model.parameters() if p.requires_grad], train
-    )  # the scheme's, e.g. extragradient
+    scheme = registry.solver(solver.name).scheme_of(solver.options)
+    primal = scheme.primal_optimizer([p for p in model.parameters() if p.requires_grad], train)  # the scheme's, e.g. extragradient
     update = LayerwiseUpdate(
         config.constraints,
         task.num_layers,
