@@ -228,7 +228,7 @@ class LayerwiseUpdate:
         if not self.solver.enforces_constraints:  # its multipliers never move
             return None
         # the tensors the dual optimizer steps in place, checked after each step against the solver's bound (none: finiteness alone)
-        if not bool(torch.stack([w.max() for w in self.problem.multipliers().values()]).le(self._bound).all()):
+        if not bool(torch.stack([c.multiplier.weight.detach().max() for c in self.problem.constraints.values()]).le(self._bound).all()):
             return multiplier_problem(self.problem, self.solver.max_multiplier)  # one test per step; NaN fails it too
         return None
 
