@@ -11,8 +11,8 @@ as keywords, or a name: the core's own (``erm``, ``penalty``, ``primal-dual``), 
 the registry that holds it (``registry=layerdescent.get_registry()``).
 
 This is the front every loop calls the same way: the project's trainer, ``DescentTrainer`` and a
-user's own loop. The solver behind it owns the step (its scheme, formulation and primal
-optimizer); this object holds the log line. Under gradient accumulation call ``backward`` once per
+user's own loop. The solver behind it is the method (its formulation, scheme and dual update),
+its scheme (``update.scheme``) takes the steps; this object holds the log line. Under gradient accumulation call ``backward`` once per
 micro-batch (``weight`` = its share of the batch) and ``step`` once; under ``torch.distributed``
 the layer means are averaged over ranks, once per step, before anything reads them. Schemes that
 evaluate the batch twice (``alternating-primal-dual``, ``extrapolation``) need ``step(closure)``,
