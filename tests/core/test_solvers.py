@@ -532,7 +532,9 @@ def test_record_returns_the_whole_log_line_means_over_its_steps_under_every_solv
             torch.randn(16, 1, generator=torch.Generator().manual_seed(seed + 10)),
         )
         update.zero_grad()
-        means = update.backward(_losses(layers, head, x, y))
+        losses = _losses(layers, head, x, y)
+        update.backward(losses)
+        means = losses.detach().mean(0)  # what the line averages, computed here independently
         steps.append((means, update.problem.violations(means)["descent"]))
         update.step()
     line = update.record()

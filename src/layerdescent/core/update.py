@@ -37,7 +37,7 @@ from layerdescent.core.divergence import multiplier_problem
 from layerdescent.core.grouping import LayerBatch
 from layerdescent.core.observation import Observation
 from layerdescent.core.penalty import Penalty
-from layerdescent.core.problem import LayerwiseProblem, layer_means
+from layerdescent.core.problem import LayerwiseProblem
 from layerdescent.core.solver import Solver
 from layerdescent.core.solvers import ERM, PrimalDual
 from layerdescent.errors import ConfigError, closest
@@ -133,8 +133,8 @@ class LayerwiseUpdate:
 
     def backward(
         self, losses: torch.Tensor, weight: float = 1.0, rows: torch.Tensor | None = None, levels: torch.Tensor | None = None
-    ) -> torch.Tensor:
-        """Backpropagate ``weight`` x the primal loss of these layer losses and count them toward this step; return their means.
+    ) -> None:
+        """Backpropagate ``weight`` x the primal loss of these layer losses and count them toward this step (``record()`` has their means).
 
         ``rows`` (each row's index in the training split) and ``levels`` (its level's index in the
         band) feed the constraints held per sample or per level.
@@ -142,7 +142,6 @@ class LayerwiseUpdate:
         loss = self.problem.forward(self._batch(losses, rows, levels), weight)
         if loss is not None and loss.requires_grad:
             (loss if weight == 1.0 else loss * weight).backward()  # times 1 changes no gradient: one node less
-        return layer_means(losses.detach())
 
     def discard(self) -> None:
         """Drop this step: its counted losses and the model's gradients (a step a loop's own code refused, e.g. one fp16's scaler skipped)."""
