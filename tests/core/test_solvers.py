@@ -576,26 +576,25 @@ def test_no_option_choice_is_branched_on_as_a_string_outside_its_parsing():
     import ast
     from pathlib import Path
 
-    from layerdescent.core.constraints import Reference
+    from layerdescent.core.constraints import Levels, Reference
     from layerdescent.core.optimizers import OptimizerName
     from layerdescent.core.solvers import DualOptimizer, Formulation, Scheme
+    from layerdescent.core.window import DualEvery
     from layerdescent.run.config import LrSchedule, OnNonfinite, Precision
 
     typed = {
         str(m)
-        for choice in (Reference, OptimizerName, DualOptimizer, Formulation, Scheme, LrSchedule, OnNonfinite, Precision)
+        for choice in (Reference, Levels, OptimizerName, DualOptimizer, Formulation, Scheme, LrSchedule, OnNonfinite, Precision)
         for m in choice
     }
     branched = {}
     root = Path(ld.__file__).parent
     for path in sorted(root.rglob("*.py")):
         tree = ast.parse(path.read_text())
-        # in the core, "epoch" is dual_every's cadence, parsed into a DualWindow once (elsewhere a log line's event)
-        strings = typed | {"epoch"} if path.parent.name == "core" else typed
-        # where the strings are parsed: the options' own checks, and DualWindow.of
-        parsing = {
-            id(n) for f in ast.walk(tree) if isinstance(f, ast.FunctionDef) and f.name in ("__post_init__", "of") for n in ast.walk(f)
-        }
+        # in the core, "epoch" is dual_every's cadence (DualEvery); elsewhere it is also a log line's event
+        strings = typed | {str(DualEvery.EPOCH)} if path.parent.name == "core" else typed
+        # where the strings are parsed: the options' own checks
+        parsing = {id(n) for f in ast.walk(tree) if isinstance(f, ast.FunctionDef) and f.name == "__post_init__" for n in ast.walk(f)}
         lines = [
             node.lineno
             for node in ast.walk(tree)
@@ -609,8 +608,9 @@ def test_no_option_choice_is_branched_on_as_a_string_outside_its_parsing():
 
 
 def test_a_choice_is_parsed_once_where_the_config_is_read_and_written_back_as_its_string():
-    from layerdescent.core.constraints import Reference
+    from layerdescent.core.constraints import Levels, Reference
     from layerdescent.core.solvers import Scheme
+    from layerdescent.core.window import DualEvery
     from layerdescent.run.config import Precision
 
     config = ld.config_from_dict(
@@ -625,6 +625,18 @@ def test_a_choice_is_parsed_once_where_the_config_is_read_and_written_back_as_it
     assert config.constraints[0].reference is Reference.ANCHORED and ld.Descent(reference="live").reference is Reference.LIVE
     table = config.as_dict()
     assert type(table["train"]["precision"]) is str and type(table["constraints"][0]["reference"]) is str
+    banded = ld.config_from_dict(
+        {
+            "task": {"name": "lista"},
+            "train": {"train_gamma": [0.0, 0.8]},
+            "solver": {"name": "primal-dual", "dual_every": "epoch"},
+            "constraints": [{"kind": "descent", "levels": "band"}],
+        }
+    )
+    spec = banded.constraints[0]
+    assert banded.solver.options.dual_every is DualEvery.EPOCH and spec.levels is Levels.BAND and spec.held_levels((0.0, 0.8)) == (0.0, 0.8)
+    table = banded.as_dict()
+    assert type(table["solver"]["dual_every"]) is str and type(table["constraints"][0]["levels"]) is str
     assert f"{Scheme.ALTERNATING}" == "alternating" and repr(config.constraints[0]).endswith("reference='anchored', anchor=None)")
     with pytest.raises(
         ld.ConfigError, match=r"train.precision = 'bf61' is not allowed; did you mean 'bf16'\? \(allowed: 'fp32' or 'bf16'\)"

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import abc
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar, Literal, Union
+from typing import TYPE_CHECKING, ClassVar, Union
 
 from layerdescent.errors import ConfigError
 from layerdescent.hookspecs import hookimpl
@@ -34,6 +34,12 @@ class Reference(Choice):
     ANCHORED = "anchored"
 
 
+class Levels(Choice):
+    """Where a constraint held per level holds, named rather than listed: every level of the training band."""
+
+    BAND = "band"
+
+
 @dataclass(frozen=True)
 class ConstraintSpec(abc.ABC):
     """A constraint on the vector of layer means E[l_0..l_L]; one multiplier per entry."""
@@ -47,7 +53,7 @@ class ConstraintSpec(abc.ABC):
     resilience: float = 0.0
     """0: hard; c > 0 relaxes each entry by u >= 0 at cost (c/2)||u||^2."""
     # each level's multipliers are updated from the rows drawn at its level only
-    levels: Union[Literal["band"], tuple[float, ...], None] = None
+    levels: Union[Levels, tuple[float, ...], None] = None
     """`"band"`: hold at every level of `train.train_gamma`'s band, one multiplier per (level, entry); a list: at those levels."""
     per_sample: bool = False
     """One multiplier per (training row, entry), updated only for the rows in a batch."""
@@ -68,6 +74,12 @@ class ConstraintSpec(abc.ABC):
     def grouped(self) -> bool:
         """Whether the multipliers are indexed by level or by row rather than one per entry."""
         return self.levels is not None or self.per_sample
+
+    def held_levels(self, band: tuple[float, ...]) -> tuple[float, ...]:
+        """The training levels it holds at, one multiplier block each: the whole band, the listed levels, or none (pooled)."""
+        if self.levels is None:
+            return ()
+        return tuple(band) if self.levels == Levels.BAND else tuple(self.levels)
 
     @abc.abstractmethod
     def labels(self, num_layers: int) -> list[str]:

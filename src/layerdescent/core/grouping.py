@@ -40,7 +40,7 @@ class Grouping:
         """The grouping of ``spec`` over this band and training split; a ConfigError when it needs what the run lacks."""
         held: tuple[int, ...] = ()
         if spec.levels is not None:
-            wanted = band if spec.levels == "band" else spec.levels
+            wanted = spec.held_levels(band)
             if len(band) < 2 or any(g not in band for g in wanted):
                 raise ConfigError(
                     f"constraint {spec.name!r}: levels {spec.levels!r} need a training band holding them (train.train_gamma = [...], or LayerwiseUpdate(band=...)); the band is {list(band)}"

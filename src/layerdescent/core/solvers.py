@@ -18,11 +18,11 @@ the model's optimizer it needs. Third-party solvers register through the
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal, Union
+from typing import TYPE_CHECKING, Union
 
 from layerdescent.core.penalty import Penalty
 from layerdescent.core.solver import SCHEMES, Solver
-from layerdescent.core.window import DualWindow
+from layerdescent.core.window import DualEvery, DualWindow
 from layerdescent.errors import ConfigError
 from layerdescent.hookspecs import hookimpl
 from layerdescent.options import Choice
@@ -80,7 +80,7 @@ class PrimalDualOptions:
     """The multipliers' learning rate."""
     dual_optimizer: DualOptimizer = DualOptimizer.SGD
     """The multipliers' optimizer: projected SGD ascent, or Cooper's nuPI."""
-    dual_every: Union[int, Literal["epoch"]] = 1
+    dual_every: Union[int, DualEvery] = 1
     """Optimizer steps per dual step (from the window's mean losses), or `"epoch"`."""
     nupi_kp: float = 1.0
     """nuPI's proportional gain (`dual_optimizer = "nupi"`)."""
@@ -101,7 +101,7 @@ class PrimalDualOptions:
         checks = (
             (self.dual_lr >= 0, "solver.dual_lr", f"must be >= 0, got {self.dual_lr}"),
             (self.max_multiplier > 0, "solver.max_multiplier", f"must be > 0, got {self.max_multiplier}"),
-            (self.dual_every == "epoch" or self.dual_every >= 1, "solver.dual_every", "must be >= 1 (steps) or 'epoch'"),
+            (self.dual_every == DualEvery.EPOCH or self.dual_every >= 1, "solver.dual_every", "must be >= 1 (steps) or 'epoch'"),
             (0 <= self.nupi_ema < 1, "solver.nupi_ema", "must be in [0, 1)"),
             (self.penalty_coefficient > 0, "solver.penalty_coefficient", f"must be > 0, got {self.penalty_coefficient}"),
             (self.penalty_growth >= 1, "solver.penalty_growth", f"must be >= 1 (1 keeps rho fixed), got {self.penalty_growth}"),
@@ -114,7 +114,7 @@ class PrimalDualOptions:
             raise ConfigError(
                 "solver.scheme = 'extrapolation' steps the multipliers by extragradient every step: set dual_optimizer = 'sgd' and dual_every = 1"
             )
-        if self.scheme == Scheme.ALTERNATING and self.dual_every == "epoch":
+        if self.scheme == Scheme.ALTERNATING and self.dual_every == DualEvery.EPOCH:
             raise ConfigError(
                 "solver.scheme = 'alternating' updates lambda before each primal step: use dual_every = 1 (or a step count), or scheme = 'simultaneous'"
             )

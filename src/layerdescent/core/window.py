@@ -5,11 +5,18 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from layerdescent.core.observation import Observation, Tables
+from layerdescent.options import Choice
 
 if TYPE_CHECKING:
     from layerdescent.core.problem import LayerwiseProblem
 
-__all__ = ["DualWindow"]
+__all__ = ["DualEvery", "DualWindow"]
+
+
+class DualEvery(Choice):
+    """A dual window named rather than counted (``dual_every``): every step of an epoch."""
+
+    EPOCH = "epoch"
 
 
 class DualWindow:
@@ -25,9 +32,9 @@ class DualWindow:
         self.tables: Tables = {}  # the steps' per-group sums and counts
 
     @classmethod
-    def of(cls, every: int | str, width: int) -> DualWindow:
+    def of(cls, every: int | DualEvery, width: int) -> DualWindow:
         """The window ``solver.dual_every`` names (a number of steps, or ``"epoch"``) over ``width`` layer means."""
-        return cls(None if every == "epoch" else int(every), width)
+        return cls(None if every == DualEvery.EPOCH else int(every), width)
 
     @property
     def per_epoch(self) -> bool:

@@ -441,7 +441,7 @@ def check_levels(spec: ConstraintSpec, band: tuple[float, ...], prefix: str) -> 
         return
     if len(band) < 2:
         raise ConfigError(f"{prefix}.levels needs a training band: set train.train_gamma to a list of levels, e.g. [0.0, 0.8, 1.6]")
-    missing = [g for g in (band if spec.levels == "band" else spec.levels) if g not in band]
+    missing = [g for g in spec.held_levels(band) if g not in band]
     if missing:
         raise ConfigError(
             f"{prefix}.levels: {', '.join(f'{g:g}' for g in missing)} not in train.train_gamma's band ({', '.join(f'{g:g}' for g in band)})"
