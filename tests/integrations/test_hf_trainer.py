@@ -365,7 +365,7 @@ def test_dual_step_is_refused_for_a_scheme_whose_dual_step_is_not_after_the_prim
     update = ld.LayerwiseUpdate([ld.Descent()], num_layers=2, optimizer=torch.optim.SGD(model.parameters(), lr=0.1), scheme="alternating")
     with pytest.raises(
         ld.ConfigError,
-        match=r"follows a primal step taken elsewhere, which needs scheme = 'simultaneous' \(got 'alternating'\): use step\(\) for it",
+        match=r"follows a primal step taken elsewhere, which needs scheme = 'simultaneous' \(got 'alternating'\); use step\(\) for it",
     ):
         update.dual_step()
 

@@ -48,6 +48,12 @@ class Simultaneous:
         self._reduced: tuple[Observation, Observation] | None = None  # the problem's observation and the same over every rank
 
     @classmethod
+    def check_outside_primal(cls, what: str, instead: str) -> None:
+        """Refuse (one ConfigError) ``what``, a dual side after a primal step another loop took, where this scheme cannot follow one; ``instead`` is the fix."""
+        if not cls.after_outside_primal:
+            raise ConfigError(f"{what}, which needs scheme = 'simultaneous' (got {cls.name!r}); {instead}")
+
+    @classmethod
     def primal_optimizer(cls, params: list, train: PrimalSettings) -> torch.optim.Optimizer:
         """The model's optimizer this scheme steps, as ``train`` names it (sgd, adam, adamw)."""
         from layerdescent.core.optimizers import primal_optimizer
@@ -156,10 +162,7 @@ class Simultaneous:
 
     def dual_step(self) -> Observation:
         """The step's dual side alone, after a primal step another loop took; the observation."""
-        if not self.after_outside_primal:
-            raise ConfigError(
-                f"dual_step() follows a primal step taken elsewhere, which needs scheme = 'simultaneous' (got {self.name!r}): use step() for it"
-            )
+        self.check_outside_primal("dual_step() follows a primal step taken elsewhere", "use step() for it")
         seen = self._take()
         if (dropped := self._skip(seen)) is not None:
             return dropped

@@ -108,11 +108,10 @@ class DescentTrainer(transformers.Trainer):
                 f"DescentTrainer got unexpected keyword arguments {', '.join(unknown)}: neither transformers.Trainer arguments nor solver options (solver {self.solver_name!r} accepts: {', '.join(sorted(solver_cls.Options.__dataclass_fields__)) or 'none'})"
             )
         _, settings = checked_solver(self.constraints, self.num_layers, self.solver_name, self.registry, options)
-        scheme = solver_cls.scheme_of(settings)
-        if not scheme.after_outside_primal:
-            raise ConfigError(
-                f"DescentTrainer steps the multipliers after the Trainer's own optimizer step, which needs scheme = 'simultaneous' (got {scheme.name!r}); for the other schemes use layerdescent.LayerwiseUpdate in your own loop"
-            )
+        solver_cls.scheme_of(settings).check_outside_primal(
+            "DescentTrainer steps the multipliers after the Trainer's own optimizer step",
+            "for the other schemes use layerdescent.LayerwiseUpdate in your own loop",
+        )
 
     def _check_columns(self) -> None:
         """Refuse a per-sample or per-level constraint whose dataset lacks the column that says where each row came from."""

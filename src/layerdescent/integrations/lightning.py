@@ -167,11 +167,9 @@ class DescentCallback(pl.Callback):
         self._new_update, self._hyperparameters, (solver_cls, settings) = _prepared(
             constraints, num_layers, solver, registry, band, rows, options
         )
-        scheme = solver_cls.scheme_of(settings)
-        if not scheme.after_outside_primal:
-            raise ConfigError(
-                f"DescentCallback steps the multipliers after Lightning's own optimizer step, which needs scheme = 'simultaneous' (got {scheme.name!r}); subclass layerdescent.DescentModule for it"
-            )
+        solver_cls.scheme_of(settings).check_outside_primal(
+            "DescentCallback steps the multipliers after Lightning's own optimizer step", "subclass layerdescent.DescentModule for it"
+        )
         self._width, self.key, self.progress_bar = num_layers + 1, key, progress_bar
         self.update: LayerwiseUpdate | None = None  # built around the module's optimizer when training starts
         self._saved: dict[str, Any] | None = None  # a checkpoint's update state, until the update exists
