@@ -10,7 +10,8 @@ the standard library and the task plugin are transparent (their time counts to t
 that called them). The path is the sequence of files with repeats collapsed; a *return* is a
 file appearing again after the path left it. A second count leaves out the task's forward pass
 (``guard.py``, which calls the task's methods, ``task.py``, ``data.py`` and ``prox.py``, the task's
-helpers): what a reader follows through the update, the solver and Cooper.
+helpers): what a reader follows through the update, the solver and Cooper. A third leaves out
+Cooper's frames too: the project's own files, Cooper counted as the library call torch's are.
 """
 
 from __future__ import annotations
@@ -120,12 +121,15 @@ def main() -> None:
     for title, (solver_name, scheme) in variants.items():
         path = step_path(solver_name, scheme)
         report(title, path, args.show)
-        solver_side = [name for name in path if Path(name).name not in TASK_SIDE]
-        report(
-            f"{title}, without the task's forward pass",
-            [name for i, name in enumerate(solver_side) if i == 0 or solver_side[i - 1] != name],
-            args.show,
-        )
+        solver_side = collapsed([name for name in path if Path(name).name not in TASK_SIDE])
+        report(f"{title}, without the task's forward pass", solver_side, args.show)
+        # the project's own files alone: each call into Cooper then counts as a library call, as torch's do
+        report(f"{title}, without the task's forward pass or Cooper", collapsed([n for n in solver_side if n != "cooper"]), args.show)
+
+
+def collapsed(path: list[str]) -> list[str]:
+    """``path`` with each run of one file kept once."""
+    return [name for i, name in enumerate(path) if i == 0 or path[i - 1] != name]
 
 
 def report(title: str, path: list[str], show: bool) -> None:
