@@ -68,6 +68,31 @@ def test_the_committed_step_path_is_the_path_the_code_takes_and_adds_no_return()
     assert all(counts[title] <= bound for title, bound in bounds.items()), counts
 
 
+def test_the_step_walk_places_each_frame_in_its_file_and_counts_each_reentry_as_a_return(capsys):
+    import importlib.util
+
+    import torch
+
+    import layerdescent as ld
+
+    spec = importlib.util.spec_from_file_location("step_path", ROOT / "benchmarks" / "step_path.py")
+    walk = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(walk)
+    core = Path(ld.__file__).resolve().parent
+    assert walk.place(str(core / "core" / "problem.py")) == "core/problem.py"
+    assert walk.place("/venv/lib/python3.11/site-packages/cooper/cmp.py") == "cooper"
+    assert walk.place(torch.__file__) is None  # torch is transparent
+    # counted by hand: a, b and cooper visited; a entered again twice
+    walk.report("hand", ["a", "b", "a", "cooper", "a"], show=False)
+    assert capsys.readouterr().out.startswith("hand: 3 files, 5 segments, 2 returns")
+    assert walk.collapsed(["a", "a", "b", "b", "a"]) == ["a", "b", "a"]
+    # a real call: the problem asks the spec for its violation and takes it back
+    problem = ld.LayerwiseProblem((ld.Descent(),), num_layers=2)
+    means = torch.tensor([3.0, 2.0, 1.0])
+    problem.violations(means)  # the first call fixes the anchors
+    assert walk.trace(lambda: problem.violations(means)) == ["core/problem.py", "core/constraints.py", "core/problem.py"]
+
+
 def test_every_plot_a_committed_page_shows_is_committed():
     committed = set(tracked("benchmarks/results/**.png"))
     for page in tracked("README.md", "benchmarks/**.md", "docs/**.md"):
